@@ -1,0 +1,52 @@
+# The README's two commands: `make demo` (run the default job) and `make test` (run the tests).
+# Both create or reuse .venv and install what is missing. An installed torch is kept: if the python3 that
+# runs make already has torch, the venv sees it (--system-site-packages); otherwise TORCH_SPEC is installed
+# (default: plain "torch", which gives a CUDA build on a GPU machine; CI pins the local CPU wheel with
+# TORCH_SPEC=torch==2.13.0).
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fedhop-installed
+
+.PHONY: demo test lint bench reproduce reproduce-quick proto clean help
+
+help:
+	@echo "make demo   - run the default job (PS, edges, clients as separate processes) on bundled data"
+	@echo "make test   - ruff + the whole test suite"
+	@echo "make bench  - benchmarks (printed tables)"
+	@echo "make reproduce / reproduce-quick - the paper reproductions (full / CI size)"
+
+$(STAMP): pyproject.toml setup.py
+	@if [ ! -x $(PY) ]; then \
+	  if $(PYTHON) -c "import torch" 2>/dev/null; then $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; fi
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/fedhop launch
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest tests
+
+bench: $(STAMP)
+	$(PY) tests/bench/bench_codec.py
+	$(PY) tests/bench/bench_transfer.py
+
+reproduce: $(STAMP)
+	$(VENV)/bin/fedhop reproduce all
+
+reproduce-quick: $(STAMP)
+	$(VENV)/bin/fedhop reproduce all --quick
+
+proto: $(STAMP)
+	$(PY) proto/generate.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

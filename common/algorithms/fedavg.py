@@ -1,0 +1,99 @@
+"""FedAvg (McMahan et al. 2017) and hierarchical FedAvg, HierFAVG (Liu et al. 2020, "Client-Edge-Cloud
+Hierarchical Federated Learning", Algorithm 1).
+
+FedAvg, one round t:   w^{t+1} = sum_{k in S_t} (n_k / sum_{j in S_t} n_j) * LocalSGD_k(w^t, E steps)
+HierFAVG, one round:   every edge l repeats kappa2 times  w_l <- sum_{k in C_l} (n_k / n_l) LocalSGD_k(w_l, kappa1)
+                       then the cloud sets w <- sum_l (n_l / n) w_l.
+With edges in the topology, FedAvg is HierFAVG with kappa2 = 1 (edges relay and pre-aggregate; the result is
+the same weighted average). Participants missing at the deadline are left out of the weights.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhop.common.algorithms.local import LocalSolver
+from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.wire.bundle import Bundle, weighted_mean
+
+
+class FedAvgOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(0.1, gt=0, description="local learning rate")
+    local_steps: int = Field(5, ge=1, description="local SGD steps per round (kappa1 in HierFAVG)")
+    batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
+    solver: Literal["sgd", "momentum", "adam"] = "sgd"
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight (0 = plain FedAvg)")
+    participation: float = Field(1.0, gt=0, le=1, description="fraction of clients sampled per round (per edge)")
+    weighting: Literal["data_size", "uniform"] = "data_size"
+
+
+class HierFAVGOptions(FedAvgOptions):
+    edge_rounds: int = Field(2, ge=1, description="kappa2: edge aggregations per cloud aggregation")
+
+
+def solver_of(o: FedAvgOptions) -> LocalSolver:
+    return LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size, solver=o.solver,
+                       momentum=o.momentum, weight_decay=o.weight_decay, prox_mu=o.prox_mu)
+
+
+def sample_participants(ctx: NodeContext, pool: tuple[str, ...], fraction: float, stream: int = 0) -> list[str]:
+    """max(1, round(fraction * |pool|)) nodes drawn without replacement (all of them at fraction 1)."""
+    if fraction >= 1.0:
+        return list(pool)
+    k = max(1, round(fraction * len(pool)))
+    idx = ctx.np_rng("participants", ctx.round, stream).choice(len(pool), size=k, replace=False)
+    return ctx.topology.sort(pool[int(i)] for i in idx)
+
+
+def average_replies(ctx: NodeContext, replies: dict[str, Reply], weighting: str) -> tuple[Bundle, int]:
+    """Weighted average of the replies' bundles, in canonical order; returns it and its total weight."""
+    weights = {n: int(r.scalars.get("n", ctx.data_size(n))) for n, r in replies.items()}
+    avg = weighted_mean(((weights[n] if weighting == "data_size" else 1.0), r.bundle) for n, r in replies.items())
+    return avg, sum(weights.values())
+
+
+def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, args: dict[str, Scalar]) -> tuple[Bundle, int]:
+    """kappa2 times: the node's children train locally and the node averages them (HierFAVG inner loop)."""
+    weight = 0
+    for s in range(edge_rounds):
+        chosen = sample_participants(ctx, ctx.children, float(args["participation"]), s)
+        replies = ctx.comm.scatter(chosen, "local.train", params, {**args, "stream": s}, expect=params)
+        if replies:
+            params, weight = average_replies(ctx, replies, str(args["weighting"]))
+    return params, weight
+
+
+@task("hier.edge_round")
+def edge_round(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Edge: kappa2 client rounds from the cloud's model; replies with the edge model and its weight."""
+    w, n = cluster_rounds(ctx, params, int(args["edge_rounds"]), args)
+    return Reply(w, {"n": n})
+
+
+def run(ctx: NodeContext) -> Bundle:
+    o: FedAvgOptions = ctx.opts
+    edge_rounds = getattr(o, "edge_rounds", 1)
+    args = {**solver_of(o).to_args(), "participation": o.participation, "weighting": o.weighting,
+            "edge_rounds": edge_rounds}
+    w = ctx.initial_params()
+    for _ in ctx.rounds():
+        if ctx.topology.edges:
+            replies = ctx.comm.scatter(ctx.children, "hier.edge_round", w, args, expect=w)
+            replies = {e: r for e, r in replies.items() if int(r.scalars["n"]) > 0}
+            if replies:
+                w, _ = average_replies(ctx, replies, "data_size")
+        else:
+            w, _ = cluster_rounds(ctx, w, 1, args)
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(w))
+    return w
+
+
+register(Algorithm("fedavg", FedAvgOptions, run, "FedAvg; through edges when the topology has them"))
+register(Algorithm("hierfavg", HierFAVGOptions, run, "HierFAVG: kappa2 edge rounds per cloud round",
+                   needs_edges=True))

@@ -1,0 +1,110 @@
+"""Client-side building blocks every algorithm shares: mini-batches, gradients, local solvers.
+
+Parameters travel as bundles; the model architecture is the workspace's template, applied with
+``torch.func.functional_call`` so that the same code serves every algorithm and both engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from fedhop.common.data import Dataset
+from fedhop.common.engine.api import NodeContext, Reply, Scalar, task
+from fedhop.common.engine.workspace import Workspace
+from fedhop.common.wire.bundle import Bundle
+
+
+def sample_batch(data: Dataset, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A uniform mini-batch without replacement inside the batch (the whole set if it is smaller)."""
+    n = len(data)
+    if batch_size <= 0 or batch_size >= n:
+        return data.x, data.y
+    idx = torch.randperm(n, generator=gen)[:batch_size]
+    return data.x[idx], data.y[idx]
+
+
+def loss_and_grad(ws: Workspace, params: Bundle, x: torch.Tensor, y: torch.Tensor) -> tuple[float, Bundle]:
+    """Mean mini-batch loss f(w, xi) and its gradient with respect to every parameter."""
+    leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+    loss = ws.loss(ws.forward(leaves, x), y)
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return float(loss.detach()), {k: g.detach() for k, g in zip(leaves, grads, strict=True)}
+
+
+def full_gradient(ws: Workspace, params: Bundle, data: Dataset) -> tuple[float, Bundle]:
+    """Gradient of the mean loss over the whole local dataset (deterministic)."""
+    return loss_and_grad(ws, params, data.x, data.y)
+
+
+@dataclass(frozen=True)
+class LocalSolver:
+    """Local steps of SGD, optionally with heavy-ball momentum, weight decay, a FedProx term or Adam.
+
+    FedProx (Li et al. 2020): minimise f_k(w) + mu/2 ||w - w_anchor||^2, i.e. gradient + mu (w - w_anchor).
+    Optimizer state is reset at every activation.
+    """
+
+    steps: int
+    lr: float
+    batch_size: int
+    solver: str = "sgd"  # sgd | momentum | adam
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    prox_mu: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def to_args(self) -> dict[str, Scalar]:
+        return {f"solver.{k}": v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, Scalar]) -> LocalSolver:
+        kw = {k.removeprefix("solver."): v for k, v in args.items() if k.startswith("solver.")}
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+def local_train(ws: Workspace, params: Bundle, data: Dataset, cfg: LocalSolver,
+                gen: torch.Generator) -> tuple[Bundle, float]:
+    """Run ``cfg.steps`` local steps from ``params``; returns the new parameters and the mean batch loss."""
+    w = {k: v.detach().clone() for k, v in params.items()}
+    anchor = params
+    m = {k: torch.zeros_like(v) for k, v in w.items()}
+    v2 = {k: torch.zeros_like(v) for k, v in w.items()}
+    losses = 0.0
+    for t in range(cfg.steps):
+        x, y = sample_batch(data, cfg.batch_size, gen)
+        loss, g = loss_and_grad(ws, w, x, y)
+        losses += loss
+        for k in w:
+            d = g[k]
+            if cfg.weight_decay:
+                d = d + cfg.weight_decay * w[k]
+            if cfg.prox_mu:
+                d = d + cfg.prox_mu * (w[k] - anchor[k])
+            if cfg.solver == "sgd":
+                w[k] = w[k] - cfg.lr * d
+            elif cfg.solver == "momentum":
+                m[k] = cfg.momentum * m[k] + d
+                w[k] = w[k] - cfg.lr * m[k]
+            elif cfg.solver == "adam":
+                m[k] = cfg.beta1 * m[k] + (1 - cfg.beta1) * d
+                v2[k] = cfg.beta2 * v2[k] + (1 - cfg.beta2) * d * d
+                mh = m[k] / (1 - cfg.beta1 ** (t + 1))
+                vh = v2[k] / (1 - cfg.beta2 ** (t + 1))
+                w[k] = w[k] - cfg.lr * mh / (vh.sqrt() + cfg.eps)
+            else:
+                raise ValueError(f"unknown local solver {cfg.solver!r}; use sgd, momentum or adam")
+    return w, losses / max(cfg.steps, 1)
+
+
+@task("local.train")
+def train_task(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client: local training from the received model; replies with the local model and its data size."""
+    cfg = LocalSolver.from_args(args)
+    gen = ctx.rng("local.train", ctx.round, args.get("stream", 0))
+    w, loss = local_train(ctx.ws, params, ctx.data, cfg, gen)
+    return Reply(w, {"loss": loss, "n": len(ctx.data)})

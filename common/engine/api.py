@@ -1,0 +1,224 @@
+"""The engine interface (DESIGN.md section 3): what an algorithm may ask of the world.
+
+An algorithm is written once against :class:`Comm` and :class:`NodeContext`:
+
+* a *driver* ``run(ctx) -> Bundle`` executes on the parameter server and returns the final model;
+* *task handlers* ``handler(ctx, bundle, args) -> Reply`` execute on whichever node receives the task
+  (an edge's handler may itself scatter to its clients, or hand the model to a neighbour edge).
+
+Two engines implement :class:`Comm`: the in-process engine (``inprocess.py``, the oracle) and the
+networked one (gRPC between real processes). Given the same RunSpec and seed both must produce
+bit-identical models and identical payload bytes per link, so algorithms must: draw randomness only from
+``ctx.rng(...)``, aggregate replies in the order ``scatter`` returns them (canonical node order, never
+arrival order), and never read the wall clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+
+from fedhop.common.wire.bundle import Bundle
+
+if TYPE_CHECKING:
+    from fedhop.common.data import Dataset
+    from fedhop.common.engine.topology import Topology
+    from fedhop.common.engine.workspace import Workspace
+    from fedhop.common.spec import RunSpec
+
+Scalar = float | int | str | bool
+NodeId = str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a task handler returns: tensors (counted as payload) and small scalars (control)."""
+
+    bundle: Bundle = field(default_factory=dict)
+    scalars: dict[str, Scalar] = field(default_factory=dict)
+
+
+class Comm(Protocol):
+    """Communication primitives. Every call is counted by the engine's byte meter."""
+
+    def scatter(
+        self,
+        to: Sequence[NodeId],
+        task: str,
+        bundle: Bundle | None = None,
+        args: Mapping[str, Scalar] | None = None,
+        *,
+        expect: Mapping[str, torch.Tensor] | None = None,
+        deadline_s: float | None = None,
+    ) -> dict[NodeId, Reply]:
+        """Send ``task`` with ``bundle`` to each node in ``to`` and gather replies.
+
+        Returns the replies that arrived in time and passed validation, in canonical node order. A node
+        that failed, timed out or sent an invalid bundle (non-finite values; names/shapes/dtypes other
+        than ``expect``'s, when given) is absent from the result and logged as missing.
+        """
+        ...
+
+    def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:
+        """Edge -> neighbour edge transfer, acknowledged; the receiver finds it with ``ctx.take(slot)``."""
+        ...
+
+    def describe(self, peers: Sequence[NodeId]) -> dict[NodeId, dict[str, Scalar]]:
+        """Small public facts about peers: ``data_size`` plus whatever each put in ``ctx.public``."""
+        ...
+
+
+class Reporter(Protocol):
+    def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None: ...
+
+
+@dataclass
+class NodeContext:
+    """Everything a node's algorithm code may touch. Engines build one per node."""
+
+    node_id: NodeId
+    role: str  # "server" | "edge" | "client"
+    ws: Workspace
+    comm: Comm
+    state: dict[str, Any] = field(default_factory=dict)  # persistent, node-local algorithm state
+    public: dict[str, Scalar] = field(default_factory=dict)  # what describe() tells peers
+    inbox: dict[str, tuple[Bundle, dict[str, Scalar]]] = field(default_factory=dict)
+    sizes: dict[NodeId, int] = field(default_factory=dict)  # data sizes of this node and its subtree
+    round: int = 0  # the round this node is working on (set by the engine)
+    reporter: Reporter | None = None
+
+    # -- the run --------------------------------------------------------------------------------------
+    @property
+    def spec(self) -> RunSpec:
+        return self.ws.spec
+
+    @property
+    def opts(self) -> Any:
+        return self.ws.options
+
+    @property
+    def topology(self) -> Topology:
+        return self.ws.topology
+
+    @property
+    def device(self) -> torch.device:
+        return self.ws.device
+
+    @property
+    def children(self) -> tuple[NodeId, ...]:
+        return self.topology.children(self.node_id)
+
+    @property
+    def neighbours(self) -> tuple[NodeId, ...]:
+        return self.topology.neighbours.get(self.node_id, ())
+
+    # -- data and model ----------------------------------------------------------------------------------
+    @property
+    def data(self) -> Dataset:
+        """This client's training partition."""
+        if self.role != "client":
+            raise RuntimeError(f"{self.node_id} is a {self.role}; only clients hold training data")
+        return self.ws.client_data(self.node_id)
+
+    def data_size(self, node: NodeId | None = None) -> int:
+        """Samples held by ``node`` (default: this node); for an edge, its cluster's total."""
+        node = node or self.node_id
+        if node not in self.sizes:
+            raise KeyError(f"{self.node_id} does not know the data size of {node}")
+        return self.sizes[node]
+
+    def initial_params(self) -> Bundle:
+        """The global model's initial parameters, identical on every node (seeded by the spec)."""
+        return self.ws.initial_params()
+
+    def evaluate(self, params: Bundle) -> dict[str, float]:
+        """Loss and accuracy of ``params`` on the global test set."""
+        return self.ws.evaluate(params)
+
+    # -- randomness ---------------------------------------------------------------------------------------
+    def rng(self, *keys: int | str) -> torch.Generator:
+        """A torch generator for a named stream, derived from (seed, node id, keys)."""
+        return self.ws.torch_rng(self.node_id, *keys)
+
+    def np_rng(self, *keys: int | str) -> np.random.Generator:
+        return self.ws.np_rng(self.node_id, *keys)
+
+    # -- rounds and hand-offs ------------------------------------------------------------------------------
+    def rounds(self) -> Iterator[int]:
+        """The driver's round loop: yields 0..rounds-1 and keeps ``ctx.round`` current."""
+        for t in range(self.spec.rounds):
+            self.round = t
+            yield t
+
+    def report(self, **metrics: Any) -> None:
+        """Record the metrics of the current round (driver only)."""
+        if self.reporter is None:
+            raise RuntimeError(f"{self.node_id} cannot report: only the driver reports rounds")
+        self.reporter(self.round, metrics)
+
+    def should_eval(self) -> bool:
+        return (self.round + 1) % self.spec.eval_every == 0 or self.round + 1 == self.spec.rounds
+
+    def take(self, slot: str) -> tuple[Bundle, dict[str, Scalar]]:
+        """Remove and return what a neighbour handed off into ``slot``."""
+        if slot not in self.inbox:
+            raise RuntimeError(f"{self.node_id}: nothing was handed off into slot {slot!r}")
+        return self.inbox.pop(slot)
+
+
+Handler = Callable[[NodeContext, Bundle, dict[str, Scalar]], Reply]
+Driver = Callable[[NodeContext], Bundle]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm: its options, its driver on the PS and the edge/client handlers it uses."""
+
+    name: str
+    options: type[BaseModel]
+    run: Driver
+    summary: str = ""
+    needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
+
+
+ALGORITHMS: dict[str, Algorithm] = {}
+TASKS: dict[str, Handler] = {}
+
+
+def register(algo: Algorithm) -> Algorithm:
+    if algo.name in ALGORITHMS:
+        raise ValueError(f"algorithm {algo.name!r} registered twice")
+    ALGORITHMS[algo.name] = algo
+    return algo
+
+
+def task(name: str) -> Callable[[Handler], Handler]:
+    """Decorator: register a task handler under a global name, e.g. ``@task("fedavg.train")``."""
+    def deco(fn: Handler) -> Handler:
+        if name in TASKS and TASKS[name] is not fn:
+            raise ValueError(f"task {name!r} registered twice")
+        TASKS[name] = fn
+        return fn
+
+    return deco
+
+
+def get_algorithm(name: str) -> Algorithm:
+    import fedhop.common.algorithms  # noqa: F401  (registers every algorithm)
+
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]
+
+
+def get_task(name: str) -> Handler:
+    import fedhop.common.algorithms  # noqa: F401
+
+    if name not in TASKS:
+        raise KeyError(f"unknown task {name!r}")
+    return TASKS[name]

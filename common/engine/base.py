@@ -1,0 +1,96 @@
+"""What both engines share: target checks, reply validation, the missing-node log, per-round results."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fedhop.common.engine.api import NodeId, Reply, Scalar
+from fedhop.common.engine.topology import Topology
+from fedhop.common.wire.bundle import Bundle, non_finite
+
+
+class HandOffError(RuntimeError):
+    """A hand-off that could not be delivered after its retries."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A target that did not produce a usable reply."""
+
+    reason: str
+
+
+def check_bundle(bundle: Mapping[str, torch.Tensor], expect: Mapping[str, torch.Tensor] | None = None) -> str | None:
+    """Why ``bundle`` must be rejected, or None. Checks names/shapes/dtypes against ``expect`` and finiteness."""
+    if expect is not None:
+        if list(bundle) != list(expect):
+            missing = [k for k in expect if k not in bundle]
+            extra = [k for k in bundle if k not in expect]
+            return f"tensor names differ: missing {missing}, unexpected {extra}"
+        for k, v in bundle.items():
+            e = expect[k]
+            if v.shape != e.shape:
+                return f"tensor {k!r} has shape {tuple(v.shape)}, expected {tuple(e.shape)}"
+            if v.dtype != e.dtype:
+                return f"tensor {k!r} has dtype {v.dtype}, expected {e.dtype}"
+    bad = non_finite(bundle)
+    if bad:
+        return f"non-finite values (NaN/Inf) in {bad}"
+    return None
+
+
+@dataclass
+class MissingLog:
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, round_idx: int, by: str, node: str, task: str, reason: str) -> None:
+        self.entries.append({"round": round_idx + 1, "by": by, "node": node, "task": task, "reason": reason})
+
+
+class BaseComm(ABC):
+    """Implements :class:`~fedhop.common.engine.api.Comm` on top of one engine-specific exchange."""
+
+    def __init__(self, node: NodeId, topology: Topology, missing: MissingLog) -> None:
+        self.node = node
+        self.topology = topology
+        self.missing = missing
+
+    @abstractmethod
+    def current_round(self) -> int: ...
+
+    @abstractmethod
+    def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]: ...
+
+    def scatter(self, to: Sequence[NodeId], task: str, bundle: Bundle | None = None,
+                args: Mapping[str, Scalar] | None = None, *, expect: Mapping[str, torch.Tensor] | None = None,
+                deadline_s: float | None = None) -> dict[NodeId, Reply]:
+        children = set(self.topology.children(self.node))
+        stray = [t for t in to if t not in children]
+        if stray:
+            raise ValueError(f"{self.node} can only scatter to its children; {stray} are not among them")
+        if len(set(to)) != len(to):
+            raise ValueError(f"{self.node}: duplicate targets in scatter: {list(to)}")
+        targets = self.topology.sort(to)
+        raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s)
+        out: dict[NodeId, Reply] = {}
+        for t in targets:
+            r = raw.get(t, Failure("no reply"))
+            if isinstance(r, Reply):
+                reason = check_bundle(r.bundle, expect)
+                if reason is None:
+                    out[t] = r
+                    continue
+                r = Failure(f"rejected reply: {reason}")
+            self.missing.add(self.current_round(), self.node, t, task, r.reason)
+        return out
+
+    def _check_peer(self, peer: NodeId) -> None:
+        if peer not in self.topology.neighbours.get(self.node, ()):
+            raise ValueError(f"{peer} is not a neighbour of {self.node}; neighbours: "
+                             f"{list(self.topology.neighbours.get(self.node, ()))}")

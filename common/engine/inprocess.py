@@ -1,0 +1,127 @@
+"""The in-process engine: every node in one Python process, no sockets. Fast, and the oracle.
+
+Calls run sequentially in canonical node order. Every bundle that crosses a "link" is copied, so no node
+ever aliases another's tensors, and counted on the same byte meter the networked engine uses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm, get_task
+from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, check_bundle
+from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
+from fedhop.common.engine.workspace import Workspace
+from fedhop.common.spec import RunSpec
+from fedhop.common.wire.bundle import Bundle, clone, payload_bytes
+from fedhop.common.wire.frames import message_bytes
+from fedhop.common.wire.meter import ByteMeter
+
+
+class FaultPlan:
+    """Test hook: make chosen (node, task, round) calls fail as if the node were gone."""
+
+    def __init__(self, dead: Callable[[NodeId, str, int], bool] | None = None) -> None:
+        self.dead = dead or (lambda node, task, rnd: False)
+
+
+class InProcessEngine:
+    def __init__(self, spec: RunSpec, *, device: str | None = None, faults: FaultPlan | None = None) -> None:
+        self.spec = spec
+        self.ws = Workspace(spec, device)
+        self.meter = ByteMeter()
+        self.missing = MissingLog()
+        self.faults = faults or FaultPlan()
+        topo = self.ws.topology
+        csize = self.ws.client_sizes()
+        sizes = dict(csize)
+        for e in topo.edges:
+            sizes[e] = sum(csize[c] for c in topo.cluster(e))
+        sizes[topo.server] = sum(csize.values())
+        self.nodes: dict[NodeId, NodeContext] = {}
+        for n in topo.all_nodes():
+            known = {m: sizes[m] for m in (n, *topo.children(n))}
+            if n == topo.server:
+                known = dict(sizes)
+            self.nodes[n] = NodeContext(node_id=n, role=topo.role(n), ws=self.ws, comm=_LocalComm(self, n),
+                                        sizes=known)
+        self.public_defaults = sizes
+
+    @property
+    def round(self) -> int:
+        return self.nodes[self.ws.topology.server].round
+
+    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+        algo = get_algorithm(self.spec.algorithm.name)
+        ps = self.nodes[self.ws.topology.server]
+        recorder = RoundRecorder(on_round=on_round)
+        ps.reporter = recorder
+        t0 = time.perf_counter()
+        final = algo.run(ps)
+        links = self.meter.rows()
+        return RunResult(spec=self.spec, engine="inprocess", rounds=attach_cumulative_bytes(recorder.records, links),
+                         links=links, missing=self.missing.entries, final=clone(final),
+                         wall_s=time.perf_counter() - t0)
+
+    # -- one message over a simulated link ----------------------------------------------------------------
+    def send(self, src: NodeId, dst: NodeId, kind: str, phase: str, bundle: Bundle,
+             scalars: dict[str, Scalar]) -> Bundle:
+        chunk = self.spec.transport.chunk_bytes
+        self.meter.record(src, dst, kind, phase, payload_bytes(bundle),
+                          message_bytes(kind, phase, bundle, scalars, chunk), self.round)
+        return clone(bundle)
+
+
+class _LocalComm(BaseComm):
+    def __init__(self, engine: InProcessEngine, node: NodeId) -> None:
+        super().__init__(node, engine.ws.topology, engine.missing)
+        self.engine = engine
+
+    def current_round(self) -> int:
+        return self.engine.round
+
+    def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]:
+        handler = get_task(task)
+        out: dict[NodeId, Reply | Failure] = {}
+        for t in targets:
+            if self.engine.faults.dead(t, task, self.engine.round):
+                self.engine.send(self.node, t, task, "request", bundle, args)
+                out[t] = Failure("no reply before the deadline (node down)")
+                continue
+            received = self.engine.send(self.node, t, task, "request", bundle, args)
+            ctx = self.engine.nodes[t]
+            ctx.round = self.engine.round
+            reason = check_bundle(received)
+            if reason is not None:
+                out[t] = Failure(f"{t} rejected the request: {reason}")
+                continue
+            try:
+                reply = handler(ctx, received, dict(args))
+            except Exception as e:  # a failing node is a missing node, as over the network
+                out[t] = Failure(f"{type(e).__name__}: {e}")
+                continue
+            back = self.engine.send(t, self.node, task, "reply", reply.bundle, reply.scalars)
+            out[t] = Reply(back, dict(reply.scalars))
+        return out
+
+    def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: dict[str, Scalar] | None = None) -> None:
+        self._check_peer(to)
+        received = self.engine.send(self.node, to, "handoff", "request", bundle, dict(scalars or {}))
+        reason = check_bundle(received)
+        if reason is not None:
+            raise HandOffError(f"{to} rejected the hand-off from {self.node}: {reason}")
+        self.engine.nodes[to].inbox[slot] = (received, dict(scalars or {}))
+        self.engine.send(to, self.node, "handoff", "reply", {}, {})
+
+    def describe(self, peers: list[NodeId]) -> dict[NodeId, dict[str, Scalar]]:
+        out = {}
+        for p in self.topology.sort(peers):
+            self._check_peer(p)
+            self.engine.send(self.node, p, "describe", "request", {}, {})
+            facts: dict[str, Scalar] = {"data_size": self.engine.public_defaults[p], **self.engine.nodes[p].public}
+            self.engine.send(p, self.node, "describe", "reply", {}, facts)
+            out[p] = facts
+        return out

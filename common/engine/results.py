@@ -1,0 +1,129 @@
+"""Run results: per-round metrics with cumulative bytes, per-link byte table, who was missing."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhop.common.spec import RunSpec
+from fedhop.common.wire.bundle import Bundle
+
+
+@dataclass
+class RoundRecorder:
+    """The driver's ``ctx.report``: keeps each round's metrics (bytes are attached when the run ends)."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    on_round: Any = None  # optional callback(round_record) for progress bars
+
+    def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None:
+        rec = {"round": round_idx + 1, **{k: _plain(v) for k, v in metrics.items()}}
+        self.records.append(rec)
+        if self.on_round is not None:
+            self.on_round(rec)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.item() if v.numel() == 1 else v.tolist()
+    return v
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    engine: str
+    rounds: list[dict[str, Any]]
+    links: list[dict[str, Any]]
+    missing: list[dict[str, Any]]
+    final: Bundle
+    wall_s: float
+
+    def payload_by_link(self, kinds: set[str] | None = None) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for r in self.links:
+            if kinds is None or r["kind"] in kinds:
+                out[(r["src"], r["dst"])] = out.get((r["src"], r["dst"]), 0) + r["payload_bytes"]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec.model_dump(mode="json"),
+            "engine": self.engine,
+            "wall_s": self.wall_s,
+            "rounds": self.rounds,
+            "links": self.links,
+            "missing": self.missing,
+            "totals": totals(self.links),
+        }
+
+
+def totals(links: list[dict[str, Any]]) -> dict[str, int]:
+    return {k: sum(r[k] for r in links) for k in ("messages", "payload_bytes", "message_bytes")}
+
+
+def attach_cumulative_bytes(records: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each round record gets the bytes of every message sent up to and including that round."""
+    out = []
+    for rec in records:
+        upto = rec["round"] - 1
+        sel = [r for r in links if r["round"] <= upto]
+        out.append({**rec, "payload_bytes": sum(r["payload_bytes"] for r in sel),
+                    "message_bytes": sum(r["message_bytes"] for r in sel)})
+    return out
+
+
+def write_run_folder(result: RunResult, folder: Path) -> Path:
+    """results.json, rounds.csv, links.csv, missing.csv, model.pt and plots.png."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spec.toml").write_text(result.spec.to_toml())
+    tmp = folder / "results.json.tmp"
+    tmp.write_text(json.dumps(result.to_json(), indent=1))
+    tmp.replace(folder / "results.json")
+    _csv(folder / "rounds.csv", result.rounds)
+    _csv(folder / "links.csv", result.links)
+    _csv(folder / "missing.csv", result.missing, ["round", "by", "node", "task", "reason"])
+    torch.save({k: v.cpu() for k, v in result.final.items()}, folder / "model.pt")
+    plot_rounds(result.rounds, folder / "plots.png", title=f"{result.spec.name}: {result.spec.algorithm.name}")
+    return folder
+
+
+def _csv(path: Path, rows: list[dict[str, Any]], header: list[str] | None = None) -> None:
+    keys = header or list(dict.fromkeys(k for r in rows for k in r))
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r.get(k, "") for k in keys})
+
+
+def plot_rounds(rounds: list[dict[str, Any]], path: Path, title: str = "") -> None:
+    """Accuracy and loss vs round and vs cumulative payload bytes (2x2 grid)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for row, metric in enumerate(("accuracy", "loss")):
+        pts = [r for r in rounds if metric in r]
+        xs_r = [r["round"] for r in pts]
+        xs_b = [r.get("payload_bytes", 0) / 1e6 for r in pts]
+        ys = [r[metric] for r in pts]
+        axes[row][0].plot(xs_r, ys, marker=".")
+        axes[row][0].set_xlabel("round")
+        axes[row][1].plot(xs_b, ys, marker=".")
+        axes[row][1].set_xlabel("cumulative payload (MB)")
+        for ax in axes[row]:
+            ax.set_ylabel(f"test {metric}")
+            ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,170 @@
+"""RunSpec: the one description of a run (DESIGN.md section 2).
+
+A RunSpec is read from TOML, validated completely before anything starts (a bad field fails with a message
+naming it), and handed by the parameter server to every process that joins.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fedhop.common.data.spec import DataSpec
+from fedhop.common.models.spec import ModelSpec
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AlgorithmSpec(Strict):
+    name: str = "fedavg"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> AlgorithmSpec:
+        from fedhop.common.engine.api import get_algorithm
+
+        algo = get_algorithm(self.name)  # raises with the list of known names
+        try:
+            algo.options.model_validate(self.options)
+        except ValidationError as e:
+            raise ValueError(f"algorithm.options for {self.name!r}: {_flat_errors(e)}") from None
+        return self
+
+
+class TopologySpec(Strict):
+    clients: int = Field(10, ge=1, le=100_000, description="number of clients")
+    edges: int = Field(0, ge=0, description="edge servers; 0 = clients attach straight to the parameter server")
+    clients_per_edge: list[int] | None = Field(
+        None, description="explicit cluster sizes (sum = clients); default: as even as possible, in id order")
+    edge_graph: Literal["random", "ring", "complete"] = "random"
+    edge_max_degree: int = Field(3, ge=1, description="max neighbours per edge in the random edge graph")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TopologySpec:
+        if self.edges > self.clients:
+            raise ValueError(f"topology.edges ({self.edges}) exceeds topology.clients ({self.clients})")
+        if self.clients_per_edge is not None:
+            if len(self.clients_per_edge) != self.edges:
+                raise ValueError(f"topology.clients_per_edge has {len(self.clients_per_edge)} entries, "
+                                 f"topology.edges is {self.edges}")
+            if sum(self.clients_per_edge) != self.clients or min(self.clients_per_edge) < 1:
+                raise ValueError("topology.clients_per_edge must be positive and sum to topology.clients")
+        return self
+
+
+class TransportSpec(Strict):
+    chunk_bytes: int = Field(1 << 20, ge=1024, le=64 << 20, description="bundle chunk size on the wire")
+    round_deadline_s: float = Field(120.0, gt=0, description="a scatter waits this long for replies")
+    join_timeout_s: float = Field(60.0, gt=0, description="the PS waits this long for every node to join")
+    rpc_timeout_s: float = Field(30.0, gt=0, description="deadline of unary RPCs (describe, hand-off ack)")
+    handoff_retries: int = Field(3, ge=0)
+    max_bundle_bytes: int = Field(16 << 30, ge=1, description="largest bundle a node accepts")
+
+
+class RunSpec(Strict):
+    name: str = "run"
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    topology: TopologySpec = Field(default_factory=TopologySpec)
+    data: DataSpec = Field(default_factory=DataSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    rounds: int = Field(20, ge=1)
+    seed: int = Field(0, ge=0)
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    eval_every: int = Field(1, ge=1)
+    transport: TransportSpec = Field(default_factory=TransportSpec)
+
+    @model_validator(mode="after")
+    def _algorithm_fits_topology(self) -> RunSpec:
+        from fedhop.common.engine.api import get_algorithm
+
+        needs = get_algorithm(self.algorithm.name).needs_edges
+        if needs is True and self.topology.edges == 0:
+            raise ValueError(f"algorithm {self.algorithm.name!r} needs edge servers: set topology.edges > 0")
+        if needs is False and self.topology.edges > 0:
+            raise ValueError(f"algorithm {self.algorithm.name!r} runs on server + clients only: "
+                             "set topology.edges = 0")
+        return self
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", v):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {v!r}")
+        return v
+
+    def options(self) -> BaseModel:
+        """The algorithm's options, validated into its typed model."""
+        from fedhop.common.engine.api import get_algorithm
+
+        return get_algorithm(self.algorithm.name).options.model_validate(self.algorithm.options)
+
+    def to_toml(self) -> str:
+        return _to_toml(self.model_dump(mode="json", exclude_none=True))
+
+    @classmethod
+    def from_toml(cls, text: str, source: str = "<spec>") -> RunSpec:
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError(f"{source}: not valid TOML: {e}") from None
+        return cls.parse(raw, source)
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], source: str = "<spec>") -> RunSpec:
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as e:
+            raise SpecError(f"{source}: invalid run spec: {_flat_errors(e)}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunSpec:
+        p = Path(path)
+        if not p.is_file():
+            raise SpecError(f"spec file not found: {p}")
+        return cls.from_toml(p.read_text(), str(p))
+
+
+class SpecError(ValueError):
+    """A run spec that cannot run; the message names the field."""
+
+
+def _flat_errors(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int | float):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else _toml_value(k)
+
+
+def _to_toml(d: dict[str, Any], prefix: str = "") -> str:
+    scalars = [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, dict)]
+    tables = [
+        _to_toml(v, f"{prefix}{_toml_key(k)}.") for k, v in d.items() if isinstance(v, dict)
+    ]
+    head = f"[{prefix[:-1]}]\n" if prefix else ""
+    return head + "".join(s + "\n" for s in scalars) + "".join("\n" + t for t in tables)

@@ -1,0 +1,3 @@
+from fedhop.cli import main
+
+raise SystemExit(main())

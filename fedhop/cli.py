@@ -1,0 +1,115 @@
+"""The ``fedhop`` command line: launch, simulate, one role per process, reproduce."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_SPEC = Path(__file__).with_name("default_spec.toml")
+
+
+def load_spec(path: str | None):
+    from fedhop.common.spec import RunSpec
+
+    return RunSpec.load(path or DEFAULT_SPEC)
+
+
+def default_out(spec_name: str, engine: str) -> Path:
+    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec_name}-{engine}"
+
+
+def progress(total: int, label: str):
+    """A tqdm bar advanced by round records; prints the latest metrics."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=label, unit="round", file=sys.stderr)
+
+    def on_round(rec: dict) -> None:
+        bar.n = rec["round"]
+        shown = {k: rec[k] for k in ("accuracy", "loss") if k in rec}
+        bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
+        bar.refresh()
+
+    return bar, on_round
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from fedhop.common.engine.inprocess import InProcessEngine
+    from fedhop.common.engine.results import write_run_folder
+
+    spec = load_spec(a.spec)
+    engine = InProcessEngine(spec, device=a.device)
+    bar, on_round = progress(spec.rounds, f"simulate {spec.algorithm.name}")
+    result = engine.run(on_round=None if a.quiet else on_round)
+    bar.close()
+    out = write_run_folder(result, Path(a.out) if a.out else default_out(spec.name, "simulate"))
+    print_summary(result, out)
+    return 0
+
+
+def print_summary(result, out: Path) -> None:
+    from fedhop.common.engine.results import totals
+
+    last = result.rounds[-1] if result.rounds else {}
+    t = totals(result.links)
+    acc = f"accuracy {last['accuracy']:.4f}, " if "accuracy" in last else ""
+    print(f"{result.spec.algorithm.name}: {len(result.rounds)} rounds reported, {acc}loss {last.get('loss', float('nan')):.4f}; "
+          f"payload {t['payload_bytes']:,} B, messages {t['message_bytes']:,} B; wall {result.wall_s:.1f}s")
+    if result.missing:
+        print(f"missing: {len(result.missing)} calls, e.g. {result.missing[0]}")
+    print(f"results in {out}")
+
+
+def cmd_algorithms(a: argparse.Namespace) -> int:
+    from fedhop.common.engine.api import ALGORITHMS, get_algorithm
+
+    get_algorithm("fedavg")
+    for name in sorted(ALGORITHMS):
+        print(f"{name:24s} {ALGORITHMS[name].summary}")
+    return 0
+
+
+def cmd_spec(a: argparse.Namespace) -> int:
+    print(load_spec(a.spec).to_toml(), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedhop", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("simulate", help="run a spec with the in-process engine (no sockets)")
+    s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
+    s.add_argument("--out", help="run folder (default: runs/<time>-<name>-simulate)")
+    s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_simulate)
+
+    s = sub.add_parser("algorithms", help="list the algorithms")
+    s.set_defaults(fn=cmd_algorithms)
+
+    s = sub.add_parser("spec", help="print a spec, validated and with every default filled in")
+    s.add_argument("spec", nargs="?")
+    s.set_defaults(fn=cmd_spec)
+
+    try:
+        from fedhop import roles_cli
+
+        roles_cli.add_commands(sub)
+    except ImportError as e:  # pragma: no cover - only while the roles are being built
+        if "roles_cli" not in str(e):
+            raise
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from fedhop.common.spec import SpecError
+
+    try:
+        return int(args.fn(args) or 0)
+    except SpecError as e:
+        print(f"fedhop: {e}", file=sys.stderr)
+        return 2
