@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import LocalSolver
+from fedhop.common.algorithms.participation import Participation, participants
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
 from fedhop.common.wire.bundle import Bundle, weighted_mean
 
@@ -28,8 +29,13 @@ class FedAvgOptions(BaseModel):
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     prox_mu: float = Field(0.0, ge=0, description="FedProx proximal weight (0 = plain FedAvg)")
-    participation: float = Field(1.0, gt=0, le=1, description="fraction of clients sampled per round (per edge)")
+    participation: Participation = Field(1.0, description="fraction of clients sampled per round (per edge), or "
+                                         "a participation model (participation.py; server + clients only)")
     weighting: Literal["data_size", "uniform"] = "data_size"
+    lr_schedule_K: int = Field(0, ge=0, description="0: constant lr; K > 0: local step k of a round (counted "
+                               "across its syncs) uses lr/(K*sqrt(k+1)) (Fed-CHS App. B.1)")
+    syncs_per_round: int = Field(1, ge=1, description="server + clients only: local-train/average cycles per "
+                                 "round (Fed-CHS spec sec. 5, FedAvg reading A: local_steps=1, syncs=20)")
 
 
 class HierFAVGOptions(FedAvgOptions):
@@ -38,7 +44,8 @@ class HierFAVGOptions(FedAvgOptions):
 
 def solver_of(o: FedAvgOptions) -> LocalSolver:
     return LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size, solver=o.solver,
-                       momentum=o.momentum, weight_decay=o.weight_decay, prox_mu=o.prox_mu)
+                       momentum=o.momentum, weight_decay=o.weight_decay, prox_mu=o.prox_mu,
+                       lr_K=o.lr_schedule_K)
 
 
 def sample_participants(ctx: NodeContext, pool: tuple[str, ...], fraction: float, stream: int = 0) -> list[str]:
@@ -57,12 +64,19 @@ def average_replies(ctx: NodeContext, replies: dict[str, Reply], weighting: str)
     return avg, sum(weights.values())
 
 
-def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, args: dict[str, Scalar]) -> tuple[Bundle, int]:
-    """kappa2 times: the node's children train locally and the node averages them (HierFAVG inner loop)."""
+def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, args: dict[str, Scalar],
+                   model: BaseModel | None = None) -> tuple[Bundle, int]:
+    """kappa2 times: the node's children train locally and the node averages them (HierFAVG inner loop).
+
+    ``model``: a participation model drawing S_r instead of the uniform fraction ``args["participation"]``.
+    """
     weight = 0
     for s in range(edge_rounds):
-        chosen = sample_participants(ctx, ctx.children, float(args["participation"]), s)
-        replies = ctx.comm.scatter(chosen, "local.train", params, {**args, "stream": s}, expect=params)
+        chosen = (participants(ctx, model) if model is not None
+                  else sample_participants(ctx, ctx.children, float(args["participation"]), s))
+        offset = s * int(args["solver.steps"])
+        replies = ctx.comm.scatter(chosen, "local.train", params,
+                                   {**args, "stream": s, "solver.step_offset": offset}, expect=params)
         if replies:
             params, weight = average_replies(ctx, replies, str(args["weighting"]))
     return params, weight
@@ -78,8 +92,11 @@ def edge_round(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Rep
 def run(ctx: NodeContext) -> Bundle:
     o: FedAvgOptions = ctx.opts
     edge_rounds = getattr(o, "edge_rounds", 1)
-    args = {**solver_of(o).to_args(), "participation": o.participation, "weighting": o.weighting,
-            "edge_rounds": edge_rounds}
+    model = None if isinstance(o.participation, float) else o.participation
+    if model is not None and ctx.topology.edges:
+        raise ValueError("participation models need topology.edges = 0; use a fraction with edges")
+    args = {**solver_of(o).to_args(), "participation": 1.0 if model is not None else o.participation,
+            "weighting": o.weighting, "edge_rounds": edge_rounds}
     w = ctx.initial_params()
     for _ in ctx.rounds():
         if ctx.topology.edges:
@@ -88,7 +105,7 @@ def run(ctx: NodeContext) -> Bundle:
             if replies:
                 w, _ = average_replies(ctx, replies, "data_size")
         else:
-            w, _ = cluster_rounds(ctx, w, 1, args)
+            w, _ = cluster_rounds(ctx, w, o.syncs_per_round, args, model)
         if ctx.should_eval():
             ctx.report(**ctx.evaluate(w))
     return w

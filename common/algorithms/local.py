@@ -6,6 +6,7 @@ Parameters travel as bundles; the model architecture is the workspace's template
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -45,6 +46,9 @@ class LocalSolver:
 
     FedProx (Li et al. 2020): minimise f_k(w) + mu/2 ||w - w_anchor||^2, i.e. gradient + mu (w - w_anchor).
     Optimizer state is reset at every activation.
+
+    ``lr_K > 0`` selects the decaying schedule of Fed-CHS App. B.1: step t uses
+    ``lr / (lr_K * sqrt(step_offset + t + 1))`` (``step_offset`` places these steps inside a longer round).
     """
 
     steps: int
@@ -57,6 +61,14 @@ class LocalSolver:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    lr_K: int = 0  # 0: constant lr
+    step_offset: int = 0
+
+    def lr_at(self, t: int) -> float:
+        """The step size of local step ``t`` (0-based)."""
+        if self.lr_K <= 0:
+            return self.lr
+        return self.lr / (self.lr_K * math.sqrt(self.step_offset + t + 1))
 
     def to_args(self) -> dict[str, Scalar]:
         return {f"solver.{k}": v for k, v in self.__dict__.items()}
@@ -79,6 +91,7 @@ def local_train(ws: Workspace, params: Bundle, data: Dataset, cfg: LocalSolver,
         x, y = sample_batch(data, cfg.batch_size, gen)
         loss, g = loss_and_grad(ws, w, x, y)
         losses += loss
+        lr = cfg.lr_at(t)
         for k in w:
             d = g[k]
             if cfg.weight_decay:
@@ -86,16 +99,16 @@ def local_train(ws: Workspace, params: Bundle, data: Dataset, cfg: LocalSolver,
             if cfg.prox_mu:
                 d = d + cfg.prox_mu * (w[k] - anchor[k])
             if cfg.solver == "sgd":
-                w[k] = w[k] - cfg.lr * d
+                w[k] = w[k] - lr * d
             elif cfg.solver == "momentum":
                 m[k] = cfg.momentum * m[k] + d
-                w[k] = w[k] - cfg.lr * m[k]
+                w[k] = w[k] - lr * m[k]
             elif cfg.solver == "adam":
                 m[k] = cfg.beta1 * m[k] + (1 - cfg.beta1) * d
                 v2[k] = cfg.beta2 * v2[k] + (1 - cfg.beta2) * d * d
                 mh = m[k] / (1 - cfg.beta1 ** (t + 1))
                 vh = v2[k] / (1 - cfg.beta2 ** (t + 1))
-                w[k] = w[k] - cfg.lr * mh / (vh.sqrt() + cfg.eps)
+                w[k] = w[k] - lr * mh / (vh.sqrt() + cfg.eps)
             else:
                 raise ValueError(f"unknown local solver {cfg.solver!r}; use sgd, momentum or adam")
     return w, losses / max(cfg.steps, 1)

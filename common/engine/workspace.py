@@ -69,13 +69,16 @@ class Workspace:
     def model(self) -> torch.nn.Module:
         """The architecture (a template: algorithms pass parameters explicitly via functional_call)."""
         return build_model(self.spec.model, self.fed.input_shape, self.fed.num_classes, self.spec.seed).to(
-            self.device)
+            device=self.device, dtype=getattr(torch, self.spec.model.dtype))
 
     def initial_params(self) -> Bundle:
         return {k: v.detach().clone() for k, v in self.model.named_parameters()}
 
     def forward(self, params: Bundle, x: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.model, params, (x.to(self.device),))
+        x = x.to(self.device)
+        if x.is_floating_point():  # inputs follow the parameter dtype (ModelSpec.dtype)
+            x = x.to(getattr(torch, self.spec.model.dtype))
+        return functional_call(self.model, params, (x,))
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         y = y.to(self.device)

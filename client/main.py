@@ -1,0 +1,43 @@
+"""``fedhop client``: one client process. It needs only its parent's address, its identity and optionally a
+data path; the RunSpec comes from the parent's Welcome."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from fedhop.client.session import ChildSession, JoinError, LeafComm
+from fedhop.common.engine.api import NodeContext
+from fedhop.common.engine.base import MissingLog
+from fedhop.common.engine.workspace import Workspace
+from fedhop.common.spec import RunSpec
+
+log = logging.getLogger("fedhop.client")
+
+
+def run_client(node_id: str, parent: str, *, data_path: str | None = None, device: str | None = None,
+               connect_timeout_s: float = 60.0) -> int:
+    """Join the run at ``parent``, serve its tasks until Bye; 0 on a clean end."""
+    torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
+    session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s)
+    try:
+        welcome = session.connect()
+    except JoinError as e:
+        log.error("%s", e)
+        return 3
+    spec = RunSpec.model_validate_json(welcome.spec)
+    ws = Workspace(spec, device, data_path)
+    if ws.topology.role(node_id) != "client":
+        log.error("%s is not a client of this run", node_id)
+        return 3
+    session.configure(spec.transport.chunk_bytes, spec.transport.max_bundle_bytes)
+    n = len(ws.client_data(node_id))
+    ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=LeafComm(node_id, ws.topology, MissingLog()),
+                      sizes={node_id: n})
+    session.send_ready({node_id: n})
+    log.info("%s: joined run %s under %s with %d samples on %s", node_id, welcome.run_id, welcome.parent_id, n,
+             ws.device)
+    ok = session.serve(ctx, on_bye=lambda: ([], []))
+    session.close()
+    return 0 if ok else 1

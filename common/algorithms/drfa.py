@@ -1,0 +1,122 @@
+"""DRFA: Distributionally Robust Federated Averaging (Deng, Kamani, Mahdavi, NeurIPS 2020, Algorithm 1).
+
+A baseline of FGDRO (spec fgdro.md section 5): min_w max_{lambda in simplex} sum_i lambda_i f_i(w), i.e. the
+CVaR objective with K = 1. The server keeps the mixing weights lambda; one round s:
+
+1. draw ``clients_per_round`` = m clients D ~ lambda (with replacement) and t' ~ Unif{1..I}; send w (and t');
+2. each client in D runs I local SGD steps from w, replying its final model and its snapshot w^(t') (2d up);
+3. the server averages the finals into the new w and the snapshots into w^(t') (each drawn client counted
+   as often as it was drawn, so the mean is an unbiased estimate of sum_i lambda_i w_i);
+4. m clients U drawn uniformly without replacement get w^(t') (d down) and reply their minibatch loss
+   f_i(w^(t'); z) as one float;
+5. v_i = (N/|U|) f_i for i in U, 0 otherwise, and lambda <- Proj_simplex(lambda + I * gamma * v).
+
+lambda changes only at communication rounds, which is what the FGDRO paper blames for DRFA's O(1/eps^12)
+communication. Options from the authors' FedTorch code [R] are exposed: ``lambda_init`` = data_size (n_i/n),
+``lambda_floor`` (floor lambda then renormalise), ``gamma_decay`` (FedTorch multiplies gamma by 0.9 every
+round; the default here, 1.0, keeps gamma fixed as in the paper's analysis) and ``aggregation`` = "lambda"
+(FedTorch weights the replies by lambda_i instead of by draw counts).
+
+Missing clients: a D client that does not reply is left out of the means; a U client that does not reply
+contributes v_i = 0 and the scale is N / (number of U replies). If no D client replies, w is unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhop.common.algorithms.fgdro import scalar_tensor
+from fedhop.common.algorithms.local import LocalSolver, local_train, loss_and_grad, sample_batch
+from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mean
+
+W, SNAP = "w.", "snap."
+
+
+class DRFAOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(0.01, gt=0, description="local SGD step size")
+    local_steps: int = Field(32, ge=1, description="I, local steps per round")
+    batch_size: int = Field(32, ge=0)
+    gamma: float = Field(0.01, gt=0, description="step size of the lambda ascent [UNSPECIFIED]")
+    gamma_decay: float = Field(1.0, gt=0, le=1, description="gamma *= decay per round (FedTorch 0.9)")
+    clients_per_round: int | None = Field(None, ge=1, description="m; None = N [UNSPECIFIED]")
+    lambda_init: Literal["uniform", "data_size"] = Field("data_size", description="FedTorch: n_i / n")
+    lambda_floor: float = Field(1e-3, ge=0, description="FedTorch floors lambda at 1e-3 and renormalises")
+    aggregation: Literal["draws", "lambda"] = Field(
+        "draws", description="draws: mean over the m draws (paper); lambda: weight by lambda_i (FedTorch)")
+
+
+def project_simplex(y: np.ndarray) -> np.ndarray:
+    """Euclidean projection onto {p >= 0, sum p = 1} (sort-based, Held et al. 1974 / Duchi et al. 2008)."""
+    u = np.sort(y)[::-1]
+    css = np.cumsum(u) - 1.0
+    ks = np.arange(1, len(y) + 1)
+    rho = int(np.nonzero(u - css / ks > 0)[0][-1])
+    return np.maximum(y - css[rho] / (rho + 1), 0.0)
+
+
+@task("drfa.train")
+def drfa_train(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client in D: I local SGD steps from w; reply the final model and the snapshot after t' steps."""
+    steps, t_snap = int(args["local_steps"]), int(args["t_snap"])
+    gen = ctx.rng("drfa.train", ctx.round)
+    first = LocalSolver(steps=t_snap, lr=float(args["lr"]), batch_size=int(args["batch_size"]))
+    snap, _ = local_train(ctx.ws, bundle, ctx.data, first, gen)
+    rest = LocalSolver(steps=steps - t_snap, lr=float(args["lr"]), batch_size=int(args["batch_size"]))
+    final, _ = local_train(ctx.ws, snap, ctx.data, rest, gen) if steps > t_snap else (dict(snap), 0.0)
+    return Reply({**prefixed(W, final), **prefixed(SNAP, snap)})
+
+
+@task("drfa.loss")
+def drfa_loss(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client in U: the minibatch loss f_i(w^(t'); z), one float up."""
+    x, y = sample_batch(ctx.data, int(args["batch_size"]), ctx.rng("drfa.loss", ctx.round))
+    loss, _ = loss_and_grad(ctx.ws, bundle, x, y)
+    return Reply({"loss": scalar_tensor(loss, bundle)})
+
+
+def run(ctx: NodeContext) -> Bundle:
+    o: DRFAOptions = ctx.opts
+    clients = ctx.children
+    n = len(clients)
+    m = min(o.clients_per_round or n, n)
+    sizes = np.array([ctx.data_size(c) for c in clients], dtype=float)
+    lam = sizes / sizes.sum() if o.lambda_init == "data_size" else np.full(n, 1.0 / n)
+    gamma = o.gamma
+    w = ctx.initial_params()
+    base = {"lr": o.lr, "local_steps": o.local_steps, "batch_size": o.batch_size}
+    for r in ctx.rounds():
+        rng = ctx.np_rng("drfa", r)
+        draws = np.bincount(rng.choice(n, size=m, replace=True, p=lam), minlength=n)          # step 1
+        t_snap = int(rng.integers(1, o.local_steps + 1))
+        chosen = [clients[i] for i in range(n) if draws[i] > 0]
+        replies = ctx.comm.scatter(chosen, "drfa.train", w, {**base, "t_snap": t_snap},      # step 2
+                                   expect={**prefixed(W, w), **prefixed(SNAP, w)})
+        if replies:                                                                          # step 3
+            idx = {c: i for i, c in enumerate(clients)}
+            wt = {c: float(draws[idx[c]] if o.aggregation == "draws" else lam[idx[c]]) for c in replies}
+            avg = weighted_mean((wt[c], rep.bundle) for c, rep in replies.items())
+            w, w_snap = unprefixed(W, avg), unprefixed(SNAP, avg)
+            picked = sorted(rng.choice(n, size=m, replace=False).tolist())                   # step 4
+            losses = ctx.comm.scatter([clients[i] for i in picked], "drfa.loss", w_snap, base,
+                                      expect={"loss": scalar_tensor(0.0, w)})
+            if losses:                                                                       # step 5
+                v = np.zeros(n)
+                for c, rep in losses.items():
+                    v[idx[c]] = n / len(losses) * float(rep.bundle["loss"])
+                lam = project_simplex(lam + o.local_steps * gamma * v)
+                if o.lambda_floor > 0:
+                    lam = np.maximum(lam, o.lambda_floor)
+                    lam = lam / lam.sum()
+        gamma *= o.gamma_decay
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(w), lambda_max=float(lam.max()), lambda_argmax=int(lam.argmax()))
+    return w
+
+
+register(Algorithm("drfa", DRFAOptions, run, "DRFA (Deng et al. 2020): distributionally robust FedAvg",
+                   needs_edges=False))

@@ -1,0 +1,52 @@
+"""FedAdam (Reddi et al. 2021, "Adaptive Federated Optimization", Algorithm 2 with the Adam server update).
+
+A baseline of FGDRO (spec fgdro.md section 5). Clients run I local SGD steps from wbar (the FedAvg client
+step, shared with :mod:`fedavg`); the server treats the mean change as a pseudo-gradient and takes an Adam
+step:
+
+    delta = mean_i (w_i - wbar)
+    m <- b1 m + (1 - b1) delta ;  v <- b2 v + (1 - b2) delta^2 ;  wbar <- wbar + eta_g m / (sqrt(v) + tau)
+
+with m_{-1} = 0 and v_{-1} = tau^2 (Reddi: v_{-1} >= tau^2), no bias correction. Adaptivity lives only on the
+server, which is the contrast the FGDRO paper draws with LocalAdam / FGDRO-KL-Adam. Payload: d floats each
+way.
+Clients missing at the deadline are left out of the mean; with nobody present the model is unchanged.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from fedhop.common.algorithms.fedavg import FedAvgOptions, cluster_rounds, solver_of
+from fedhop.common.engine.api import Algorithm, NodeContext, register
+from fedhop.common.wire.bundle import Bundle, sub
+
+
+class FedAdamOptions(FedAvgOptions):
+    server_lr: float = Field(0.01, gt=0, description="eta_g [UNSPECIFIED in FGDRO; Reddi tunes it]")
+    server_beta1: float = Field(0.9, ge=0, lt=1, description="Reddi default 0.9")
+    server_beta2: float = Field(0.99, ge=0, lt=1, description="Reddi default 0.99")
+    server_tau: float = Field(1e-3, gt=0, description="adaptivity floor tau (Reddi ~1e-3)")
+
+
+def run(ctx: NodeContext) -> Bundle:
+    o: FedAdamOptions = ctx.opts
+    args = {**solver_of(o).to_args(), "participation": o.participation, "weighting": o.weighting}
+    w = ctx.initial_params()
+    m = {k: v.new_zeros(v.shape) for k, v in w.items()}
+    v2 = {k: v.new_full(v.shape, o.server_tau ** 2) for k, v in w.items()}
+    for _ in ctx.rounds():
+        avg, weight = cluster_rounds(ctx, w, 1, args)
+        if weight > 0:
+            delta = sub(avg, w)                                            # pseudo-gradient (negated)
+            for k in w:
+                m[k] = o.server_beta1 * m[k] + (1 - o.server_beta1) * delta[k]
+                v2[k] = o.server_beta2 * v2[k] + (1 - o.server_beta2) * delta[k] * delta[k]
+                w[k] = w[k] + o.server_lr * m[k] / (v2[k].sqrt() + o.server_tau)
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(w))
+    return w
+
+
+register(Algorithm("fedadam", FedAdamOptions, run,
+                   "FedAdam (Reddi et al. 2021): server-side Adam on the mean update", needs_edges=False))

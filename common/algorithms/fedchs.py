@@ -1,0 +1,212 @@
+"""Fed-CHS (Yan, Zuo, Fan, Hu, Shen, Zhao, Luo: "Sequential Federated Learning in Hierarchical Architecture
+on Non-IID Datasets", Algorithm 1; specs/fedchs.md sections 2-3).
+
+One cluster is active per round t. Inside the active cluster m(t) the edge server (ES) and all its clients
+run K interactions (Eq. 5): the ES sends w_k^t to every client, each client uploads ONE mini-batch
+gradient, and the ES steps
+
+    w_{k+1}^t = w_k^t - eta_k * sum_{n in N_m(t)} gamma_n^m(t) grad f(w_k^t, xi_{n,k}),   k = 0..K-1     (5)
+
+with eta_k = c / (K sqrt(k+1)) restarting at k = 0 every round (App. B.1, c = 1) and gamma_n^m =
+D_n / D_{A,m} ([UNSPECIFIED] in the paper; spec 3.1 default). The ES then picks the next ES by the two-step
+rule (sec. 3.3, :func:`choose_next`) and hands w^{t+1} = w_K^t to it; the receiver increments its visit
+counter c (Alg. 1 line 18). The counter of m(0) is literally never incremented (flag ``count_initial_es``,
+default False = literal).
+
+Where things live on the engine: the model lives at the edges; the parameter server is control plane only.
+It draws m(0) uniformly at random, tells the active edge to run a round (no tensors), and receives scalars
+(the next edge, evaluation metrics). Each edge learns its neighbours' visit counts and cluster sizes D_{A,m}
+through ``describe`` (visit counter in ``ctx.public["visits"]``) and passes the model with ``hand_off``.
+After the last round the PS fetches the final model from the edge holding it with the separate task
+``fedchs.collect``, so every other message kind carries exactly 2 K |N_m(t)| d + d floats per round (sec. 7).
+
+Multi-step variant (spec 3.6, ``E > 1``): K / E interactions per round; in each, every client runs E local
+SGD steps from the broadcast model and uploads its model delta (d floats), and the ES adds the gamma-weighted
+mean delta. The step size of those local steps is [UNSPECIFIED]; ``e_lr_index`` chooses between eta_k of the
+interaction k (default, "with the current eta_k") and eta_{kE+j} of the j-th local step.
+
+Missing clients (scatter returns fewer replies) are left out of the step and gamma is renormalised over those
+that replied; if none replied the interaction makes no step. With a single cluster (no neighbour edge) the
+walk degenerates to a self-loop: the model stays at that edge and no hand-off is sent (spec sec. 8 item 2).
+The model has no copy outside the active edge, so if the active edge does not finish its round the run stops
+with an error (the networked engine retries the hand-off itself).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedhop.common.algorithms.local import LocalSolver, local_train, loss_and_grad, sample_batch
+from fedhop.common.engine.api import Algorithm, NodeContext, NodeId, Reply, Scalar, register, task
+from fedhop.common.wire.bundle import Bundle, axpy, sub, weighted_sum
+
+VISITS = "visits"  # the public fact holding an edge's visit counter c(m)
+
+
+class FedCHSOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    K: int = Field(20, ge=1, description="local iterations per round inside the active cluster (paper: 20)")
+    E: int = Field(1, ge=1, description="local steps per interaction (spec 3.6); K / E interactions a round")
+    lr: float = Field(1.0, gt=0, description="scale c of eta_k = c / (K sqrt(k+1)) (App. B.1: c = 1)")
+    lr_schedule: Literal["sqrt", "constant"] = Field(
+        "sqrt", description="sqrt: eta_k = lr / (K sqrt(k+1)) restarting every round; constant: eta_k = lr")
+    batch_size: int = Field(32, ge=0, description="mini-batch size of xi_{n,k} [UNSPECIFIED]; 0 = full batch")
+    weighting: Literal["data_size", "uniform"] = Field(
+        "data_size", description="gamma_n^m: D_n / D_{A,m} (default) or 1 / |N_m| [UNSPECIFIED]")
+    count_initial_es: bool = Field(
+        False, description="increment c(m(0)) at start (not in Alg. 1; False = literal)")
+    e_lr_index: Literal["interaction", "local_step"] = Field(
+        "interaction", description="E > 1: local step j of interaction k uses eta_k or eta_{kE+j}")
+
+    @model_validator(mode="after")
+    def _divisible(self) -> FedCHSOptions:
+        if self.K % self.E:
+            raise ValueError(f"K ({self.K}) must be a multiple of E ({self.E}): K / E interactions per round")
+        return self
+
+
+def step_size(k: int, o: FedCHSOptions) -> float:
+    """eta_k of App. B.1: c / (K sqrt(k+1)), k the index inside the round (restarts every round)."""
+    return o.lr / (o.K * math.sqrt(k + 1)) if o.lr_schedule == "sqrt" else o.lr
+
+
+def choose_next(candidates: Sequence[tuple[NodeId, int, int]]) -> NodeId:
+    """The two-step rule of sec. 3.3 over (neighbour, c(m'), D_{A,m'}) triples given in canonical order.
+
+    Step 1: the least-visited neighbours C(t); if one, it is m(t+1) (the paper's "output m(t)" is a typo for
+    m(t+1)). Step 2: among C(t) the largest cluster dataset D_{A,m'}; a remaining tie goes to the first in
+    canonical order, i.e. the smallest index ([UNSPECIFIED]; spec default).
+    """
+    if not candidates:
+        raise ValueError("choose_next needs at least one neighbour")
+    c_min = min(c for _, c, _ in candidates)
+    least = [(m, d) for m, c, d in candidates if c == c_min]  # Step 1
+    d_max = max(d for _, d in least)
+    return next(m for m, d in least if d == d_max)  # Step 2, then smallest index
+
+
+def _gammas(ctx: NodeContext, present: Sequence[NodeId], weighting: str) -> dict[NodeId, float]:
+    sizes = {n: float(ctx.data_size(n)) if weighting == "data_size" else 1.0 for n in present}
+    total = sum(sizes.values())
+    return {n: s / total for n, s in sizes.items()}
+
+
+@task("fedchs.grad")
+def client_interaction(ctx: NodeContext, w: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client n, interaction k: grad f(w_k^t, xi_{n,k}) on one fresh mini-batch (E = 1), or the model delta of
+    E local SGD steps (spec 3.6)."""
+    gen = ctx.rng("fedchs.grad", ctx.round, int(args["k"]))
+    if "solver.steps" in args:
+        x, loss = local_train(ctx.ws, w, ctx.data, LocalSolver.from_args(args), gen)
+        return Reply(sub(x, w), {"loss": loss, "n": len(ctx.data)})
+    xb, yb = sample_batch(ctx.data, int(args["batch_size"]), gen)
+    loss, g = loss_and_grad(ctx.ws, w, xb, yb)
+    return Reply(g, {"loss": loss, "n": len(ctx.data)})
+
+
+def _interaction_args(o: FedCHSOptions, k: int) -> dict[str, Scalar]:
+    if o.E == 1:
+        return {"k": k, "batch_size": o.batch_size}
+    if o.e_lr_index == "interaction":
+        cfg = LocalSolver(steps=o.E, lr=step_size(k, o), batch_size=o.batch_size)
+    elif o.lr_schedule == "sqrt":
+        cfg = LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size, lr_K=o.K, step_offset=k * o.E)
+    else:
+        cfg = LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size)
+    return {"k": k, **cfg.to_args()}
+
+
+def cluster_round(ctx: NodeContext, w: Bundle, o: FedCHSOptions) -> tuple[Bundle, float, int]:
+    """The K interactions of Eq. (5) in this edge's cluster; returns w^{t+1}, mean client loss, uploads."""
+    losses: list[float] = []
+    uploads = 0
+    for k in range(o.K // o.E):
+        replies = ctx.comm.scatter(ctx.children, "fedchs.grad", w, _interaction_args(o, k), expect=w)
+        if not replies:
+            continue
+        gamma = _gammas(ctx, list(replies), o.weighting)
+        agg = weighted_sum((gamma[n], r.bundle) for n, r in replies.items())
+        w = axpy(-step_size(k, o), agg, w) if o.E == 1 else axpy(1.0, agg, w)  # Eq. (5) / spec 3.6
+        losses.append(sum(gamma[n] * float(r.scalars["loss"]) for n, r in replies.items()))
+        uploads += len(replies)
+    return w, (sum(losses) / len(losses) if losses else float("nan")), uploads
+
+
+def _acquire(ctx: NodeContext, first: bool, o: FedCHSOptions) -> Bundle:
+    """The model this edge trains this round: w^0 at m(0), else the one handed to it."""
+    if first:
+        if o.count_initial_es:  # not in Algorithm 1 (spec 3.3 flag)
+            ctx.public[VISITS] = int(ctx.public.get(VISITS, 0)) + 1
+        return ctx.initial_params()
+    if "model" in ctx.inbox:
+        w, _ = ctx.take("model")
+        ctx.public[VISITS] = int(ctx.public.get(VISITS, 0)) + 1  # Alg. 1 line 18: c(m(t+1)) += 1
+        return w
+    if "w" in ctx.state:  # single cluster: self-loop, the model never left
+        return ctx.state.pop("w")
+    raise RuntimeError(f"{ctx.node_id}: told to run a Fed-CHS round but holds no model")
+
+
+@task("fedchs.round")
+def edge_round(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Active ES m(t): K interactions (Eq. 5), then the two-step rule and the hand-off of w^{t+1}."""
+    o: FedCHSOptions = ctx.opts
+    w = _acquire(ctx, bool(args["first"]), o)
+    w, train_loss, uploads = cluster_round(ctx, w, o)
+    scalars: dict[str, Scalar] = {"train_loss": train_loss, "uploads": uploads,
+                                  VISITS: ctx.public.get(VISITS, 0)}
+    if bool(args["eval"]):
+        scalars.update(ctx.evaluate(w))
+    if ctx.neighbours:
+        facts = ctx.comm.describe(ctx.neighbours)
+        nxt = choose_next([(m, int(f.get(VISITS, 0)), int(f["data_size"])) for m, f in facts.items()])
+        ctx.comm.hand_off(nxt, "model", w)
+    else:
+        ctx.state["w"] = w
+        nxt = ctx.node_id
+    scalars["next"] = nxt
+    return Reply({}, scalars)
+
+
+@task("fedchs.collect")
+def edge_collect(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """The edge holding w^T gives it to the PS at the end of the run (not part of the paper's traffic)."""
+    if "model" in ctx.inbox:
+        w, _ = ctx.take("model")
+        return Reply(w)
+    if "w" in ctx.state:
+        return Reply(ctx.state["w"])
+    raise RuntimeError(f"{ctx.node_id}: asked for the final Fed-CHS model but holds none")
+
+
+def run(ctx: NodeContext) -> Bundle:
+    """PS (control plane only): m(0) uniform at random, then one `fedchs.round` a round at the active edge."""
+    edges = ctx.topology.edges
+    active = edges[int(ctx.np_rng("fedchs.m0").integers(len(edges)))]
+    o: FedCHSOptions = ctx.opts
+    steps = 0
+    for t in ctx.rounds():
+        ev = ctx.should_eval()
+        replies = ctx.comm.scatter([active], "fedchs.round", None, {"first": t == 0, "eval": ev})
+        if active not in replies:
+            raise RuntimeError(f"Fed-CHS round {t + 1}: active edge {active} did not finish; "
+                               "the model lives there")
+        r = replies[active].scalars
+        steps += int(r["uploads"]) * o.E
+        metrics: dict[str, Scalar] = {"edge": active, "train_loss": r["train_loss"], "client_steps": steps}
+        if ev:
+            metrics.update({k: r[k] for k in ("loss", "accuracy") if k in r})
+        ctx.report(**metrics)
+        active = str(r["next"])
+    final = ctx.comm.scatter([active], "fedchs.collect", None, {}, expect=ctx.initial_params())
+    if active not in final:
+        raise RuntimeError(f"Fed-CHS: could not collect the final model from {active}")
+    return final[active].bundle
+
+
+register(Algorithm("fedchs", FedCHSOptions, run,
+                   "Fed-CHS: sequential cluster walk, K interactions per cluster", needs_edges=True))

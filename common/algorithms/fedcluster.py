@@ -1,0 +1,289 @@
+"""FedCluster (Chen, Chen, Zhou, Kailkhura, "FedCluster: Boosting the Convergence of Federated Learning via
+Cluster-Cycling", IEEE BigData 2020, arXiv:2009.10748), Algorithm 1; engineering spec specs/fedcluster.md.
+
+The n devices are partitioned once into M fixed clusters S_1..S_M (sec. II; here: the clients of each edge
+server, so M = topology.edges). Each learning round j runs M *cycles*; cycle K uses cluster c = order_j[K]
+(a fresh random permutation sigma_j per round, as in the analysis, App. A, or the fixed order of
+Algorithm 1) and makes one global update (Alg. 1, with the spec's sec. 2.2 "Implement instead" fix of
+[INCONSISTENT] (a)-(c): the same cluster for sampling and aggregation, weights normalised over the
+sampled devices):
+
+    A_K          = participation x |S_c| devices of S_c, uniformly without replacement
+    w^(k)        = LocalSolver_k(W_{jM+K}, E steps)                    for k in A_K   (Alg. 1 inner loop)
+    W_{jM+K+1}   = sum_{k in A_K} (p_k / sum_{i in A_K} p_i) w^(k)                   (Alg. 1 last line)
+
+FedAvg is the special case M = 1 (sec. II): the cycle is FedAvg's sampling
+(:func:`fedavg.sample_participants`), local training (task ``local.train``) and weighted average
+(:func:`fedavg.average_replies`), shared through :func:`fedavg.cluster_rounds`, so FedCluster with one edge is
+bit-identical to ``fedavg`` through one edge.
+
+Roles and where the model is (the PS is control plane only, DESIGN.md: "cluster c trains from the model
+cluster c-1 produced: ES->ES hand-off"):
+
+* Before round 0 the PS holds W_0 and sends it in the first cycle's request (d floats, once per run).
+* Between cycles the model sits at the edge that ran the last successful cycle (its *holder*). Before
+  cycle K the PS asks the holder to hand it to cluster order_j[K] (``fedcluster.pass``: an edge -> edge
+  ``hand_off`` of d floats), then asks that edge to run its cycle (``fedcluster.cycle``). At a round
+  boundary the model goes straight from the last cluster of round j to the first of round j+1; when they
+  are the same edge there is no hand-off.
+* At round end the model W_{(j+1)M} sits at the round's last cluster; the PS asks it to evaluate
+  (``fedcluster.evaluate``, scalars only). After the last round the PS collects it (``fedcluster.collect``,
+  d floats, once per run).
+
+Payload per round (sec. 2.3): device downloads + uploads = sum_K |A_K| * 2 * d floats, the same as FedAvg
+with the same number of participants; plus one d-float edge -> edge hand-off per change of holder.
+
+Missing nodes: a client missing at the deadline is left out of its cycle's average (FedAvg's rule); a
+cycle with no replies leaves the model unchanged. A cluster whose edge does not answer (or cannot be
+reached by a hand-off) is skipped for the round; the model stays with the holder. Every edge keeps its
+own last output, so if the holder itself disappears the PS rolls back to the most recent earlier holder
+that answers (losing the cycles after it); only when no edge that ever held the model answers is the
+run aborted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from fedhop.common.algorithms.fedavg import FedAvgOptions, cluster_rounds, solver_of
+from fedhop.common.algorithms.local import full_gradient
+from fedhop.common.data import Dataset
+from fedhop.common.engine.api import Algorithm, NodeContext, NodeId, Reply, Scalar, register, task
+from fedhop.common.engine.base import HandOffError
+from fedhop.common.engine.topology import Topology
+from fedhop.common.engine.workspace import Workspace
+from fedhop.common.wire.bundle import Bundle, flat
+
+SLOT = "fedcluster.model"  # inbox slot of a handed-off model
+MODEL = "fedcluster.model"  # ctx.state key: the edge's last output W_{jM+K+1}
+
+
+class FedClusterOptions(FedAvgOptions):
+    """Defaults are the paper's CIFAR-10 protocol (sec. IV-A, spec sec. 4.6): E = 20 local SGD steps of batch
+    30, 10% of each cluster per cycle, lr 0.01 (= FedAvg's 0.1 / 10). Local solvers (sec. IV-C, spec sec. 3):
+    ``solver`` sgd | momentum (heavy ball, dampening 0; the paper's SGDm uses momentum = 0.5) | adam
+    (beta1 0.9, beta2 0.999, eps 1e-8); FedProx = ``prox_mu`` > 0 (the paper: 0.1) with the anchor
+    W_{jM+K}, the model the cluster received. Optimizer state is reset at every activation ([UNSPECIFIED];
+    spec default; the keep-state variant is not implemented)."""
+
+    lr: float = Field(0.01, gt=0, description="local learning rate (read through lr_rule)")
+    local_steps: int = Field(20, ge=1, description="E: local steps per activation")
+    batch_size: int = Field(30, ge=0, description="mini-batch size; 0 = full local batch")
+    participation: float = Field(0.1, gt=0, le=1, description="fraction of a cluster sampled per cycle")
+    order: Literal["reshuffle", "fixed"] = Field(
+        "reshuffle", description="cycle order: a new random permutation per round (App. A, the theory; "
+        "[UNSPECIFIED] in the experiments) or Algorithm 1's fixed S_1..S_M")
+    lr_rule: Literal["as_is", "over_M", "fixed_over_10"] = Field(
+        "as_is", description="step size used: lr (as_is), lr / M (over_M: lr is FedAvg's rate; matches "
+        "lr x sequential steps per round, parity under IID data, spec sec. 8.3), lr / 10 (fixed_over_10: the "
+        "paper's rule 'one tenth of FedAvg's' for every M, sec. IV-A)")
+
+
+def step_size(o: FedClusterOptions, m: int) -> float:
+    """The local learning rate the devices use, by ``lr_rule`` (spec sec. 4.7, Fig. 5 [UNSPECIFIED])."""
+    if o.lr_rule == "over_M":
+        return o.lr / m
+    if o.lr_rule == "fixed_over_10":
+        return o.lr / 10
+    return o.lr
+
+
+def cycle_order(ctx: NodeContext, round_idx: int, order: str) -> list[NodeId]:
+    """order_j: the clusters of round j in visiting order; ``reshuffle`` draws sigma_j (App. A) from the PS's
+    own stream, ``fixed`` is Algorithm 1's S_1, ..., S_M."""
+    edges = list(ctx.topology.edges)
+    if order == "fixed":
+        return edges
+    perm = ctx.np_rng("fedcluster.order", round_idx).permutation(len(edges))
+    return [edges[int(i)] for i in perm]
+
+
+def required_links(edges: Sequence[NodeId], order: str) -> set[tuple[NodeId, NodeId]]:
+    """Edge pairs that must be adjacent for every hand-off the cycle order can ask for: any two clusters
+    under ``reshuffle`` (sigma_j is arbitrary, and round j's last cluster meets round j+1's first), the ring
+    S_1 -> S_2 -> ... -> S_M -> S_1 under ``fixed``."""
+    m = len(edges)
+    if m < 2:
+        return set()
+    if order == "fixed":
+        return {(edges[i], edges[(i + 1) % m]) for i in range(m)}
+    return {(a, b) for a in edges for b in edges if a != b}
+
+
+def check_topology(topo: Topology, order: str) -> None:
+    """FedCluster hands the model edge -> edge directly, so the edge graph must hold every needed link."""
+    missing = sorted((a, b) for a, b in required_links(topo.edges, order) if b not in topo.neighbours[a])
+    if missing:
+        need = 'topology.edge_graph = "complete"' if order == "reshuffle" else \
+            'topology.edge_graph = "ring" or "complete"'
+        shown = ", ".join(f"{a}->{b}" for a, b in missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ValueError(f"fedcluster with order={order!r} hands the model between clusters that the edge "
+                         f"graph does not link ({shown}); set {need}")
+
+
+# -- edge tasks --------------------------------------------------------------------------------------------
+
+@task("fedcluster.cycle")
+def cycle_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Edge c, cycle K of round j: W_{jM+K} from where the PS says it is, one FedAvg step on the cluster
+    (sample A_K, local training, normalised weighted average), keep W_{jM+K+1} as this edge's output."""
+    source = str(args["source"])
+    if source == "bundle":  # the run's first cycle: W_0 from the PS
+        w = bundle
+    elif source == "inbox":  # handed off by the previous cluster
+        w, _ = ctx.take(SLOT)
+    elif source == "self":  # this edge ran the previous cycle (round boundary)
+        w = ctx.state[MODEL]
+    else:
+        raise ValueError(f"unknown model source {source!r}")
+    w, n = cluster_rounds(ctx, w, 1, args)
+    ctx.state[MODEL] = w
+    return Reply({}, {"n": n})
+
+
+@task("fedcluster.pass")
+def pass_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Holder edge: hand its model to the next cluster's edge (acknowledged); keeps its own copy as the
+    fallback of a later roll-back."""
+    try:
+        ctx.comm.hand_off(str(args["to"]), SLOT, ctx.state[MODEL])
+    except HandOffError:
+        return Reply({}, {"delivered": False})
+    return Reply({}, {"delivered": True})
+
+
+@task("fedcluster.evaluate")
+def evaluate_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Holder edge: test metrics of the model it holds (scalars only; the model does not move)."""
+    return Reply({}, dict(ctx.evaluate(ctx.state[MODEL])))
+
+
+@task("fedcluster.collect")
+def collect_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Holder edge, after the last round: send the final model W_{TM} to the PS."""
+    return Reply(ctx.state[MODEL], {})
+
+
+# -- the PS: control plane ---------------------------------------------------------------------------------
+
+class _Holders:
+    """Which edges hold which model: ``history`` lists the edges that produced each model, oldest first.
+    Walking back, the first occurrence of an edge is its latest output, still in its state."""
+
+    def __init__(self) -> None:
+        self.history: list[NodeId] = []
+        self.dead: set[NodeId] = set()
+
+    @property
+    def current(self) -> NodeId | None:
+        return self.history[-1] if self.history else None
+
+    def produced(self, edge: NodeId) -> None:
+        self.dead.discard(edge)
+        self.history.append(edge)
+
+    def lost(self, edge: NodeId) -> None:
+        """``edge`` did not answer: roll back to the latest model of an earlier holder."""
+        self.dead.add(edge)
+        while self.history and self.history[-1] in self.dead:
+            gone = self.history.pop()
+            self.history = [e for e in self.history if e != gone]
+        if not self.history:
+            raise RuntimeError(f"fedcluster: {edge} held the model and no edge that held an earlier one "
+                               "answers; the model is lost")
+
+
+def _ask_holder(ctx: NodeContext, holders: _Holders, task_name: str, args: dict[str, Scalar],
+                expect: Bundle | None = None) -> tuple[NodeId, Reply]:
+    """Send ``task_name`` to the holder, rolling back to earlier holders while they do not answer."""
+    while True:
+        h = holders.current
+        assert h is not None
+        got = ctx.comm.scatter([h], task_name, None, args, expect=expect)
+        if h in got:
+            return h, got[h]
+        holders.lost(h)
+
+
+def run(ctx: NodeContext) -> Bundle:
+    """The PS's choreography of Algorithm 1: T rounds x M cycles, the model moving edge -> edge."""
+    o: FedClusterOptions = ctx.opts
+    topo = ctx.topology
+    check_topology(topo, o.order)
+    m = len(topo.edges)
+    solver = solver_of(o.model_copy(update={"lr": step_size(o, m)}))
+    args: dict[str, Scalar] = {**solver.to_args(), "participation": o.participation, "weighting": o.weighting}
+    w0 = ctx.initial_params()
+    holders = _Holders()
+    for j in ctx.rounds():
+        visited: list[NodeId] = []
+        skipped = 0
+        for c in cycle_order(ctx, j, o.order):
+            h = holders.current
+            if h is None:
+                source, bundle = "bundle", w0
+            elif h == c:
+                source, bundle = "self", {}
+            else:
+                if c not in topo.neighbours[h]:  # only after a skipped cluster under a ring
+                    skipped += 1
+                    continue
+                h, moved = _ask_holder(ctx, holders, "fedcluster.pass", {"to": c})
+                if h == c:
+                    source, bundle = "self", {}
+                elif not bool(moved.scalars.get("delivered")):
+                    skipped += 1
+                    continue
+                else:
+                    source, bundle = "inbox", {}
+            got = ctx.comm.scatter([c], "fedcluster.cycle", bundle, {**args, "source": source})
+            if c not in got:
+                skipped += 1
+                continue
+            holders.produced(c)
+            visited.append(c)
+        metrics: dict[str, Scalar] = {"order": ",".join(visited), "cycles": len(visited), "skipped": skipped}
+        if ctx.should_eval() and holders.current is not None:
+            _, ev = _ask_holder(ctx, holders, "fedcluster.evaluate", {})
+            metrics.update(ev.scalars)
+        elif ctx.should_eval():
+            metrics.update(ctx.evaluate(w0))
+        ctx.report(**metrics)
+    if holders.current is None:
+        return w0
+    _, final = _ask_holder(ctx, holders, "fedcluster.collect", {}, expect=w0)
+    return final.bundle
+
+
+register(Algorithm("fedcluster", FedClusterOptions, run,
+                   "FedCluster: M clusters (= edges) train in turn each round; the model cycles edge -> edge",
+                   needs_edges=True))
+
+
+# -- heterogeneity (Eq. 2): a measurement, not part of the algorithm --------------------------------------
+
+def device_gradients(ws: Workspace, params: Bundle, devices: Sequence[Dataset]) -> list[torch.Tensor]:
+    """grad f(w; D^(k)) of every device (full local batch), flattened to float64."""
+    return [flat(full_gradient(ws, params, d)[1]) for d in devices]
+
+
+def heterogeneity(grads: Sequence[torch.Tensor], sizes: Sequence[int],
+                  groups: Sequence[Sequence[int]]) -> float:
+    """H = sum_K q_K ||grad f(w; D^(S_K)) - grad f(w)||^2 at one w (Eq. 2 without the sup), where
+    p_k = |D^(k)| / |D|, q_K = sum_{k in S_K} p_k and the cluster gradient is the p-weighted device mean.
+    ``groups = [[k] for k in range(n)]`` gives H_device; the clusters give H_cluster <= H_device (Jensen)."""
+    total = float(sum(sizes))
+    p = torch.tensor([s / total for s in sizes], dtype=torch.float64)
+    g = torch.stack(list(grads))
+    g_all = (p[:, None] * g).sum(0)
+    h = 0.0
+    for members in groups:
+        idx = torch.tensor(list(members), dtype=torch.long)
+        q = float(p[idx].sum())
+        g_c = (p[idx, None] * g[idx]).sum(0) / q
+        h += q * float(((g_c - g_all) ** 2).sum())
+    return h

@@ -1,0 +1,323 @@
+"""FGDRO-CVaR, FGDRO-KL, FGDRO-KL-Adam and the LocalAdam ablation.
+
+Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization", NeurIPS 2024
+(spec: shared/specs/fgdro.md). The server only AVERAGES (uniformly, 1/N) what the clients send; all robustness
+is computed on the clients from a client-held moving average u_i of the client's own loss, which persists in
+the client's ``ctx.state`` and is never sent.
+
+* FGDRO-CVaR (Alg. 1) minimises eq. (2), F(w, s) = (1/N) sum_i (g_i(w) - s)_+ + (K/N) s, whose minimum over s
+  is (K/N) * mean of the top-K client losses. Per local step:
+      u <- (1-beta1) u + beta1 l(w; z)                               (Alg.1 line 6)
+      a = 1[u > s];  s <- s - eta2 (-a + K/N)                        (line 7)
+      w <- w - eta1 a grad l(w; z)                                   (line 8)
+  and the server averages (w, s): d + 1 floats each way per client per round (line 10).
+* FGDRO-KL (Alg. 2) minimises eq. (5), lambda log mean_i exp(l_i(w)/lambda), with gradient eq. (6):
+      u <- (1-beta1) u + beta1 l(w; z);  v <- (1-beta2) v + beta2 exp(u/lambda)      (line 6)
+      h = exp(u/lambda)/v grad l(w; z);  m <- (1-beta3) m + beta3 h                   (line 7)
+      w <- w - eta m                                                                  (line 8)
+  and the server averages (w, m, v): 2d + 1 floats (line 10).
+* FGDRO-KL-Adam (Alg. 3) adds q <- (1-beta4) q + beta4 h^2 and w <- w - eta m / (sqrt(q) + tau), no bias
+  correction; the server averages (w, m, q, v): 3d + 1 floats.
+* LocalAdam (App. D, Alg. 4) is Alg. 3 with h = grad l and no u, v: 3d floats.
+
+Errata fixed as the spec's section 10 says: (1) Alg.1 line 3 ``u^{r-1}_{0,I}`` -> ``u^{r-1}_{i,I}`` (u
+persists per client); (2) Alg.2/3 line 7 ``exp(u)/v`` -> ``exp(u/lambda)/v``; (3) Sec.6
+``q = (1-b4) m + b4 h`` -> Alg.3's ``q = (1-b4) q + b4 h^2``; (4) Alg.3 line 11 ``q^{r+1}`` is the server
+average ``qbar^{r+1}``; (6) m (and q) are averaged as the boxes say, not only w and v as the prose says.
+
+Participation: the paper has every client in every round. A client missing at the deadline is left out of
+that round's averages (the mean is over the clients present); its u_i simply does not advance. If nobody
+replies the server state is unchanged. The output is the final averaged model wbar^{R+1} (spec [S]; the
+paper's random iterate is not used in its experiments either).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhop.common.algorithms.local import loss_and_grad, sample_batch
+from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mean
+
+# What travels: the model under "w.", the momentum under "m.", the second moment under "q.", and the one
+# scalar ("s" for CVaR, "v" for KL) as a 0-d tensor so that it is counted as payload. u_i has no wire name.
+W, M, Q = "w.", "m.", "q."
+U_STATE = "fgdro.u"  # the client's ctx.state key for u_i (never sent)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# options
+# ----------------------------------------------------------------------------------------------------------
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    local_steps: int = Field(32, ge=1, description="I, the communication interval (paper: I = 32)")
+    batch_size: int = Field(32, ge=0, description="local mini-batch size (paper: 32); 0 = full local batch")
+
+
+class FGDROCVaROptions(_Common):
+    lr: float = Field(0.01, gt=0, description="eta1, model step size (paper tunes in 1e-4..1e-1)")
+    lr_s: float | None = Field(None, gt=0, description="eta2, threshold step [UNSPECIFIED; spec: = eta1]")
+    beta1: float = Field(0.1, gt=0, le=1, description="loss MA rate [UNSPECIFIED; spec toy 0.1]")
+    K: float = Field(1.0, gt=0, description="top-K of the CVaR (K <= N; 1 = worst client) [UNSPECIFIED]")
+    s_init: float = Field(0.0, description="sbar^1 (Alg.1 box: 0)")
+    u_init: float = Field(0.0, description="u_i^0 (Alg.1 box: 0)")
+
+
+class FGDROKLOptions(_Common):
+    lr: float = Field(0.01, gt=0, description="eta (paper tunes in 1e-4..1e-1)")
+    lam: float = Field(1.0, gt=0, description="lambda, KL temperature [UNSPECIFIED; spec: 0.1, 1, 10]")
+    beta1: float = Field(0.1, gt=0, le=1, description="loss moving-average rate")
+    beta2: float = Field(0.01, gt=0, le=1,
+                         description="global-statistic MA rate; keep <~ 1/I or KL -> FedAvg (spec 9)")
+    beta3: float = Field(0.1, gt=0, le=1, description="gradient momentum rate")
+    u_init: Literal["first_batch", "zero"] = Field(
+        "first_batch", description="u_i^0 [UNSPECIFIED]: the first minibatch loss at wbar^1 (spec 9) or 0")
+    v_init: Literal["mean_exp_u", "one"] = Field(
+        "mean_exp_u", description="vbar^1 [UNSPECIFIED]: mean_i exp(u_i^0/lambda) (one extra scalar up per "
+                                  "client, spec 9) or exp(0/lambda) = 1")
+    exp_shift: float = Field(
+        0.0, description="c in exp((u - c)/lambda) (spec 9, overflow safety): a FIXED constant, e.g. an "
+                         "upper bound of the loss; the weight exp(u/lambda)/v does not depend on it")
+    weight_clip: float | None = Field(
+        None, gt=0, description="clip exp(u/lambda)/v at weight_clip * N [S, not in paper; spec 9]")
+
+
+class FGDROKLAdamOptions(FGDROKLOptions):
+    lr: float = Field(0.001, gt=0, description="eta")
+    beta4: float = Field(0.01, gt=0, le=1, description="2nd-moment rate [UNSPECIFIED; spec 0.001-0.01]")
+    tau: float = Field(1e-3, gt=0, description="floor in sqrt(q) + tau [UNSPECIFIED; spec 1e-8..1e-3]")
+
+
+class LocalAdamOptions(_Common):
+    lr: float = Field(0.001, gt=0, description="eta")
+    beta3: float = Field(0.1, gt=0, le=1, description="first-moment rate (m <- (1-beta3) m + beta3 g)")
+    beta4: float = Field(0.01, gt=0, le=1, description="second-moment rate")
+    tau: float = Field(1e-3, gt=0, description="denominator floor in sqrt(q) + tau")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the objectives (for evaluation; the algorithms never need them)
+# ----------------------------------------------------------------------------------------------------------
+def cvar_objective(losses: Sequence[float], K: float) -> float:
+    """min_s F(w, s) of eq. (2) for client losses g_i(w): min_s (1/N) sum_i (g_i - s)_+ + (K/N) s.
+
+    Convex and piecewise linear in s with slope (K - #{g_i > s})/N, so the minimum sits at one of the g_i.
+    For integer K it equals (K/N) * mean of the K largest g_i (spec 1.2).
+    """
+    g = np.asarray(losses, dtype=np.float64)
+    n = len(g)
+    return float(min(np.maximum(g - s, 0.0).sum() / n + K / n * s for s in g))
+
+
+def kl_objective(losses: Sequence[float], lam: float) -> float:
+    """F(w) of eq. (5): lambda log((1/N) sum_i exp(g_i(w)/lambda)), computed with a max shift."""
+    g = np.asarray(losses, dtype=np.float64)
+    c = float(g.max())
+    return float(lam * np.log(np.mean(np.exp((g - c) / lam))) + c)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# shared client pieces
+# ----------------------------------------------------------------------------------------------------------
+def local_batches(ctx: NodeContext, w: Bundle, steps: int, batch_size: int, stream: str
+                  ) -> Iterator[tuple[float, Bundle]]:
+    """Yield (l(w; z), grad l(w; z)) for ``steps`` fresh minibatches z, each at the CURRENT ``w``.
+
+    The caller updates ``w`` in place (reassigning its entries) between steps; one forward/backward per step
+    and the same z for the loss and the gradient (spec 2.2 details).
+    """
+    gen = ctx.rng(stream, ctx.round)
+    for _ in range(steps):
+        x, y = sample_batch(ctx.data, batch_size, gen)
+        yield loss_and_grad(ctx.ws, w, x, y)
+
+
+def scalar_tensor(value: float, like: Bundle) -> torch.Tensor:
+    """A 0-d tensor in the model's dtype: one float of payload."""
+    ref = next(iter(like.values()))
+    return torch.tensor(value, dtype=ref.dtype, device=ref.device)
+
+
+def uniform_mean(replies: dict[str, Reply]) -> Bundle:
+    """(1/|present|) sum_i bundle_i over the replies, in canonical order (Alg.1/2/3 line 10)."""
+    return weighted_mean((1.0, r.bundle) for r in replies.values())
+
+
+def _client_u(ctx: NodeContext, default: float) -> float:
+    return float(ctx.state.get(U_STATE, default))
+
+
+@dataclass(frozen=True)
+class KLStep:
+    """Hyperparameters of one FGDRO-KL / -KL-Adam / LocalAdam local step (Alg. 2/3/4 lines 6-8)."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    beta3: float
+    lam: float
+    shift: float
+    clip: float  # 0 = no clip, else the weight is clipped at clip (already multiplied by N)
+    adam: bool
+    beta4: float
+    tau: float
+    weighted: bool  # False: LocalAdam (h = grad l, no u, v)
+
+
+def kl_weight(u: float, v: float, step: KLStep) -> float:
+    """exp(u/lambda)/v with both numerator and v kept in the shifted scale exp((. - c)/lambda) (spec 9)."""
+    wgt = math.exp((u - step.shift) / step.lam) / v
+    return min(wgt, step.clip) if step.clip > 0 else wgt
+
+
+def kl_client_round(ctx: NodeContext, w: Bundle, m: Bundle, q: Bundle, v: float, u: float, step: KLStep,
+                    steps: int, batch_size: int) -> tuple[float, float]:
+    """I local steps of Alg. 2 (or 3, or 4); updates w, m, q in place; returns the new (v, u)."""
+    for loss, g in local_batches(ctx, w, steps, batch_size, "fgdro.kl"):
+        wgt = 1.0
+        if step.weighted:
+            u = (1 - step.beta1) * u + step.beta1 * loss                              # line 6
+            e = math.exp((u - step.shift) / step.lam)                        # erratum 2: exp(u/lambda)
+            v = (1 - step.beta2) * v + step.beta2 * e                                 # line 6
+            wgt = kl_weight(u, v, step)
+        for k in w:
+            h = wgt * g[k]                                                            # line 7
+            m[k] = (1 - step.beta3) * m[k] + step.beta3 * h                           # line 7
+            if step.adam:
+                q[k] = (1 - step.beta4) * q[k] + step.beta4 * h * h         # Alg.3 line 8 (erratum 3)
+                w[k] = w[k] - step.lr * m[k] / (q[k].sqrt() + step.tau)               # Alg.3 line 9
+            else:
+                w[k] = w[k] - step.lr * m[k]                                          # Alg.2 line 8
+    return v, u
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FGDRO-CVaR (Algorithm 1)
+# ----------------------------------------------------------------------------------------------------------
+@task("fgdro.cvar.round")
+def cvar_client_round(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client i, one round of Alg. 1: from (wbar, sbar) run I local steps; reply (w_{i,I}, s_{i,I})."""
+    w = unprefixed(W, bundle)
+    s = float(bundle["s"])
+    u = _client_u(ctx, float(args["u_init"]))   # erratum 1: u^r_{i,0} = u^{r-1}_{i,I}, this client's own
+    lr, lr_s, beta1, k_over_n = (float(args[k]) for k in ("lr", "lr_s", "beta1", "K_over_N"))
+    for loss, g in local_batches(ctx, w, int(args["local_steps"]), int(args["batch_size"]), "fgdro.cvar"):
+        u = (1 - beta1) * u + beta1 * loss                       # line 6
+        a = 1.0 if u > s else 0.0                                # a in df(u - s), strict at the kink (spec 9)
+        s = s - lr_s * (-a + k_over_n)                           # line 7
+        if a:
+            for k in w:
+                w[k] = w[k] - lr * g[k]                          # line 8: w -= eta1 * a * grad l
+    ctx.state[U_STATE] = u
+    return Reply({**prefixed(W, w), "s": scalar_tensor(s, w)})
+
+
+def run_cvar(ctx: NodeContext) -> Bundle:
+    o: FGDROCVaROptions = ctx.opts
+    clients = ctx.children
+    n = len(clients)
+    if n < o.K:
+        raise ValueError(f"fgdro-cvar: K = {o.K} exceeds the number of clients N = {n}")
+    args: dict[str, Scalar] = {"lr": o.lr, "lr_s": o.lr_s if o.lr_s is not None else o.lr, "beta1": o.beta1,
+                               "K_over_N": o.K / n, "u_init": o.u_init, "local_steps": o.local_steps,
+                               "batch_size": o.batch_size}
+    w = ctx.initial_params()
+    state: Bundle = {**prefixed(W, w), "s": scalar_tensor(o.s_init, w)}
+    for _ in ctx.rounds():
+        replies = ctx.comm.scatter(clients, "fgdro.cvar.round", state, args, expect=state)
+        if replies:
+            state = uniform_mean(replies)                        # line 10: wbar, sbar
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(unprefixed(W, state)), s_bar=float(state["s"]), present=len(replies))
+    return unprefixed(W, state)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# FGDRO-KL, FGDRO-KL-Adam (Algorithms 2, 3) and LocalAdam (Algorithm 4)
+# ----------------------------------------------------------------------------------------------------------
+def _kl_step(args: dict[str, Scalar]) -> KLStep:
+    return KLStep(**{k.removeprefix("kl."): v for k, v in args.items() if k.startswith("kl.")})  # type: ignore[arg-type]
+
+
+@task("fgdro.kl.init")
+def kl_client_init(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client: u_i^0 = l(wbar^1; z) on a first minibatch (spec 9); reply v_i^0 = exp((u_i^0 - c)/lambda).
+
+    wbar^1 is the run's initial model, which every node builds identically from the spec, so nothing is sent
+    down; one float goes up. u_i itself stays here.
+    """
+    w = ctx.initial_params()
+    gen = ctx.rng("fgdro.kl.init")
+    x, y = sample_batch(ctx.data, int(args["batch_size"]), gen)
+    u, _ = loss_and_grad(ctx.ws, w, x, y)
+    ctx.state[U_STATE] = u
+    return Reply({"v": scalar_tensor(math.exp((u - float(args["kl.shift"])) / float(args["kl.lam"])), w)})
+
+
+@task("fgdro.kl.round")
+def kl_client_round_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client i, one round of Alg. 2/3/4 from (wbar, mbar[, qbar], vbar); reply the same names."""
+    step = _kl_step(args)
+    w, m, q = unprefixed(W, bundle), unprefixed(M, bundle), unprefixed(Q, bundle)
+    v = float(bundle["v"]) if "v" in bundle else 0.0
+    u = _client_u(ctx, 0.0)  # "zero" init; the "first_batch" init put u_i^0 in ctx.state already
+    v, u = kl_client_round(ctx, w, m, q, v, u, step, int(args["local_steps"]), int(args["batch_size"]))
+    out: Bundle = {**prefixed(W, w), **prefixed(M, m)}
+    if step.adam:
+        out.update(prefixed(Q, q))
+    if step.weighted:
+        ctx.state[U_STATE] = u
+        out["v"] = scalar_tensor(v, w)
+    return Reply(out)
+
+
+def run_kl(ctx: NodeContext) -> Bundle:
+    o = ctx.opts
+    clients = ctx.children
+    n = len(clients)
+    weighted = not isinstance(o, LocalAdamOptions)
+    adam = isinstance(o, FGDROKLAdamOptions | LocalAdamOptions)
+    step = KLStep(lr=o.lr, beta1=getattr(o, "beta1", 0.0), beta2=getattr(o, "beta2", 0.0), beta3=o.beta3,
+                  lam=getattr(o, "lam", 1.0), shift=getattr(o, "exp_shift", 0.0),
+                  clip=(o.weight_clip * n) if weighted and o.weight_clip else 0.0, adam=adam,
+                  beta4=getattr(o, "beta4", 0.0), tau=getattr(o, "tau", 0.0), weighted=weighted)
+    args: dict[str, Scalar] = {**{f"kl.{k}": v for k, v in step.__dict__.items()},
+                               "local_steps": o.local_steps, "batch_size": o.batch_size}
+    w = ctx.initial_params()
+    zeros = {k: torch.zeros_like(t) for k, t in w.items()}   # mbar^1 = qbar^1 = 0 (spec 9)
+    state: Bundle = {**prefixed(W, w), **prefixed(M, zeros)}
+    if adam:
+        state.update(prefixed(Q, zeros))
+    if weighted:
+        vbar = math.exp((0.0 - step.shift) / step.lam)           # v_init "one": exp(0/lambda), shifted scale
+        if o.u_init == "first_batch":
+            init = ctx.comm.scatter(clients, "fgdro.kl.init", {}, args)
+            if init and o.v_init == "mean_exp_u":
+                vbar = float(uniform_mean(init)["v"])             # vbar^1 = mean_i exp(u_i^0 / lambda)
+        state["v"] = scalar_tensor(vbar, w)
+    for _ in ctx.rounds():
+        replies = ctx.comm.scatter(clients, "fgdro.kl.round", state, args, expect=state)
+        if replies:
+            state = uniform_mean(replies)                        # line 10 (Alg.3 line 11, erratum 4)
+        if ctx.should_eval():
+            extra = {"v_bar": float(state["v"])} if weighted else {}
+            ctx.report(**ctx.evaluate(unprefixed(W, state)), **extra, present=len(replies))
+    return unprefixed(W, state)
+
+
+register(Algorithm("fgdro-cvar", FGDROCVaROptions, run_cvar,
+                   "FGDRO-CVaR (Guo & Yang 2024, Alg. 1): averages (w, s), d+1 floats", needs_edges=False))
+register(Algorithm("fgdro-kl", FGDROKLOptions, run_kl,
+                   "FGDRO-KL (Alg. 2): averages (w, m, v), 2d+1 floats", needs_edges=False))
+register(Algorithm("fgdro-kl-adam", FGDROKLAdamOptions, run_kl,
+                   "FGDRO-KL-Adam (Alg. 3): averages (w, m, q, v), 3d+1 floats", needs_edges=False))
+register(Algorithm("local-adam", LocalAdamOptions, run_kl,
+                   "LocalAdam (FGDRO App. D, Alg. 4): local Adam steps, averages (w, m, q), 3d floats",
+                   needs_edges=False))

@@ -1,0 +1,133 @@
+"""FOCUS and SG-FOCUS: Federated Optimization with exact Convergence via pUsh-pull Strategy.
+
+B. Ying, Z. Li, H. Yang, "Exact and Linear Convergence for Federated Learning under Arbitrary Client
+Participation is Attainable", arXiv 2503.20117 (NeurIPS 2025); specs/focus.md sections 3.3 and 3.5.
+
+Algorithm 1 (client/server form), one round r with participating set S_r:
+
+    server -> i in S_r:  PULL x_r                              (d floats; the tracker y is never pulled)
+    client i:            x_0 = x_r, y_0 = 0
+                         for t = 0..tau-1:
+                             x_t = x_{t-1} - eta y_t            (t >= 1: tau-1 effective local moves)
+                             y_{t+1} = y_t + grad f_i(x_t) - grad f_i(x_{t-1})
+                                                               (grad f_i(x_{-1}) := g_i, the stored LAST
+                                                                gradient, persistent across rounds, init 0)
+                         g_i <- grad f_i(x_{tau-1})
+    client i -> server:  PUSH y_tau                            (d floats)
+    server:              y_{r+1} = y_r + sum_{i in S_r} y_tau,i (a SUM, never an average: spec pitfall 7)
+                         x_{r+1} = x_r - eta y_{r+1}
+
+The server needs no participation statistics. Invariant (spec 3.4.1): y = sum_i g_i after every round. The
+local direction grad f_i(x_t) - g_i vanishes at the fixed point x*, g_i = grad f_i(x*) (spec 3.4.6).
+
+SG-FOCUS (App. E, Alg. 2): every gradient is a stochastic gradient on a fresh mini-batch, and the "previous"
+gradient is the STORED one, never re-evaluated on the new batch (spec pitfall 8). Here: ``batch_size > 0``.
+
+Choices the paper leaves open (options, spec defaults):
+- ``empty_round``: a round with S_r empty is skipped ("the code skips such rounds", spec 4): no messages,
+  server state unchanged, the round counter still advances (the round is reported with the same model).
+  ``"step"`` instead applies Algorithm 1 literally (x -= eta y with the unchanged y), which is what the matrix
+  form (spec 3.2) does.
+- ``init``: ``"zero"`` is Algorithm 1's own init (g_i = 0, y = 0), used in the experiments. ``"matched"`` is
+  the matrix form's init (spec 3.4.5): a virtual full round with tau = 1 before round 0, i.e. every client
+  computes g_i = grad f_i(x0), y = sum_i g_i and x = x0 - eta y. Its messages are counted in round 0.
+- A participant whose push does not arrive is treated as a non-participant: its g_i is rolled back at its
+  next pull (participation.ServerLedger / ClientLedger), which keeps y = sum_i g_i exact.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhop.common.algorithms.local import loss_and_grad, sample_batch
+from fedhop.common.algorithms.participation import (
+    ClientLedger,
+    FullParticipation,
+    Participation,
+    ServerLedger,
+    participants,
+)
+from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.wire.bundle import Bundle, axpy, clone, weighted_sum, zeros_like
+
+
+class FocusOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(1e-3, gt=0, description="eta: the ONE step size of local moves and of the server step")
+    local_steps: int = Field(3, ge=1, description="tau: gradient evaluations per round (tau-1 local moves)")
+    batch_size: int = Field(0, ge=0, description="0: full local gradient (FOCUS); > 0: SG-FOCUS mini-batch")
+    participation: Participation = Field(default_factory=FullParticipation)
+    empty_round: Literal["skip", "step"] = "skip"
+    init: Literal["zero", "matched"] = "zero"
+
+
+class SGFocusOptions(FocusOptions):
+    batch_size: int = Field(32, ge=1, description="SG-FOCUS mini-batch size (a fresh batch per gradient)")
+
+
+def local_tracker(ctx: NodeContext, x: Bundle, g_prev: Bundle, tau: int, eta: float, batch_size: int,
+                  gen: torch.Generator) -> tuple[Bundle, Bundle]:
+    """The client's tau-step routine (Alg. 1 lines 6-10); returns y_tau and the last gradient computed."""
+    xt = clone(x)
+    y = zeros_like(x)
+    for t in range(tau):
+        if t > 0:
+            xt = axpy(-eta, y, xt)  # x_t = x_{t-1} - eta y_t
+        xb, yb = sample_batch(ctx.data, batch_size, gen)
+        _, g = loss_and_grad(ctx.ws, xt, xb, yb)
+        y = {k: y[k] + g[k] - g_prev[k] for k in y}  # y_{t+1} = y_t + grad f_i(x_t) - grad f_i(x_{t-1})
+        g_prev = g
+    return y, g_prev
+
+
+@task("focus.local")
+def focus_local(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client: PULL received x (the request); the reply is the PUSH of y_tau."""
+    ClientLedger.begin(ctx, args, ("g",))
+    g_prev = ctx.state.get("g") or zeros_like(x)
+    gen = ctx.rng("focus.local", ctx.round)
+    y, g_last = local_tracker(ctx, x, g_prev, int(args["local_steps"]), float(args["lr"]),
+                              int(args["batch_size"]), gen)
+    ctx.state["g"] = g_last
+    return Reply(y)
+
+
+def run(ctx: NodeContext) -> Bundle:
+    """Server (Alg. 1): x, y in ``ctx.state`` (y starts at 0); pull x, push y_tau, sum, step."""
+    o: FocusOptions = ctx.opts
+    eta = o.lr
+    x = ctx.initial_params()
+    y = zeros_like(x)
+    ledger = ServerLedger()
+    args: dict[str, Scalar] = {"lr": eta, "local_steps": o.local_steps, "batch_size": o.batch_size}
+    if o.init == "matched":  # spec 3.4.5: a virtual full round with tau = 1
+        x, y = _round(ctx, list(ctx.children), x, y, {**args, "local_steps": 1}, ledger, eta)
+    ctx.state.update(x=x, y=y)
+    for _ in ctx.rounds():
+        chosen = participants(ctx, o.participation)
+        if chosen or o.empty_round == "step":
+            x, y = _round(ctx, chosen, x, y, args, ledger, eta)
+        ctx.state.update(x=x, y=y)
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(x), participants=len(chosen))
+    return x
+
+
+def _round(ctx: NodeContext, chosen: list[str], x: Bundle, y: Bundle, args: dict[str, Scalar],
+           ledger: ServerLedger, eta: float) -> tuple[Bundle, Bundle]:
+    replies = ctx.comm.scatter(chosen, "focus.local", x, {**args, **ledger.args_for(chosen)}, expect=x)
+    ledger.settle(ctx.round, chosen, replies)
+    if replies:
+        push = weighted_sum((1.0, r.bundle) for r in replies.values())  # canonical order; a SUM
+        y = {k: y[k] + push[k] for k in y}  # y_{r+1} = y_r + sum_{i in S_r} y_tau,i
+    x = axpy(-eta, y, x)  # x_{r+1} = x_r - eta y_{r+1}
+    return x, y
+
+
+register(Algorithm("focus", FocusOptions, run, "FOCUS (Ying et al. 2025, Alg. 1): push-pull, exact under "
+                   "arbitrary participation", needs_edges=False))
+register(Algorithm("sg-focus", SGFocusOptions, run, "SG-FOCUS (Ying et al. 2025, Alg. 2): stochastic FOCUS",
+                   needs_edges=False))

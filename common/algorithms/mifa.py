@@ -1,0 +1,61 @@
+"""MIFA (Gu et al. 2021, "Fast Federated Learning in the Presence of Arbitrary Device Unavailability"),
+the CORRECT version of specs/focus.md section 6.5 (not the FOCUS repository notebook's, which pushes
+x_prev - x with the client's old local model and diverges under partial participation).
+
+Server memory U_i (one d-vector per client, init 0). One round with participating set S_r:
+
+    server -> i in S_r:  x                                        (d floats)
+    client i:            tau local GD/SGD steps from x  ->  x_tau,i  (FedAvg's local routine, local.train)
+    client -> server:    x_tau,i                                  (d floats; the server forms U_i = x - x_tau,i)
+    server:              U_i <- x - x_tau,i for i in S_r (absent clients keep their stale U_i)
+                         x <- x - eta_g (1/N) sum_{i=1}^N U_i
+
+With tau = 1 this is SAG-type incremental aggregated gradient, identical to FOCUS with tau = 1 when
+eta_l eta_g / N = eta (spec 3.4.3). ``empty_round="skip"`` leaves the server untouched when S_r is empty (as
+FOCUS does); ``"step"`` re-applies the stale average. A lost reply leaves that client's U_i as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhop.common.algorithms.local import LocalSolver
+from fedhop.common.algorithms.participation import FullParticipation, Participation, participants
+from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
+from fedhop.common.wire.bundle import Bundle, sub, weighted_sum, zeros_like
+
+
+class MifaOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(0.1, gt=0, description="eta_l: local step size")
+    server_lr: float = Field(1.0, gt=0, description="eta_g: global step size")
+    local_steps: int = Field(3, ge=1, description="tau: local steps per round")
+    batch_size: int = Field(0, ge=0, description="mini-batch size; 0 = full local batch")
+    participation: Participation = Field(default_factory=FullParticipation)
+    empty_round: Literal["skip", "step"] = "skip"
+
+
+def run(ctx: NodeContext) -> Bundle:
+    o: MifaOptions = ctx.opts
+    x = ctx.initial_params()
+    clients = ctx.topology.sort(ctx.children)
+    updates: dict[str, Bundle] = {c: zeros_like(x) for c in clients}
+    args: dict[str, Scalar] = LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size).to_args()
+    for _ in ctx.rounds():
+        chosen = participants(ctx, o.participation)
+        if chosen or o.empty_round == "step":
+            replies = ctx.comm.scatter(chosen, "local.train", x, args, expect=x)
+            for c, r in replies.items():
+                updates[c] = sub(x, r.bundle)  # U_i = x - x_tau,i
+            total = weighted_sum((1.0, updates[c]) for c in clients)
+            x = {k: x[k] - (o.server_lr / len(clients)) * total[k] for k in x}
+        ctx.state.update(x=x)
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(x), participants=len(chosen))
+    return x
+
+
+register(Algorithm("mifa", MifaOptions, run, "MIFA (Gu et al. 2021), correct version: stale updates of "
+                   "absent clients", needs_edges=False))

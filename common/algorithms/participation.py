@@ -1,0 +1,304 @@
+"""Client participation models (FOCUS spec, section 4; Ying, Li, Yang, "Exact and Linear Convergence for
+Federated Learning under Arbitrary Client Participation is Attainable", arXiv 2503.20117, Assumption 1).
+
+The server draws the participating set S_r of round r itself, from its own RNG streams: the per-client
+parameters (p_i, q_i, ...) from ``ctx.np_rng("participation", "static")`` once, and round r's draw from
+``ctx.np_rng("participation", r)``. The draw is therefore a pure function of (seed, round, chain state), the
+same on every engine. Models:
+
+- ``full``: S_r = all clients (Case 1, p_i = 1).
+- ``uniform``: m of N uniformly without replacement (Case 3a, p_i = m/N).
+- ``bernoulli``: ACTIVE participation (Case 2): client i joins independently with probability p_i; |S_r| is
+  random and may be 0. p_i is given or drawn once from groups of uniform ranges; the default groups are
+  FOCUS Fig. 9's "bern" scheme: 90% of clients p_i ~ U(0.1, 0.3), the other 10% p_i ~ U(0.1, 0.9).
+- ``weighted``: PASSIVE participation (Case 3): m clients drawn without replacement by successive sampling
+  from the categorical q (as ``numpy.random.choice(N, m, replace=False, p=q)`` does, spec pitfall 10); q is
+  given or drawn once as q_i ~ U(0, 1) + offset, normalised (the Fig. 4 notebook's recipe).
+- ``markov``: a two-state Markov chain per client, P(1 -> 1) = p_stay, P(0 -> 1) = p_join_i (not covered by
+  the paper's theory, Sec. 5.3). Stationary participation frequency p_join / (1 - p_stay + p_join).
+- ``cyclic``: deterministic blocks of m consecutive clients in turn (spec 7.3).
+
+A plain float f (FedAvg's historical option) means "uniform, m = max(1, round(f N))" and is drawn exactly as
+:func:`fedhop.common.algorithms.fedavg.sample_participants` draws it, so float specs keep their old streams.
+
+This module also holds the family's answer to "what does a missing participant mean" for algorithms with
+persistent client state (FOCUS's last gradient, SCAFFOLD's c_i): a reply that did not arrive is treated as
+if the client had not participated. The server remembers (client, round) of every lost reply and names it
+in the next task it sends to that client (``args["rollback"]``); the client then restores the state it had
+before that round (:class:`ClientLedger`). Without this, a lost FOCUS push would break the tracking invariant
+y = sum_i g_i for good.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fedhop.common.wire.bundle import Bundle, clone
+
+if TYPE_CHECKING:
+    from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ProbGroup(_Strict):
+    """A fraction of the clients (taken in client-id order) whose probability is drawn from U(low, high)."""
+
+    fraction: float = Field(gt=0, le=1)
+    low: float = Field(gt=0, le=1)
+    high: float = Field(gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProbGroup:
+        if self.low > self.high:
+            raise ValueError(f"low ({self.low}) > high ({self.high})")
+        return self
+
+
+FIG9_BERN_GROUPS = [ProbGroup(fraction=0.9, low=0.1, high=0.3), ProbGroup(fraction=0.1, low=0.1, high=0.9)]
+
+
+class FullParticipation(_Strict):
+    kind: Literal["full"] = "full"
+
+
+class UniformParticipation(_Strict):
+    kind: Literal["uniform"] = "uniform"
+    m: int = Field(4, ge=1, description="clients per round (capped at N)")
+
+
+class BernoulliParticipation(_Strict):
+    kind: Literal["bernoulli"] = "bernoulli"
+    p: float | list[float] | None = Field(None, description="p_i (one value for all, or one per client); "
+                                          "None: drawn once from `groups`")
+    groups: list[ProbGroup] = Field(default_factory=lambda: list(FIG9_BERN_GROUPS),
+                                    description="[UNSPECIFIED which clients] groups in client-id order; "
+                                    "the first floor(fraction N) clients get the first group, ...")
+
+    @model_validator(mode="after")
+    def _valid(self) -> BernoulliParticipation:
+        ps = self.p if isinstance(self.p, list) else [self.p] if self.p is not None else []
+        if any(not 0 < v <= 1 for v in ps):
+            raise ValueError("participation probabilities must lie in (0, 1]")
+        return self
+
+
+class WeightedParticipation(_Strict):
+    kind: Literal["weighted"] = "weighted"
+    m: int = Field(4, ge=1, description="clients per round (capped at N)")
+    q: list[float] | None = Field(None, description="sampling weights q_i > 0 (normalised); None: drawn once "
+                                  "as U(0,1) + q_offset, normalised")
+    q_offset: float = Field(0.01, ge=0)
+
+    @model_validator(mode="after")
+    def _valid(self) -> WeightedParticipation:
+        if self.q is not None and any(v <= 0 for v in self.q):
+            raise ValueError("weights q must be positive")
+        return self
+
+
+class MarkovParticipation(_Strict):
+    kind: Literal["markov"] = "markov"
+    p_stay: float = Field(0.7, ge=0, le=1, description="P(participate at r+1 | participated at r)")
+    p_join: float | list[float] | None = Field(None, description="P(participate at r+1 | absent at r); "
+                                               "None: join_scale * p_i with p_i drawn from `groups`")
+    join_scale: float = Field(0.5, gt=0, le=1)
+    groups: list[ProbGroup] = Field(default_factory=lambda: [ProbGroup(fraction=1.0, low=0.05, high=0.5)])
+    init_low: float = Field(0.1, ge=0, le=1, description="round 0: client i present w.p. U(init_low, init_high)")
+    init_high: float = Field(0.9, ge=0, le=1)
+
+
+class CyclicParticipation(_Strict):
+    kind: Literal["cyclic"] = "cyclic"
+    m: int = Field(4, ge=1, description="block size: round r takes clients (r*m .. r*m+m-1) mod N")
+
+
+ParticipationModel = Annotated[
+    FullParticipation | UniformParticipation | BernoulliParticipation | WeightedParticipation
+    | MarkovParticipation | CyclicParticipation,
+    Field(discriminator="kind"),
+]
+# A float in (0, 1] is FedAvg's "fraction of clients per round" (uniform m = max(1, round(f N))).
+Participation = Annotated[float, Field(gt=0, le=1)] | ParticipationModel
+
+
+# -- the sampling processes (pure numpy; the engine-facing helper is `participants`) -----------------------
+
+def group_probabilities(groups: list[ProbGroup], n: int, rng: np.random.Generator) -> np.ndarray:
+    """p_i for n clients: consecutive blocks of floor(fraction * n) clients per group (the last group takes
+    the rest), each p_i ~ U(low, high) drawn in client order."""
+    p = np.empty(n)
+    start = 0
+    for k, g in enumerate(groups):
+        stop = n if k == len(groups) - 1 else min(n, start + int(g.fraction * n))
+        p[start:stop] = rng.uniform(g.low, g.high, size=stop - start)
+        start = stop
+    return p
+
+
+def _per_client(v: float | list[float], n: int, what: str) -> np.ndarray:
+    if isinstance(v, list):
+        if len(v) != n:
+            raise ValueError(f"{what} has {len(v)} entries for {n} clients")
+        return np.asarray(v, dtype=float)
+    return np.full(n, float(v))
+
+
+@dataclass
+class ParticipationProcess:
+    """One run's participation process: static per-client parameters plus (Markov) the chain state."""
+
+    model: Any
+    n: int
+    p: np.ndarray | None = None  # bernoulli p_i / markov p_join_i
+    q: np.ndarray | None = None  # weighted q_i
+    p_init: np.ndarray | None = None  # markov initial-state probabilities
+    on: np.ndarray | None = None  # markov: who participated last round
+    rounds_drawn: int = 0
+
+    @classmethod
+    def build(cls, model: Any, n: int, rng: np.random.Generator) -> ParticipationProcess:
+        """Draw the static per-client parameters once (``rng`` = the server's static stream)."""
+        proc = cls(model, n)
+        if isinstance(model, BernoulliParticipation):
+            proc.p = (_per_client(model.p, n, "p") if model.p is not None
+                      else group_probabilities(model.groups, n, rng))
+        elif isinstance(model, WeightedParticipation):
+            q = _per_client(model.q, n, "q") if model.q is not None else rng.random(n) + model.q_offset
+            proc.q = q / q.sum()
+        elif isinstance(model, MarkovParticipation):
+            proc.p = (_per_client(model.p_join, n, "p_join") if model.p_join is not None
+                      else model.join_scale * group_probabilities(model.groups, n, rng))
+            proc.p_init = rng.uniform(model.init_low, model.init_high, size=n)
+        return proc
+
+    def sample(self, round_idx: int, rng: np.random.Generator) -> np.ndarray:
+        """Indices (sorted) of the participants of round ``round_idx``; ``rng`` is that round's stream."""
+        m, n = self.model, self.n
+        if isinstance(m, FullParticipation):
+            mask = np.ones(n, dtype=bool)
+        elif isinstance(m, UniformParticipation):
+            mask = np.zeros(n, dtype=bool)
+            mask[rng.choice(n, size=min(m.m, n), replace=False)] = True
+        elif isinstance(m, BernoulliParticipation):
+            assert self.p is not None
+            mask = rng.random(n) < self.p
+        elif isinstance(m, WeightedParticipation):
+            assert self.q is not None
+            mask = np.zeros(n, dtype=bool)
+            mask[successive_sample(self.q, min(m.m, n), rng)] = True
+        elif isinstance(m, MarkovParticipation):
+            assert self.p is not None and self.p_init is not None
+            u = rng.random(n)
+            if self.on is None:
+                mask = u < self.p_init
+            else:
+                mask = np.where(self.on, u < m.p_stay, u < self.p)
+            self.on = mask
+        elif isinstance(m, CyclicParticipation):
+            mask = np.zeros(n, dtype=bool)
+            mask[(round_idx * m.m + np.arange(min(m.m, n))) % n] = True
+        else:
+            raise TypeError(f"unknown participation model {m!r}")
+        self.rounds_drawn += 1
+        return np.flatnonzero(mask)
+
+    def inclusion_probabilities(self) -> np.ndarray | None:
+        """P(i in S_r) in the long run where it has a closed form (None for passive weighted sampling)."""
+        m, n = self.model, self.n
+        if isinstance(m, FullParticipation):
+            return np.ones(n)
+        if isinstance(m, UniformParticipation | CyclicParticipation):
+            return np.full(n, min(m.m, n) / n)
+        if isinstance(m, BernoulliParticipation):
+            return self.p
+        if isinstance(m, MarkovParticipation):
+            assert self.p is not None
+            return self.p / (1.0 - m.p_stay + self.p)
+        return None
+
+
+def successive_sample(q: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+    """m distinct indices: each draw picks i with probability q_i / (sum of q over the not-yet-drawn)."""
+    avail = np.ones(len(q), dtype=bool)
+    out = np.empty(m, dtype=np.int64)
+    for j in range(m):
+        w = np.where(avail, q, 0.0)
+        cdf = np.cumsum(w)
+        i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        i = min(i, len(q) - 1)
+        while not avail[i]:  # guards the measure-zero boundary case cdf[i] == u * total
+            i -= 1
+        out[j] = i
+        avail[i] = False
+    return out
+
+
+def participants(ctx: NodeContext, participation: float | BaseModel,
+                 pool: tuple[NodeId, ...] | None = None) -> list[NodeId]:
+    """S_r for the current round ``ctx.round`` among ``pool`` (default: the node's children), canonical order.
+
+    The process (static parameters, Markov chain state) lives in ``ctx.state["participation"]``.
+    """
+    pool = tuple(ctx.topology.sort(pool if pool is not None else ctx.children))
+    if isinstance(participation, float | int):
+        from fedhop.common.algorithms.fedavg import sample_participants
+
+        return sample_participants(ctx, pool, float(participation))
+    proc = ctx.state.get("participation")
+    if proc is None or proc.model != participation or proc.n != len(pool):
+        proc = ParticipationProcess.build(participation, len(pool), ctx.np_rng("participation", "static"))
+        ctx.state["participation"] = proc
+    idx = proc.sample(ctx.round, ctx.np_rng("participation", ctx.round))
+    return [pool[int(i)] for i in idx]
+
+
+# -- missing participants for clients with persistent state ----------------------------------------------
+
+@dataclass
+class ServerLedger:
+    """Server side: the clients whose last reply was lost, and the round of that reply."""
+
+    lost: dict[str, int] = field(default_factory=dict)
+
+    def args_for(self, targets: list[NodeId]) -> dict[str, Scalar]:
+        """Control scalar naming the lost (client, round) pairs among ``targets``: "client-3@17,client-5@20"."""
+        return {"rollback": ",".join(f"{t}@{self.lost[t]}" for t in targets if t in self.lost)}
+
+    def settle(self, round_idx: int, targets: list[NodeId], replies: dict[NodeId, Reply]) -> None:
+        for t in targets:
+            if t in replies:
+                self.lost.pop(t, None)
+            else:
+                self.lost[t] = round_idx
+
+
+class ClientLedger:
+    """Client side: keeps the state of before each round so that a lost reply can be undone.
+
+    Call :meth:`begin` at the start of a task: it rolls back first if the server names this client's last
+    round, then snapshots the state it will modify.
+    """
+
+    @staticmethod
+    def begin(ctx: NodeContext, args: dict[str, Scalar], keys: tuple[str, ...]) -> None:
+        lost = dict(item.split("@") for item in str(args.get("rollback", "")).split(",") if item)
+        snap = ctx.state.get("ledger")
+        if snap is not None and lost.get(ctx.node_id) == str(snap["round"]):
+            for k in keys:
+                if snap["before"][k] is None:
+                    ctx.state.pop(k, None)
+                else:
+                    ctx.state[k] = snap["before"][k]
+        ctx.state["ledger"] = {"round": ctx.round,
+                               "before": {k: _copy(ctx.state.get(k)) for k in keys}}
+
+
+def _copy(v: Bundle | None) -> Bundle | None:
+    return None if v is None else clone(v)

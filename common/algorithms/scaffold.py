@@ -1,0 +1,90 @@
+"""SCAFFOLD (Karimireddy et al. 2020, "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
+Algorithm 1 with option II), as specified in specs/focus.md section 6.3 and specs/fgdro.md section 5.
+
+One round with participating set S (server control variate c, client control variates c_i, init 0):
+
+    server -> i in S:  x, c                                          (2d floats)
+    client i:          y = x;  tau times:  y <- y - eta_l (g_i(y) - c_i + c)        (Alg. 1 line 10)
+                       c_i+ = c_i - c + (x - y) / (tau eta_l)                        (option II, line 12)
+    client -> server:  dy_i = y - x,  dc_i = c_i+ - c_i;  c_i <- c_i+                (2d floats)
+    server:            x <- x + eta_g (1/|S|) sum_{i in S} dy_i                      (line 16)
+                       c <- c + (1/N) sum_{i in S} dc_i                              (line 17)
+
+g_i is a mini-batch gradient (``batch_size`` > 0, fresh batch per step) or the full local gradient (0).
+A participant whose reply is lost counts as absent: its c_i is rolled back at its next task
+(participation.ClientLedger), so c = (1/N) sum_i c_i stays exact. ``weight_decay`` adds wd * y to g_i.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhop.common.algorithms.local import loss_and_grad, sample_batch
+from fedhop.common.algorithms.participation import (
+    ClientLedger,
+    FullParticipation,
+    Participation,
+    ServerLedger,
+    participants,
+)
+from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mean, weighted_sum, zeros_like
+
+
+class ScaffoldOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    lr: float = Field(0.1, gt=0, description="eta_l: local step size")
+    local_steps: int = Field(5, ge=1, description="tau (K in the paper): local steps per round")
+    batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
+    server_lr: float = Field(1.0, gt=0, description="eta_g: global step size")
+    weight_decay: float = Field(0.0, ge=0)
+    participation: Participation = Field(default_factory=FullParticipation)
+
+
+@task("scaffold.local")
+def scaffold_local(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client: tau corrected local steps from x; replies (dy, dc) and keeps c_i+ (option II)."""
+    ClientLedger.begin(ctx, args, ("c",))
+    x, c = unprefixed("x.", bundle), unprefixed("c.", bundle)
+    ci = ctx.state.get("c") or zeros_like(c)
+    eta, tau, wd = float(args["lr"]), int(args["local_steps"]), float(args["weight_decay"])
+    gen = ctx.rng("scaffold.local", ctx.round)
+    y = {k: v.clone() for k, v in x.items()}
+    for _ in range(tau):
+        xb, yb = sample_batch(ctx.data, int(args["batch_size"]), gen)
+        _, g = loss_and_grad(ctx.ws, y, xb, yb)
+        y = {k: y[k] - eta * (g[k] + wd * y[k] - ci[k] + c[k]) for k in y}
+    ci_new = {k: ci[k] - c[k] + (x[k] - y[k]) / (tau * eta) for k in ci}
+    ctx.state["c"] = ci_new
+    dy = {k: y[k] - x[k] for k in y}
+    dc = {k: ci_new[k] - ci[k] for k in ci}
+    return Reply({**prefixed("dy.", dy), **prefixed("dc.", dc)})
+
+
+def run(ctx: NodeContext) -> Bundle:
+    o: ScaffoldOptions = ctx.opts
+    x = ctx.initial_params()
+    c = zeros_like(x)
+    n = len(ctx.children)
+    ledger = ServerLedger()
+    args: dict[str, Scalar] = {"lr": o.lr, "local_steps": o.local_steps, "batch_size": o.batch_size,
+                               "weight_decay": o.weight_decay}
+    expect = {**prefixed("dy.", x), **prefixed("dc.", x)}
+    for _ in ctx.rounds():
+        chosen = participants(ctx, o.participation)
+        replies = ctx.comm.scatter(chosen, "scaffold.local", {**prefixed("x.", x), **prefixed("c.", c)},
+                                   {**args, **ledger.args_for(chosen)}, expect=expect)
+        ledger.settle(ctx.round, chosen, replies)
+        if replies:
+            dy = weighted_mean((1.0, unprefixed("dy.", r.bundle)) for r in replies.values())
+            dc = weighted_sum((1.0, unprefixed("dc.", r.bundle)) for r in replies.values())
+            x = {k: x[k] + o.server_lr * dy[k] for k in x}
+            c = {k: c[k] + dc[k] / n for k in c}
+        ctx.state.update(x=x, c=c)
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(x), participants=len(chosen))
+    return x
+
+
+register(Algorithm("scaffold", ScaffoldOptions, run, "SCAFFOLD (Karimireddy et al. 2020), option II",
+                   needs_edges=False))

@@ -1,0 +1,90 @@
+"""WRWGD, weighted random-walk gradient descent (Ayache & El Rouayheb 2019), the Fed-CHS baseline of
+specs/fedchs.md section 5 item 2.
+
+A single model walks over a random client graph (max degree 3; no edge servers). At the visited client i it
+takes K local SGD steps with eta_k = c / (K sqrt(k+1)) (Fed-CHS App. B.1, K = 20), scaled by the importance
+weight gamma_i / pi_i, then moves to a neighbour by a Metropolis-Hastings chain with stationary law pi:
+
+    P_ij = (1 / deg_i) * min(1, (pi_j deg_i) / (pi_i deg_j))  for j ~ i,     P_ii = 1 - sum_{j != i} P_ij.
+
+pi_i is proportional to the local smoothness L_i in the cited work; L_i of a neural network is [UNSPECIFIED]
+in Fed-CHS, so the default is the spec's fallback pi_i proportional to D_i (option ``stationary``). The
+importance weight makes the expected step the gradient of F = sum_i gamma_i f_i with gamma_i = D_i / D_A:
+gamma_i / pi_i (= 1 for pi proportional to D; the cited 1 / (N pi_i) is the case gamma_i = 1 / N).
+One round = one visit (spec default; T rounds = T visits).
+
+Routing on the engine (the engine has no client-to-client link): the parameter server acts as the router of
+the walk. Each round it sends the model to the visited client only (``scatter`` to one client, which reuses
+the shared ``local.train`` task) and receives the updated model back, so one hop of the walk costs 2 d floats
+on the meter (client -> PS -> next client) where a direct client-to-client hop would cost d. The PS draws the
+next client (it knows the graph, which is a pure function of the seed, and every client's D_i). A visited
+client that does not reply leaves the model unchanged; the walk moves on.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhop.common.algorithms.local import LocalSolver
+from fedhop.common.engine.api import Algorithm, NodeContext, register
+from fedhop.common.engine.topology import edge_graph
+from fedhop.common.engine.workspace import derive_seed
+from fedhop.common.wire.bundle import Bundle
+
+
+class WRWGDOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    K: int = Field(20, ge=1, description="local SGD steps at each visited client (App. B.1: 20)")
+    lr: float = Field(1.0, gt=0, description="scale c of eta_k = c / (K sqrt(k+1))")
+    batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
+    max_degree: int = Field(3, ge=2, description="max neighbours per client in the random client graph")
+    stationary: Literal["data_size", "uniform"] = Field(
+        "data_size", description="pi_i of the walk: proportional to D_i (L_i proxy) or uniform")
+    importance_weighting: bool = Field(True, description="scale the steps at client i by gamma_i / pi_i")
+
+
+def client_graph(n: int, max_degree: int, seed: int) -> list[set[int]]:
+    """The walk's random connected client graph (same generator as the ES graph, its own seed stream)."""
+    return edge_graph(n, "random", max_degree, derive_seed(seed, "wrwgd.graph"))
+
+
+def mh_row(i: int, adj: list[set[int]], pi: np.ndarray) -> np.ndarray:
+    """Row i of the Metropolis-Hastings transition matrix with stationary law ``pi`` on graph ``adj``."""
+    p = np.zeros(len(adj))
+    deg_i = len(adj[i])
+    for j in sorted(adj[i]):
+        p[j] = min(1.0, (pi[j] * deg_i) / (pi[i] * len(adj[j]))) / deg_i
+    p[i] = max(0.0, 1.0 - p.sum())
+    return p
+
+
+def run(ctx: NodeContext) -> Bundle:
+    o: WRWGDOptions = ctx.opts
+    clients = ctx.topology.clients
+    n = len(clients)
+    adj = client_graph(n, o.max_degree, ctx.spec.seed)
+    sizes = np.array([float(ctx.data_size(c)) for c in clients])
+    gamma = sizes / sizes.sum()
+    pi = gamma if o.stationary == "data_size" else np.full(n, 1.0 / n)
+    walk = ctx.np_rng("wrwgd.walk")
+    i = int(walk.integers(n))
+    w = ctx.initial_params()
+    for _ in ctx.rounds():
+        scale = float(gamma[i] / pi[i]) if o.importance_weighting else 1.0
+        cfg = LocalSolver(steps=o.K, lr=o.lr * scale, batch_size=o.batch_size, lr_K=o.K)
+        replies = ctx.comm.scatter([clients[i]], "local.train", w, {**cfg.to_args(), "stream": 0}, expect=w)
+        if clients[i] in replies:
+            w = replies[clients[i]].bundle
+        metrics: dict[str, float | int | str] = {"client": clients[i]}
+        if ctx.should_eval():
+            metrics.update(ctx.evaluate(w))
+        ctx.report(**metrics)
+        i = int(walk.choice(n, p=mh_row(i, adj, pi)))
+    return w
+
+
+register(Algorithm("wrwgd", WRWGDOptions, run, "WRWGD: one model on a Metropolis-Hastings walk over clients",
+                   needs_edges=False))

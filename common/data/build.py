@@ -1,0 +1,113 @@
+"""``build_federated_data``: the one entry point roles call to get their data (DESIGN.md section 7)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fedhop.common.data import partition as P
+from fedhop.common.data.base import CentralData, Dataset, FederatedData, make_rng
+from fedhop.common.data.registry import get_dataset
+from fedhop.common.data.spec import DataSpec
+
+
+def cluster_sizes(spec: DataSpec, n_clients: int) -> list[int] | None:
+    """The contiguous cluster sizes the partition assumes (None without clusters)."""
+    if spec.cluster_sizes is not None:
+        if sum(spec.cluster_sizes) != n_clients:
+            raise ValueError(f"data.cluster_sizes sums to {sum(spec.cluster_sizes)}, but there are "
+                             f"{n_clients} clients")
+        return list(spec.cluster_sizes)
+    if spec.n_clusters == 0:
+        return None
+    if spec.n_clusters > n_clients:
+        raise ValueError(f"data.n_clusters ({spec.n_clusters}) exceeds the number of clients ({n_clients})")
+    return P.even_sizes(n_clients, spec.n_clusters)
+
+
+def _limit(ds: Dataset, limit: int | None, rng: np.random.Generator) -> Dataset:
+    if limit is None or limit >= len(ds):
+        return ds
+    return ds.subset(np.sort(rng.choice(len(ds), size=limit, replace=False)))
+
+
+def _standardize(train: Dataset, others: Sequence[Dataset]) -> tuple[Dataset, list[Dataset]]:
+    x = train.x.double()
+    dims = [0, *range(2, x.dim())] if x.dim() >= 3 else [0]  # per channel for images, per feature if flat
+    mean = x.mean(dim=dims, keepdim=True)
+    std = x.std(dim=dims, keepdim=True, unbiased=False)
+    std = torch.where(std > 1e-8, std, torch.ones_like(std))
+
+    def f(d: Dataset) -> Dataset:
+        return Dataset(((d.x.double() - mean[0]) / std[0]).float(), d.y)
+
+    return f(train), [f(d) for d in others]
+
+
+def partition_indices(spec: DataSpec, labels: torch.Tensor, n_clients: int, num_classes: int,
+                      rng: np.random.Generator) -> list[torch.Tensor]:
+    """Row indices of every client in ``labels`` for ``spec.partition``."""
+    if spec.partition != "iid" and labels.dtype != torch.int64:
+        raise ValueError(f"partition {spec.partition!r} needs class labels; this dataset is a regression "
+                         "task, use partition='iid'")
+    sizes = cluster_sizes(spec, n_clients)
+    y = labels.numpy()
+
+    def inner(lab: np.ndarray, n: int, r: np.random.Generator) -> list[torch.Tensor]:
+        match spec.partition:
+            case "iid":
+                return P.iid(lab, n, r)
+            case "dirichlet" if spec.dirichlet_mode == "per_client":
+                return P.dirichlet_per_client(lab, n, r, spec.dirichlet_lambda, spec.dirichlet_prior_scaled)
+            case "dirichlet":
+                return P.dirichlet(lab, n, r, spec.dirichlet_lambda, spec.min_samples_per_client)
+            case "shards":
+                return P.shards(lab, n, r, spec.shards_per_client)
+            case "imbalanced":
+                minority = spec.imbalance_classes or P.default_minority(num_classes)
+                return P.imbalanced(lab, n, r, spec.dirichlet_lambda, minority, spec.imbalance_keep)
+        raise AssertionError(spec.partition)
+
+    if spec.partition == "major_class":
+        return P.major_class(y, n_clients, rng, spec.rho_device, num_classes, spec.samples_per_client,
+                             sizes, spec.rho_cluster)
+    if spec.cluster_iid:
+        assert sizes is not None
+        return P.per_cluster(len(y), sizes, rng, lambda rows, n, r: inner(y[rows], n, r))
+    return inner(y, n_clients, rng)
+
+
+def build_federated_data(spec: DataSpec, n_clients: int, seed: int) -> FederatedData:
+    """Load or generate ``spec.dataset`` and split it over ``n_clients`` clients.
+
+    A pure function of ``(spec, n_clients, seed)``: every process of a run calls it and gets identical
+    tensors. ``spec.split_seed``, when set, replaces ``seed`` (same data and partition across run seeds).
+    """
+    if n_clients < 1:
+        raise ValueError(f"n_clients must be >= 1, got {n_clients}")
+    s = spec.effective_seed(seed)
+    out = get_dataset(spec.dataset).build(spec, n_clients, s)
+    if isinstance(out, FederatedData):
+        if out.n_clients != n_clients:
+            raise ValueError(f"dataset {spec.dataset!r} built {out.n_clients} clients, expected {n_clients}")
+        clients = [_limit(c, spec.train_limit, make_rng(s, "train_limit", k)) for k, c in enumerate(out.clients)]
+        test = _limit(out.test, spec.test_limit, make_rng(s, "test_limit"))
+        if spec.standardize:
+            _, rest = _standardize(Dataset.concat(clients), [test, *clients])
+            test, clients = rest[0], rest[1:]
+        return FederatedData(clients, test, out.input_shape, out.num_classes, out.task)
+    if not isinstance(out, CentralData):
+        raise TypeError(f"dataset {spec.dataset!r} returned {type(out).__name__}, not CentralData/FederatedData")
+    train = _limit(out.train, spec.train_limit, make_rng(s, "train_limit"))
+    test = _limit(out.test, spec.test_limit, make_rng(s, "test_limit"))
+    if spec.standardize:
+        train, (test,) = _standardize(train, [test])
+    parts = partition_indices(spec, train.y, n_clients, out.num_classes, make_rng(s, "partition",
+                                                                                     spec.partition))
+    empty = [k for k, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise ValueError(f"partition {spec.partition!r} left clients {empty[:10]} without data; "
+                         f"use fewer clients or a larger dataset")
+    return FederatedData([train.subset(p) for p in parts], test, out.input_shape, out.num_classes, out.task)

@@ -1,0 +1,57 @@
+"""ModelSpec: which model a run trains (the ``[model]`` table of a run spec)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from fedhop.common.models.registry import MODELS, get_model
+
+
+class ModelSpec(BaseModel):
+    """Model name plus options. ``hidden`` is used by ``mlp``; model-specific options go in ``options``
+    (validated by that model's options model, e.g. ``{variant = "mnist"}`` for ``lenet``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("mlp", description="registered model name")
+    hidden: list[int] = Field(default_factory=lambda: [64], description="mlp hidden widths")
+    bias: bool = True
+    init: Literal["default", "zeros"] = Field(
+        "default", description="default: PyTorch's Linear/Conv rule U(+-1/sqrt(fan_in)) from a seeded "
+        "generator; zeros: every parameter 0 (convex models, e.g. FedCluster's softmax regression)")
+    options: dict[str, Any] = Field(default_factory=dict, description="the model's own options")
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="parameter dtype; the workspace casts float inputs to it (float64: exact "
+        "arithmetic, e.g. FOCUS's 1e-16 least-squares floor)")
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        get_model(v)  # raises with the list of valid names
+        return v
+
+    @field_validator("hidden")
+    @classmethod
+    def _hidden(cls, v: list[int]) -> list[int]:
+        if any(h < 1 for h in v):
+            raise ValueError("hidden widths must be positive")
+        return v
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        if name is None or name not in MODELS:
+            return v
+        try:
+            get_model(name).options.model_validate(v)
+        except ValidationError as e:
+            msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
+                             for err in e.errors())
+            raise ValueError(f"bad options for model {name!r}: {msgs}") from None
+        return v
+
+    def model_options(self) -> Any:
+        return get_model(self.name).options.model_validate(self.options)

@@ -1,0 +1,47 @@
+"""RunSpec validation: bad config fails before anything starts, naming the field."""
+
+import pytest
+
+from fedhop.cli import DEFAULT_SPEC
+from fedhop.common.spec import RunSpec, SpecError
+
+
+def test_default_spec_loads_and_round_trips_through_toml():
+    spec = RunSpec.load(DEFAULT_SPEC)
+    again = RunSpec.from_toml(spec.to_toml())
+    assert again == spec
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"rounds": 0}, "rounds"),
+        ({"algorithm": {"name": "nope"}}, "unknown algorithm 'nope'"),
+        ({"algorithm": {"name": "fedavg", "options": {"lr": -1}}}, "algorithm.options for 'fedavg': lr"),
+        ({"algorithm": {"name": "fedavg", "options": {"lrr": 0.1}}}, "lrr"),
+        ({"topology": {"clients": 2, "edges": 3}}, "topology.edges (3) exceeds"),
+        ({"topology": {"clients": 4, "edges": 2, "clients_per_edge": [1, 2]}}, "sum to topology.clients"),
+        ({"device": "gpu"}, "device must be"),
+        ({"algorithm": {"name": "hierfavg"}, "topology": {"edges": 0}}, "needs edge servers"),
+        ({"transport": {"chunk_bytes": 10}}, "transport.chunk_bytes"),
+        ({"unknown_field": 1}, "unknown_field"),
+    ],
+)
+def test_bad_fields_are_named(raw, needle):
+    with pytest.raises(SpecError) as e:
+        RunSpec.parse(raw, "test.toml")
+    assert needle in str(e.value)
+    assert "test.toml" in str(e.value)
+
+
+def test_bad_toml_and_missing_file(tmp_path):
+    with pytest.raises(SpecError, match="not valid TOML"):
+        RunSpec.from_toml("rounds = = 3")
+    with pytest.raises(SpecError, match="spec file not found"):
+        RunSpec.load(tmp_path / "absent.toml")
+
+
+def test_options_are_typed():
+    spec = RunSpec.parse({"algorithm": {"name": "fedavg", "options": {"local_steps": 3}}})
+    opts = spec.options()
+    assert opts.local_steps == 3 and opts.lr == 0.1
