@@ -33,6 +33,7 @@ def run_client(node_id: str, parent: str, *, data_path: str | None = None, devic
         return 3
     session.configure(spec.transport.chunk_bytes, spec.transport.max_bundle_bytes)
     n = len(ws.client_data(node_id))
+    ws.model  # noqa: B018  (build the architecture now, not inside the first round)
     ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=LeafComm(node_id, ws.topology, MissingLog()),
                       sizes={node_id: n})
     session.send_ready({node_id: n})

@@ -91,6 +91,21 @@ class RunSpec(Strict):
                              "set topology.edges = 0")
         return self
 
+    @model_validator(mode="after")
+    def _data_clusters_match_topology(self) -> RunSpec:
+        """Cluster-aware partitions (rho_cluster, cluster_iid) must see the topology's clusters."""
+        n = self.data.clusters_given()
+        if n == 0:
+            return self
+        if n != self.topology.edges:
+            raise ValueError(f"data clusters ({n}) must equal topology.edges ({self.topology.edges})")
+        topo_sizes = self.topology.clients_per_edge or [
+            self.topology.clients // n + (1 if m < self.topology.clients % n else 0) for m in range(n)]
+        if self.data.cluster_sizes is not None and list(self.data.cluster_sizes) != list(topo_sizes):
+            raise ValueError(f"data.cluster_sizes {self.data.cluster_sizes} differ from the topology's "
+                             f"clusters {topo_sizes}")
+        return self
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:

@@ -55,7 +55,8 @@ def print_summary(result, out: Path) -> None:
     last = result.rounds[-1] if result.rounds else {}
     t = totals(result.links)
     acc = f"accuracy {last['accuracy']:.4f}, " if "accuracy" in last else ""
-    print(f"{result.spec.algorithm.name}: {len(result.rounds)} rounds reported, {acc}loss {last.get('loss', float('nan')):.4f}; "
+    loss = last.get("loss", float("nan"))
+    print(f"{result.spec.algorithm.name}: {len(result.rounds)} rounds reported, {acc}loss {loss:.4f}; "
           f"payload {t['payload_bytes']:,} B, messages {t['message_bytes']:,} B; wall {result.wall_s:.1f}s")
     if result.missing:
         print(f"missing: {len(result.missing)} calls, e.g. {result.missing[0]}")

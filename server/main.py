@@ -54,6 +54,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         log.info("ps: run %s listening on port %d; waiting for %d children", run_id, port, len(hub.children))
         if on_listening is not None:
             on_listening(port)
+        ws.model, ws.test  # noqa: B018  (load while the children start, not inside the first round)
         absent = hub.wait_ready(spec.transport.join_timeout_s)
         if len(absent) == len(hub.children):
             raise JoinTimeout(f"no node joined within {spec.transport.join_timeout_s:g}s "

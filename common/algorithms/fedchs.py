@@ -25,6 +25,10 @@ SGD steps from the broadcast model and uploads its model delta (d floats), and t
 mean delta. The step size of those local steps is [UNSPECIFIED]; ``e_lr_index`` chooses between eta_k of the
 interaction k (default, "with the current eta_k") and eta_{kE+j} of the j-th local step.
 
+Compression (Fig. 2 "with compression", spec 5 item 4, presumably QSGD on the uplink): ``upload_levels =
+s > 0`` QSGD-quantises every upload (int8 levels + one float32 norm per tensor, see ``qsgd.py``); the ES
+steps with the dequantised uploads. Downlink and hand-off stay uncompressed.
+
 Missing clients (scatter returns fewer replies) are left out of the step and gamma is renormalised over those
 that replied; if none replied the interaction makes no step. With a single cluster (no neighbour edge) the
 walk degenerates to a self-loop: the model stays at that edge and no hand-off is sent (spec sec. 8 item 2).
@@ -41,6 +45,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedhop.common.algorithms.local import LocalSolver, local_train, loss_and_grad, sample_batch
+from fedhop.common.algorithms.qsgd import MAX_LEVELS, decode, encode, encoded_template
 from fedhop.common.engine.api import Algorithm, NodeContext, NodeId, Reply, Scalar, register, task
 from fedhop.common.wire.bundle import Bundle, axpy, sub, weighted_sum
 
@@ -61,6 +66,8 @@ class FedCHSOptions(BaseModel):
         False, description="increment c(m(0)) at start (not in Alg. 1; False = literal)")
     e_lr_index: Literal["interaction", "local_step"] = Field(
         "interaction", description="E > 1: local step j of interaction k uses eta_k or eta_{kE+j}")
+    upload_levels: int = Field(0, ge=0, le=MAX_LEVELS, description="0: uploads uncompressed (Alg. 1); s > 0: "
+                               "QSGD with s levels on every upload (Fig. 2 'with compression')")
 
     @model_validator(mode="after")
     def _divisible(self) -> FedCHSOptions:
@@ -102,34 +109,41 @@ def client_interaction(ctx: NodeContext, w: Bundle, args: dict[str, Scalar]) -> 
     gen = ctx.rng("fedchs.grad", ctx.round, int(args["k"]))
     if "solver.steps" in args:
         x, loss = local_train(ctx.ws, w, ctx.data, LocalSolver.from_args(args), gen)
-        return Reply(sub(x, w), {"loss": loss, "n": len(ctx.data)})
-    xb, yb = sample_batch(ctx.data, int(args["batch_size"]), gen)
-    loss, g = loss_and_grad(ctx.ws, w, xb, yb)
-    return Reply(g, {"loss": loss, "n": len(ctx.data)})
+        up = sub(x, w)
+    else:
+        xb, yb = sample_batch(ctx.data, int(args["batch_size"]), gen)
+        loss, up = loss_and_grad(ctx.ws, w, xb, yb)
+    levels = int(args["upload_levels"])
+    if levels:
+        up = encode(up, levels, ctx.rng("fedchs.qsgd", ctx.round, int(args["k"])))
+    return Reply(up, {"loss": loss, "n": len(ctx.data)})
 
 
 def _interaction_args(o: FedCHSOptions, k: int) -> dict[str, Scalar]:
     if o.E == 1:
-        return {"k": k, "batch_size": o.batch_size}
+        return {"k": k, "batch_size": o.batch_size, "upload_levels": o.upload_levels}
     if o.e_lr_index == "interaction":
         cfg = LocalSolver(steps=o.E, lr=step_size(k, o), batch_size=o.batch_size)
     elif o.lr_schedule == "sqrt":
         cfg = LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size, lr_K=o.K, step_offset=k * o.E)
     else:
         cfg = LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size)
-    return {"k": k, **cfg.to_args()}
+    return {"k": k, "upload_levels": o.upload_levels, **cfg.to_args()}
 
 
 def cluster_round(ctx: NodeContext, w: Bundle, o: FedCHSOptions) -> tuple[Bundle, float, int]:
     """The K interactions of Eq. (5) in this edge's cluster; returns w^{t+1}, mean client loss, uploads."""
     losses: list[float] = []
     uploads = 0
+    expect = encoded_template(w) if o.upload_levels else w
     for k in range(o.K // o.E):
-        replies = ctx.comm.scatter(ctx.children, "fedchs.grad", w, _interaction_args(o, k), expect=w)
+        replies = ctx.comm.scatter(ctx.children, "fedchs.grad", w, _interaction_args(o, k), expect=expect)
         if not replies:
             continue
         gamma = _gammas(ctx, list(replies), o.weighting)
-        agg = weighted_sum((gamma[n], r.bundle) for n, r in replies.items())
+        ups = {n: decode(r.bundle, w, o.upload_levels) if o.upload_levels else r.bundle
+               for n, r in replies.items()}
+        agg = weighted_sum((gamma[n], ups[n]) for n in replies)
         w = axpy(-step_size(k, o), agg, w) if o.E == 1 else axpy(1.0, agg, w)  # Eq. (5) / spec 3.6
         losses.append(sum(gamma[n] * float(r.scalars["loss"]) for n, r in replies.items()))
         uploads += len(replies)

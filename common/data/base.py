@@ -32,7 +32,7 @@ def _index(idx: torch.Tensor | Sequence[int] | np.ndarray) -> torch.Tensor:
     return torch.as_tensor(np.asarray(idx, dtype=np.int64))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: identity equality, hash by id
 class Dataset:
     """Features ``x`` (float32, ``[n, *input_shape]``) and labels ``y``.
 
@@ -66,7 +66,7 @@ class Dataset:
         return Dataset(torch.cat([p.x for p in parts]), torch.cat([p.y for p in parts]))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: identity equality, hash by id
 class FederatedData:
     """What every node of a run sees: all clients' local data (index = client ordinal) and the test set.
 
@@ -105,7 +105,7 @@ class FederatedData:
         return torch.stack([torch.bincount(c.y, minlength=self.num_classes) for c in self.clients])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: identity equality, hash by id
 class CentralData:
     """A dataset before partitioning: one training pool plus the global test set.
 

@@ -92,14 +92,16 @@ def build_federated_data(spec: DataSpec, n_clients: int, seed: int) -> Federated
     if isinstance(out, FederatedData):
         if out.n_clients != n_clients:
             raise ValueError(f"dataset {spec.dataset!r} built {out.n_clients} clients, expected {n_clients}")
-        clients = [_limit(c, spec.train_limit, make_rng(s, "train_limit", k)) for k, c in enumerate(out.clients)]
+        clients = [_limit(c, spec.train_limit, make_rng(s, "train_limit", k))
+                   for k, c in enumerate(out.clients)]
         test = _limit(out.test, spec.test_limit, make_rng(s, "test_limit"))
         if spec.standardize:
             _, rest = _standardize(Dataset.concat(clients), [test, *clients])
             test, clients = rest[0], rest[1:]
         return FederatedData(clients, test, out.input_shape, out.num_classes, out.task)
     if not isinstance(out, CentralData):
-        raise TypeError(f"dataset {spec.dataset!r} returned {type(out).__name__}, not CentralData/FederatedData")
+        raise TypeError(f"dataset {spec.dataset!r} returned {type(out).__name__}, "
+                        "not CentralData or FederatedData")
     train = _limit(out.train, spec.train_limit, make_rng(s, "train_limit"))
     test = _limit(out.test, spec.test_limit, make_rng(s, "test_limit"))
     if spec.standardize:

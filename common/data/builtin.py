@@ -30,7 +30,8 @@ def _digits_central(spec: DataSpec, seed: int, shape: tuple[int, ...]) -> Centra
     x, y = _digits()
     (xtr, ytr), (xte, yte) = holdout_split(x, y, spec.test_fraction, make_rng(seed, "digits", "split"))
     return CentralData(to_dataset(xtr.reshape(-1, *shape), ytr, "classification"),
-                       to_dataset(xte.reshape(-1, *shape), yte, "classification"), shape, 10, "classification")
+                       to_dataset(xte.reshape(-1, *shape), yte, "classification"),
+                       shape, 10, "classification")
 
 
 @register_dataset("digits", description="scikit-learn 8x8 digits (1,797 images, 10 classes), flat 64 "
@@ -86,6 +87,7 @@ def synthetic_regression(spec: DataSpec, n_clients: int, seed: int) -> CentralDa
     w = rng.standard_normal(o.dim)
     x = rng.standard_normal((o.samples, o.dim))
     y = x @ w + o.noise * rng.standard_normal(o.samples)
-    (xtr, ytr), (xte, yte) = holdout_split(x, y, spec.test_fraction, make_rng(seed, "synthetic-regression", "s"))
+    split_rng = make_rng(seed, "synthetic-regression", "split")
+    (xtr, ytr), (xte, yte) = holdout_split(x, y, spec.test_fraction, split_rng)
     return CentralData(to_dataset(xtr, ytr, "regression"), to_dataset(xte, yte, "regression"),
                        (o.dim,), 0, "regression")

@@ -84,7 +84,8 @@ def safe_unpickle(data: bytes, source: str = "<bytes>") -> Any:
     except pickle.UnpicklingError as e:
         raise DataFileError(f"{source}: {e}") from None
     except Exception as e:  # a corrupt pickle raises many different types
-        raise DataFileError(f"{source}: not a readable CIFAR pickle batch ({type(e).__name__}: {e})") from None
+        raise DataFileError(f"{source}: not a readable CIFAR pickle batch "
+                            f"({type(e).__name__}: {e})") from None
     return obj
 
 

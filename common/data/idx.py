@@ -73,7 +73,8 @@ def write_idx(path: Path, arr: np.ndarray, compress: bool = False) -> None:
     code = _CODES.get(be.dtype.str)
     if code is None:
         raise ValueError(f"IDX cannot store dtype {arr.dtype}")
-    blob = bytes([0, 0, code, arr.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in arr.shape) + be.tobytes()
+    dims = b"".join(int(d).to_bytes(4, "big") for d in arr.shape)
+    blob = bytes([0, 0, code, arr.ndim]) + dims + be.tobytes()
     path.write_bytes(gzip.compress(blob, mtime=0) if compress else blob)
 
 
@@ -145,7 +146,8 @@ def mnist(spec: DataSpec, n_clients: int, seed: int) -> CentralData:
     return load_idx_dataset(spec.path, ("raw", "MNIST/raw"), 10)
 
 
-@register_dataset("fashion-mnist", file_backed=True, description="Fashion-MNIST from IDX files under data.path")
+@register_dataset("fashion-mnist", file_backed=True,
+                  description="Fashion-MNIST from IDX files under data.path")
 def fashion_mnist(spec: DataSpec, n_clients: int, seed: int) -> CentralData:
     assert spec.path is not None
     return load_idx_dataset(spec.path, ("raw", "FashionMNIST/raw"), 10)

@@ -123,7 +123,8 @@ def dirichlet_per_client(labels: np.ndarray | torch.Tensor, n_clients: int, rng:
 def shards(labels: np.ndarray | torch.Tensor, n_clients: int, rng: np.random.Generator,
            shards_per_client: int = 2) -> Parts:
     """McMahan et al. 2017 pathological non-IID: sort by label (ties in random order), cut into
-    ``n_clients * shards_per_client`` near-equal shards, give each client ``shards_per_client`` random ones."""
+    ``n_clients * shards_per_client`` near-equal shards, give each client ``shards_per_client`` random
+    ones."""
     y = _labels(labels)
     n_shards = n_clients * shards_per_client
     _need(len(y), n_shards)

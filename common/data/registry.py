@@ -61,7 +61,8 @@ def register_dataset(name: str, *, options: type[BaseModel] = NoOptions, file_ba
     def deco(fn: Builder) -> Builder:
         if name in DATASETS and DATASETS[name].build is not fn:
             raise ValueError(f"dataset {name!r} is already registered")
-        DATASETS[name] = DatasetEntry(name, fn, options, file_backed, description or (fn.__doc__ or "").strip())
+        desc = description or (fn.__doc__ or "").strip()
+        DATASETS[name] = DatasetEntry(name, fn, options, file_backed, desc)
         return fn
 
     return deco

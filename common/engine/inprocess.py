@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm, get_task
 from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, check_bundle
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
@@ -29,6 +31,9 @@ class FaultPlan:
 
 class InProcessEngine:
     def __init__(self, spec: RunSpec, *, device: str | None = None, faults: FaultPlan | None = None) -> None:
+        # The networked role processes compute with one thread; so does the oracle, so that reductions
+        # (matmuls, sums) split the same way and both engines stay bit-identical.
+        torch.set_num_threads(1)
         self.spec = spec
         self.ws = Workspace(spec, device)
         self.meter = ByteMeter()

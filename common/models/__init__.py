@@ -7,10 +7,9 @@ import zlib
 import torch
 from torch import nn
 
+from fedhop.common.models import nets  # noqa: F401  (registers the built-in models)
 from fedhop.common.models.registry import MODELS, get_model, register_model
 from fedhop.common.models.spec import ModelSpec
-
-from fedhop.common.models import nets  # noqa: E402, F401, I001  (registers the built-in models)
 
 __all__ = ["MODELS", "ModelSpec", "build_model", "get_model", "init_parameters", "register_model"]
 
@@ -46,6 +45,19 @@ def init_parameters(model: nn.Module, generator: torch.Generator, mode: str = "d
                                 "define fedhop_init_(generator) on it")
 
 
+def _materialize(model: nn.Module) -> None:
+    """Replace meta parameters by uninitialised CPU ones (``Module.to_empty`` would route through
+    PyTorch's Python reference kernels, which import sympy: seconds on the first call). Tied parameters
+    stay tied."""
+    memo: dict[int, nn.Parameter] = {}
+    for mod in model.modules():
+        for name, p in list(mod.named_parameters(recurse=False)):
+            if id(p) not in memo:
+                memo[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu"),
+                                           requires_grad=p.requires_grad)
+            mod.register_parameter(name, memo[id(p)])
+
+
 def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
     """Build ``spec.name`` for ``input_shape`` / ``num_classes`` (0 = regression, output ``[n]``), with
     parameters drawn from a local generator seeded by ``seed``: same arguments, bit-identical model.
@@ -53,7 +65,7 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
     entry = get_model(spec.name)
     with torch.device("meta"):
         model = entry.make(spec, tuple(int(d) for d in input_shape), int(num_classes))
-    model = model.to_empty(device="cpu")
+    _materialize(model)
     buffers = [n for n, _ in model.named_buffers()]
     if buffers:
         raise TypeError(f"model {spec.name!r} has buffers {buffers}; fedhop models must hold parameters only")

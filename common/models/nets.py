@@ -79,8 +79,51 @@ def _image_shape(name: str, input_shape: tuple[int, ...]) -> tuple[int, int, int
     return c, h, w
 
 
-def _flat_size(name: str, features: nn.Module, input_shape: tuple[int, ...]) -> int:
-    """Size of ``features``' output for one input, found by a shape-only pass on the meta device."""
+def _pool_out(n: int, k: int, s: int, p: int, d: int = 1) -> int:
+    return (n + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _layer_shape(mod: nn.Module, shape: tuple[int, int, int]) -> tuple[int, int, int] | None:
+    """Output shape of one feature layer, or None for a layer type this helper does not know."""
+    c, h, w = shape
+    if isinstance(mod, nn.Conv2d):
+        assert isinstance(mod.padding, tuple)
+        hw = [_pool_out(n, mod.kernel_size[i], mod.stride[i], mod.padding[i], mod.dilation[i])
+              for i, n in enumerate((h, w))]
+        if c != mod.in_channels:
+            raise ValueError(f"expected {mod.in_channels} channels, got {c}")
+        return mod.out_channels, hw[0], hw[1]
+    if isinstance(mod, nn.MaxPool2d) and isinstance(mod.kernel_size, int) and not mod.ceil_mode:
+        st = mod.stride if isinstance(mod.stride, int) else mod.kernel_size
+        pd = mod.padding if isinstance(mod.padding, int) else 0
+        return c, _pool_out(h, mod.kernel_size, st, pd), _pool_out(w, mod.kernel_size, st, pd)
+    if isinstance(mod, MaxPoolSame):
+        return c, -(-h // mod.stride), -(-w // mod.stride)
+    if isinstance(mod, CenterCrop):
+        return c, min(h, mod.size), min(w, mod.size)
+    if isinstance(mod, nn.ReLU | nn.LocalResponseNorm | nn.Identity):
+        return shape
+    return None
+
+
+def _flat_size(name: str, features: nn.Sequential, input_shape: tuple[int, ...]) -> int:
+    """Size of ``features``' output for one input. Shapes are computed layer by layer (a meta-device
+    forward would pull in PyTorch's Python decompositions, seconds of import time); unknown layer types
+    fall back to a real forward of one dummy sample."""
+    shape = _image_shape(name, input_shape)
+    for mod in features:
+        nxt = _layer_shape(mod, shape)
+        if nxt is None:
+            return _flat_size_by_forward(name, features, input_shape)
+        if min(nxt) < 1:
+            raise ValueError(f"input shape {tuple(input_shape)} is too small for model {name!r} (shape "
+                             f"{shape} before {type(mod).__name__}); try options.padding = 'same' or a "
+                             "larger input")
+        shape = nxt
+    return shape[0] * shape[1] * shape[2]
+
+
+def _flat_size_by_forward(name: str, features: nn.Module, input_shape: tuple[int, ...]) -> int:
     dev = next(features.parameters()).device
     dummy = torch.zeros(1, *input_shape, device=dev)
     try:
@@ -136,8 +179,8 @@ def _conv_block(i: int, c_in: int, c_out: int, k: int, padding: str, bias: bool,
             (f"pool{i}", pool)]
 
 
-def _conv_net(name: str, features: list[tuple[str, nn.Module]], dense: list[int], input_shape: tuple[int, ...],
-              num_classes: int, bias: bool) -> nn.Module:
+def _conv_net(name: str, features: list[tuple[str, nn.Module]], dense: list[int],
+              input_shape: tuple[int, ...], num_classes: int, bias: bool) -> nn.Module:
     flat = _flat_size(name, nn.Sequential(OrderedDict(features)), input_shape)
     out = _classes_out(name, num_classes)
     layers = [*features, ("flatten", nn.Flatten())]

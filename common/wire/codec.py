@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import sys
-import warnings
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,7 +43,6 @@ DEFAULT_CHUNK_BYTES = 1 << 20
 MAX_CHUNK_BYTES = 64 << 20
 DEFAULT_CHECKSUM = "xxh3_64"
 _BIG_TENSOR_BYTES = 4096  # tensors at least this large start 64-byte aligned in the decode buffer
-_TORCH_COPY_BYTES = 1 << 16  # pieces at least this large are copied by torch (multi-threaded)
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -60,13 +58,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 _ITEMSIZE: dict[str, int] = {k: torch.empty(0, dtype=v).element_size() for k, v in DTYPES.items()}
-
-# BundleDecoder.feed wraps received (read-only) bytes in a tensor to copy them; torch warns about that once
-# per process ("The given buffer is not writable"). The tensor is only ever read, so spend the warning here,
-# silenced, rather than in a receiver (where warnings-as-errors would turn it into a failure).
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    torch.frombuffer(b"\0", dtype=torch.uint8)
 
 
 class CodecError(ValueError):
@@ -306,6 +297,8 @@ def _layout(header: pb.BundleHeader, max_bytes: int | None) -> tuple[list[_Slot]
 def _byte_view(data: object) -> memoryview:
     try:
         view = memoryview(data)  # type: ignore[arg-type]
+        if not view.c_contiguous:
+            raise ValueError("not contiguous")
         return view if view.format == "B" and view.ndim == 1 else view.cast("B")
     except (TypeError, ValueError) as e:
         what = type(data).__name__
@@ -328,8 +321,10 @@ class BundleDecoder:
         self._expected = int(header.checksum)
         self._hasher = CHECKSUMS[self._algorithm]()
         try:
+            if size >= 1 << 63:
+                raise OverflowError("larger than any address space")
             self._buf: torch.Tensor | None = torch.empty(size, dtype=torch.uint8)
-        except (RuntimeError, MemoryError) as e:
+        except (RuntimeError, MemoryError, OverflowError) as e:
             raise CodecError(f"cannot allocate {_fmt_bytes(size)} to decode the bundle: {e}") from e
         self._view: memoryview | None = memoryview(self._buf.numpy()) if size else memoryview(bytearray())
         self._received = 0
@@ -363,10 +358,11 @@ class BundleDecoder:
         self._check_open()
         try:
             offset, data = int(chunk.offset), _byte_view(chunk.data)
-        except AttributeError as e:
-            raise self._fail(f"expected a chunk with offset and data, got {type(chunk).__name__}") from e
-        except CodecError as e:
+        except CodecError as e:  # before ValueError: CodecError is one
             raise self._fail(str(e)) from e
+        except (AttributeError, TypeError, ValueError) as e:
+            what = type(chunk).__name__
+            raise self._fail(f"expected a chunk with an int offset and data, got {what}") from e
         n, got = data.nbytes, self._received
         if offset != got:
             what = "a gap" if offset > got else "a repeated or overlapping chunk"
@@ -382,8 +378,8 @@ class BundleDecoder:
                 f"chunk at offset {offset} carries {n} bytes, expected {want} (header chunk_bytes="
                 f"{self._chunk_bytes}, total_bytes={self._total})"
             )
-        dst, buf = self._view, self._buf
-        assert dst is not None and buf is not None
+        dst = self._view
+        assert dst is not None
         pos, slots = 0, self._slots
         while pos < n:
             slot = slots[self._slot]
@@ -393,10 +389,7 @@ class BundleDecoder:
                 continue
             k = min(slot.end - at, n - pos)
             b = slot.at + (at - slot.start)
-            if k >= _TORCH_COPY_BYTES:  # torch copies with all intra-op threads; memoryview with one
-                buf[b:b + k].copy_(torch.frombuffer(data[pos:pos + k], dtype=torch.uint8))
-            else:
-                dst[b:b + k] = data[pos:pos + k]
+            dst[b:b + k] = data[pos:pos + k]
             pos += k
         self._hasher.update(data)
         self._received = got + n

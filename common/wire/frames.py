@@ -522,9 +522,15 @@ MAX_MESSAGE = 80 << 20  # gRPC message limit: > the largest chunk frame (64 MiB 
 
 
 def on_host(bundle: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A CPU copy of ``bundle`` that nobody mutates while its chunks stream out (the codec reads the
-    tensors' storage lazily)."""
-    return {k: v.detach().to("cpu", copy=True) for k, v in bundle.items()}
+    """``bundle`` on the CPU, without a copy for tensors already there.
+
+    The codec streams chunks lazily from the tensors' storage, so a bundle must not be mutated in place
+    until its message is sent. The engines guarantee it: a scatter returns once every reply arrived (so
+    every request it still waits for was fully received) or its deadline passed (the streams still in
+    flight then belong to calls already given up: a torn bundle fails its checksum there and is refused);
+    a hand-off returns on its acknowledgement. A handler's reply is sent before the next task arrives.
+    """
+    return {k: v.detach() if v.device.type == "cpu" else v.detach().to("cpu") for k, v in bundle.items()}
 
 
 def to_device(bundle: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 
 import pytest
 import torch
 
-from fedhop.common.wire import codec
+from fedhop.common.wire import codec, frames
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.codec import BundleDecoder, CodecError, RawChunk, decode, encode, encode_views
 from fedhop.v1 import fedhop_pb2 as pb
@@ -331,6 +332,14 @@ def test_unallocatable_header_is_a_codec_error():
     header.tensors.add(name="huge", dtype="uint8", shape=[n], nbytes=n)
     with pytest.raises(CodecError, match="cannot allocate"):
         BundleDecoder(header)
+    n = (1 << 64) - 1  # does not even fit torch's int64 sizes
+    header = pb.BundleHeader(total_bytes=n, chunk_bytes=1 << 20, checksum_algorithm="none")
+    header.tensors.add(name="huge", dtype="uint8", shape=[(1 << 62) - 1, 4], nbytes=(1 << 64) - 4)
+    with pytest.raises(CodecError, match="total_bytes"):
+        BundleDecoder(header)
+    header.total_bytes = (1 << 64) - 4
+    with pytest.raises(CodecError, match="cannot allocate"):
+        BundleDecoder(header)
 
 
 def test_failed_or_finished_decoder_accepts_nothing():
@@ -354,8 +363,13 @@ def test_bad_chunk_objects():
     header, _ = encoded()
     with pytest.raises(CodecError, match="chunk data must be a contiguous bytes-like object, got int"):
         BundleDecoder(header).feed(RawChunk(0, 12345))  # type: ignore[arg-type]
-    with pytest.raises(CodecError, match="expected a chunk with offset and data, got str"):
+    with pytest.raises(CodecError, match="expected a chunk with an int offset and data, got str"):
         BundleDecoder(header).feed("chunk")  # type: ignore[arg-type]
+    with pytest.raises(CodecError, match="expected a chunk with an int offset and data, got RawChunk"):
+        BundleDecoder(header).feed(RawChunk("zero", b"x"))  # type: ignore[arg-type]
+    strided = torch.arange(32, dtype=torch.uint8).numpy()[::2]
+    with pytest.raises(CodecError, match="chunk data must be a contiguous bytes-like object, got ndarray"):
+        BundleDecoder(header).feed(RawChunk(0, strided))  # type: ignore[arg-type]
     with pytest.raises(CodecError, match="expected a BundleHeader, got dict"):
         BundleDecoder({})  # type: ignore[arg-type]
 
@@ -397,3 +411,26 @@ def test_every_prefix_truncation_and_every_single_byte_flip_is_caught():
         bad[i] ^= bit
         with pytest.raises(CodecError, match="checksum mismatch"):
             decode(header, [RawChunk(o, bytes(bad[o:o + 4])) for o in range(0, len(bad), 4)])
+
+
+def test_streaming_holds_one_chunk_at_a_time():
+    """Sending and receiving a 32 MiB bundle as 1 MiB raw chunk frames allocates at most a few chunks of
+    Python memory at once (tracemalloc sees the frames' bytes; the decode buffer is torch's, allocated once).
+    Materializing the frames instead would trace over 32 MiB."""
+    x = torch.arange(8 << 20, dtype=torch.float32)
+    tracemalloc.start()
+    try:
+        stream = frames.bundle_frames(1, {"x": x}, 1 << 20)
+        decoder = BundleDecoder(next(stream).header)
+        for wire in stream:
+            decoder.feed(frames.parse_frame(wire))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        materialized = list(frames.bundle_frames(1, {"x": x}, 1 << 20))
+        _, peak_materialized = tracemalloc.get_traced_memory()
+        del materialized
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"peak traced memory {peak} bytes"
+    assert peak_materialized > 32 << 20  # the measurement can see a non-streaming sender
+    assert torch.equal(decoder.finish()["x"], x)

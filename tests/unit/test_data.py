@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from fedhop.common.data import (
     DATASETS,
     CentralData,
-    DataSpec,
     Dataset,
+    DataSpec,
     FederatedData,
     build_federated_data,
     get_dataset,
@@ -36,8 +36,9 @@ def digest(fd: FederatedData) -> str:
 
 
 def same(a: FederatedData, b: FederatedData) -> bool:
+    pairs = zip(a.clients, b.clients, strict=True) if len(a.clients) == len(b.clients) else []
     return (len(a.clients) == len(b.clients)
-            and all(torch.equal(x.x, y.x) and torch.equal(x.y, y.y) for x, y in zip(a.clients, b.clients, strict=True))
+            and all(torch.equal(x.x, y.x) and torch.equal(x.y, y.y) for x, y in pairs)
             and torch.equal(a.test.x, b.test.x) and torch.equal(a.test.y, b.test.y))
 
 
@@ -215,6 +216,18 @@ def test_spec_json_roundtrip() -> None:
     again = DataSpec.model_validate(spec.model_dump(mode="json", exclude_none=True))
     assert again == spec
     assert again.dataset_options().alpha == 0.5
+
+
+def test_runspec_toml_roundtrip_keeps_data_and_model() -> None:
+    from fedhop.common.spec import RunSpec
+
+    raw = {"data": {"dataset": "leaf-synthetic", "options": {"alpha": 0.5}, "path": "/tmp/x",
+                    "partition": "major_class", "rho_cluster": 0.5, "cluster_sizes": [3, 7],
+                    "imbalance_classes": [1, 3]},
+           "model": {"name": "lenet", "options": {"variant": "mnist"}}}
+    spec = RunSpec.parse(raw)
+    again = RunSpec.from_toml(spec.to_toml())
+    assert again.data == spec.data and again.model == spec.model
 
 
 def test_register_dataset_extension() -> None:

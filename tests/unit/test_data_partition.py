@@ -44,7 +44,7 @@ def test_iid_covers_and_balances() -> None:
 
 @pytest.mark.parametrize("lam", [0.01, 0.1, 1.0, 100.0])
 def test_dirichlet_covers_and_every_client_nonempty(lam: float) -> None:
-    y = balanced_labels(10, 30)  # 300 samples over 60 clients: tiny lambda leaves many clients empty pre-repair
+    y = balanced_labels(10, 30)  # 300 samples, 60 clients: a tiny lambda leaves clients empty before repair
     parts = P.dirichlet(y, 60, make_rng(3, "t"), lam)
     assert_disjoint_cover(parts, len(y))
     assert min(len(p) for p in parts) >= 1

@@ -234,3 +234,23 @@ def test_topology_neighbours_symmetric() -> None:
     for e, nb in topo.neighbours.items():
         assert len(nb) <= 3 and e not in nb
         assert all(e in topo.neighbours[x] for x in nb)
+
+
+def test_compressed_uploads_payload_per_round() -> None:
+    """upload_levels = s: each upload is d int8 levels + one float32 norm per tensor (qsgd.py)."""
+    T, K = 4, 3
+    per_edge = [2, 3, 4]
+    s = spec({"K": K, "upload_levels": 127}, clients=9, edges=3, per_edge=per_edge, rounds=T, seed=1)
+    res = InProcessEngine(s).run()
+    params = Workspace(s, "cpu").initial_params()
+    d, p = sum(v.numel() for v in params.values()), len(params)
+    by_round = [0] * T
+    for row in res.links:
+        if row["kind"] != "fedchs.collect":
+            by_round[row["round"]] += row["payload_bytes"]
+    assert by_round == [K * per_edge[m] * (4 * d + d + 4 * p) + 4 * d for m in edge_sequence(res)]
+    plain = InProcessEngine(spec({"K": K}, clients=9, edges=3, per_edge=per_edge, rounds=T, seed=1)).run()
+    assert edge_sequence(plain) == edge_sequence(res)
+    diff = max(float((res.final[k] - plain.final[k]).abs().max()) for k in params)
+    scale = max(float((plain.final[k] - params[k]).abs().max()) for k in params)
+    assert 0 < diff < scale  # quantisation noise, but the same training

@@ -96,7 +96,8 @@ def test_hier_local_qsgd_payload_per_round() -> None:
 
 
 def test_hier_local_qsgd_learns() -> None:
-    s = spec("hier-local-qsgd", {"lr": 20.0}, clients=6, edges=2, rounds=6)
+    s = spec("hier-local-qsgd", {"lr": 8.0, "K": 4, "local_steps": 2, "edge_rounds": 2}, clients=6, edges=2,
+             rounds=4)
     res = InProcessEngine(s).run()
     init = Workspace(s, "cpu").evaluate(Workspace(s, "cpu").initial_params())["loss"]
     assert res.rounds[-1]["loss"] < init

@@ -45,3 +45,12 @@ def test_options_are_typed():
     spec = RunSpec.parse({"algorithm": {"name": "fedavg", "options": {"local_steps": 3}}})
     opts = spec.options()
     assert opts.local_steps == 3 and opts.lr == 0.1
+
+
+def test_data_clusters_must_match_topology():
+    with pytest.raises(SpecError, match=r"data clusters \(3\) must equal topology.edges \(2\)"):
+        RunSpec.parse({"topology": {"clients": 6, "edges": 2},
+                       "data": {"partition": "iid", "n_clusters": 3, "cluster_iid": True}})
+    ok = RunSpec.parse({"topology": {"clients": 6, "edges": 2},
+                        "data": {"partition": "iid", "n_clusters": 2, "cluster_iid": True}})
+    assert ok.data.n_clusters == 2

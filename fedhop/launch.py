@@ -1,0 +1,154 @@
+"""``fedhop launch``: a whole federation on this machine, one OS process per edge and per client.
+
+The launcher process is the PS itself (it runs :func:`fedhop.server.main.run_server`); every edge and client
+is a child process (``python -m fedhop edge|client ...``) on a free loopback port, with its stderr in
+``<run folder>/logs/<node>.log``. Ctrl-C or any error kills every child.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedhop.common.engine.results import RunResult
+from fedhop.common.engine.topology import Topology, build_topology
+from fedhop.common.spec import RunSpec
+
+log = logging.getLogger("fedhop.launch")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def pick_devices(choice: str, n: int) -> list[str]:
+    """One device per process: ``auto`` spreads over the visible GPUs round-robin (CPU when none)."""
+    if choice == "auto":
+        import torch
+
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return [f"cuda:{i % count}" for i in range(n)] if count else ["cpu"] * n
+    return [choice] * n
+
+
+def role_cmd(role: str, node: str, connect: str, *, listen: str | None = None, device: str | None = None,
+             data_path: str | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "fedhop", role, "--id", node, "--connect", connect]
+    if listen:
+        cmd += ["--listen", listen]
+    if device:
+        cmd += ["--device", device]
+    if data_path:
+        cmd += ["--data-path", data_path]
+    return cmd
+
+
+class Processes:
+    """The child processes of a federation, by node id."""
+
+    def __init__(self, logs: Path) -> None:
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._files: list[Any] = []
+
+    def start(self, node: str, cmd: list[str]) -> subprocess.Popen:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        f = (self.logs / f"{node}.log").open("wb")
+        self._files.append(f)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)  # Ctrl-C reaches the launcher, which then kills us
+        self.procs[node] = p
+        return p
+
+    def start_nodes(self, topo: Topology, ps_addr: str, devices: dict[str, str] | None = None,
+                    data_path: str | None = None) -> dict[str, str]:
+        """Every edge and client of ``topo``; returns the edges' addresses."""
+        devices = devices or {}
+        addr = {topo.server: ps_addr}
+        for e in topo.edges:
+            addr[e] = f"127.0.0.1:{free_port()}"
+            self.start(e, role_cmd("edge", e, ps_addr, listen=addr[e], device=devices.get(e)))
+        for c in topo.clients:
+            self.start(c, role_cmd("client", c, addr[topo.parent[c]], device=devices.get(c), data_path=data_path))
+        return {e: addr[e] for e in topo.edges}
+
+    def wait(self, timeout_s: float) -> dict[str, int | None]:
+        """Exit codes after waiting up to ``timeout_s`` in all (None: still running)."""
+        import time
+
+        end = time.monotonic() + timeout_s
+        out: dict[str, int | None] = {}
+        for n, p in self.procs.items():
+            try:
+                out[n] = p.wait(max(0.01, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                out[n] = None
+        return out
+
+    def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
+        p = self.procs[node]
+        if p.poll() is None:
+            p.send_signal(sig)
+
+    def kill_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            try:
+                p.wait(3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(3)
+        for f in self._files:
+            f.close()
+        self._files.clear()
+
+
+def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
+           on_round: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Run ``spec`` with the PS in this process and every edge and client in its own process."""
+    from fedhop.server.main import run_server
+
+    topo = build_topology(spec.topology, spec.seed)
+    nodes = topo.all_nodes()
+    devices = dict(zip(nodes, pick_devices(device, len(nodes)), strict=True))
+    out.mkdir(parents=True, exist_ok=True)
+    procs = Processes(out / "logs")
+    (out / "logs").mkdir(exist_ok=True)
+    handler = logging.FileHandler(out / "logs" / "ps.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("fedhop")
+    saved = root.level, root.propagate
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False  # the PS's log goes to logs/ps.log; the terminal shows the progress bar
+
+    def spawn(port: int) -> None:
+        procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path)
+
+    try:
+        result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
+                            on_listening=spawn)
+        codes = procs.wait(30)
+        bad = {n: c for n, c in codes.items() if c != 0}
+        if bad:
+            log.warning("processes that did not exit cleanly: %s (logs in %s)", bad, out / "logs")
+        return result
+    finally:
+        procs.kill_all()
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        root.propagate = saved[1]
+        handler.close()

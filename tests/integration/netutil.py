@@ -1,0 +1,105 @@
+"""Helpers of the networked-engine integration tests: specs, real role processes on 127.0.0.1, results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhop.common.engine.topology import build_topology
+from fedhop.common.spec import RunSpec
+from fedhop.launch import Processes, free_port
+
+
+def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, rounds: int = 3,
+               options: dict[str, Any] | None = None, transport: dict[str, Any] | None = None,
+               seed: int = 7) -> RunSpec:
+    opts = {"lr": 0.1, "local_steps": 3, "batch_size": 16, **(options or {})}
+    return RunSpec.parse({
+        "name": f"net-{algorithm}-{edges}e",
+        "rounds": rounds,
+        "seed": seed,
+        "device": "cpu",
+        "algorithm": {"name": algorithm, "options": opts},
+        "topology": {"clients": clients, "edges": edges},
+        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
+        "model": {"name": "mlp", "hidden": [16]},
+        "transport": {"round_deadline_s": 60.0, "join_timeout_s": 90.0, "chunk_bytes": 4096,
+                      **(transport or {})},
+    })
+
+
+def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240) -> Path:
+    """``fedhop launch`` in a subprocess (PS in the launcher, one process per edge and client)."""
+    spec_file = tmp / "spec.toml"
+    spec_file.write_text(spec.to_toml())
+    out = tmp / "run"
+    proc = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
+                           "--device", "cpu", "--quiet"], capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs(out)}"
+    return out
+
+
+def logs(out: Path) -> str:
+    parts = []
+    for f in sorted((out / "logs").glob("*.log")) if (out / "logs").is_dir() else []:
+        parts.append(f"--- {f.name}\n{f.read_text()[-3000:]}")
+    return "\n".join(parts)
+
+
+class Federation:
+    """``fedhop server`` plus every edge and client as separate processes, each with a known pid."""
+
+    def __init__(self, spec: RunSpec, tmp: Path) -> None:
+        self.spec = spec
+        self.out = tmp / "run"
+        self.spec_file = tmp / "spec.toml"
+        self.spec_file.write_text(spec.to_toml())
+        self.port = free_port()
+        self.procs = Processes(tmp / "logs")
+        self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
+                                          "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
+                                          "--device", "cpu"])
+        self.topology = build_topology(spec.topology, spec.seed)
+        self.procs.start_nodes(self.topology, f"127.0.0.1:{self.port}", {n: "cpu" for n in
+                                                                          self.topology.all_nodes()})
+
+    def ps_log(self) -> str:
+        return (self.procs.logs / "ps.log").read_text()
+
+    def wait_for_log(self, text: str, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if text in self.ps_log():
+                return
+            if self.ps.poll() is not None:
+                raise AssertionError(f"PS exited ({self.ps.returncode}) before {text!r}:\n{self.ps_log()}")
+            time.sleep(0.05)
+        raise AssertionError(f"PS never logged {text!r}:\n{self.ps_log()}")
+
+    def wait(self, timeout: float) -> int:
+        return self.ps.wait(timeout)
+
+    def all_logs(self) -> str:
+        return "\n".join(f"--- {f.name}\n{f.read_text()[-3000:]}" for f in sorted(self.procs.logs.glob("*.log")))
+
+    def close(self) -> None:
+        self.procs.kill_all()
+
+
+def load_result(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    return json.loads((out / "results.json").read_text()), torch.load(out / "model.pt")
+
+
+def rows_by_key(links: list[dict[str, Any]], level: str) -> dict[tuple, int]:
+    """Bytes per (src, dst, kind, phase), summed over rounds."""
+    out: dict[tuple, int] = {}
+    for r in links:
+        k = (r["src"], r["dst"], r["kind"], r["phase"])
+        out[k] = out.get(k, 0) + r[level]
+    return out

@@ -1,0 +1,19 @@
+"""The quick Fed-CHS reproduction runs end to end and the paper's claims hold in direction."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fedhop.reproduce import run_experiment
+
+
+def test_fedchs_digits_quick(tmp_path: Path) -> None:
+    outcome = run_experiment("fedchs-digits", tmp_path, quick=True)
+    for f in ("results.json", "results.csv", "accuracy_vs_round_and_bytes.png", "table.md", "outcome.json"):
+        assert (tmp_path / f).is_file(), f
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert {r["method"] for r in runs} >= {"Fed-CHS", "FedAvg-A", "Hier-Local-QSGD", "WRWGD"}
+    assert {r["lam"] for r in runs} == {0.3, 0.6}
+    assert outcome.checks, "the experiment must check at least one claim"
+    assert outcome.ok, outcome.table_md
