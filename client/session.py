@@ -22,10 +22,10 @@ from fedhop.common.engine.base import BaseComm, Failure, check_bundle
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.frames import (
+    MAX_MESSAGE,
     PROTOCOL_VERSION,
     ROUND_ARG,
     BadFrame,
-    MAX_MESSAGE,
     FrameError,
     Message,
     MessageAssembler,

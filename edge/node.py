@@ -99,9 +99,12 @@ class EdgeService:
         return describe_reply({"data_size": ctx.sizes.get(self.node, 0), **ctx.public})
 
 
-def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None,
+def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, advertise: str | None = None,
              connect_timeout_s: float = 60.0) -> int:
-    """Serve clients and neighbours on ``listen``, join the run at ``ps``, serve until Bye."""
+    """Serve clients and neighbour edges on ``listen``, join the run at ``ps``, serve until Bye.
+
+    ``advertise`` is the address neighbour edges dial (default: the listen address, 127.0.0.1 for a
+    wildcard host; set it when edges run on different machines)."""
     torch.set_num_threads(1)
     meter, missing = ByteMeter(), MissingLog()
     hub = ParentHub(node_id, meter)
@@ -115,7 +118,7 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None,
         return 2
     server.start()
     host = listen.rsplit(":", 1)[0] or "127.0.0.1"
-    address = f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
+    address = advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
     session = ChildSession(node_id, "edge", ps, address=address, connect_timeout_s=connect_timeout_s)
     try:
         try:

@@ -49,7 +49,8 @@ def cmd_edge(a: argparse.Namespace) -> int:
     from fedhop.edge.node import run_edge
 
     _logging()
-    return run_edge(a.id, a.connect, a.listen, device=a.device, connect_timeout_s=a.connect_timeout)
+    return run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
+                    connect_timeout_s=a.connect_timeout)
 
 
 def cmd_client(a: argparse.Namespace) -> int:
@@ -79,6 +80,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--id", required=True, help="this edge's id, e.g. edge-0")
     s.add_argument("--connect", required=True, help="the PS's HOST:PORT")
     s.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for clients and neighbour edges")
+    s.add_argument("--advertise", help="HOST:PORT neighbour edges dial (default: the listen address)")
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the PS")
     s.set_defaults(fn=cmd_edge)

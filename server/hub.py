@@ -403,12 +403,15 @@ class ParentHub:
 
     def _result(self, link: ChildLink, msg: Message) -> None:
         with self._lock:
-            call = self._calls.pop(msg.call_id, None)
-            late = self._expired.pop(msg.call_id, None) if call is None else None
-        info = call or late
+            info = self._calls.get(msg.call_id) or self._expired.get(msg.call_id)
+            if info is not None and info.node == link.node_id:
+                call = self._calls.pop(msg.call_id, None)
+                late = self._expired.pop(msg.call_id, None) if call is None else None
+            else:
+                info = call = late = None
         if info is None:
             self._complain(link, msg.call_id, pb.ERROR_CODE_BAD_REQUEST,
-                           f"{link.name} answered call {msg.call_id}, which is not pending")
+                           f"{link.name} answered call {msg.call_id}, which is not pending for it")
             return
         self.meter.record(info.node, self.node, info.task, "reply", msg.payload_bytes, msg.message_bytes,
                           info.round)
@@ -485,29 +488,28 @@ class NetComm(BaseComm):
                                               response_deserializer=pb.Ack.FromString)
         last = ""
         for attempt in range(self.transport.handoff_retries + 1):
-            counted: list[int] = []
             head = task_frame(CALL_ID_BASE + attempt, HANDOFF, scalars, deadline_s=self.transport.rpc_timeout_s,
                               has_bundle=bool(snapshot))
             frames = message_frames(head, snapshot, self.transport.chunk_bytes)
+            counted = [0]  # bytes of the frames gRPC has taken so far (the Ack may come before the
+            #                iterator is asked for its end, so count each frame as it is handed over)
 
             def counting(frames: Iterable[Any] = frames, counted: list[int] = counted) -> Iterator[Any]:
-                n = 0
                 for f in frames:
-                    n += frame_size(f)
+                    counted[0] += frame_size(f)
                     yield f
-                counted.append(n)
 
             try:
                 ack = call(counting(), timeout=self.transport.rpc_timeout_s,
                            metadata=((NODE_HEADER, self.node), (SLOT_HEADER, slot)))
             except grpc.RpcError as e:
                 last = f"{e.code().name}: {e.details()}"
-                if counted:
+                if counted[0]:
                     self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0], rnd)
                 log.warning("%s: hand-off to %s failed (attempt %d): %s", self.node, to, attempt + 1, last)
                 time.sleep(min(0.2 * 2 ** attempt, 2.0))
                 continue
-            self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0] if counted else 0, rnd)
+            self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0], rnd)
             self.meter.record(to, self.node, HANDOFF, "reply", 0, ack.ByteSize(), rnd)
             if not ack.ok:
                 raise HandOffError(f"{to} rejected the hand-off from {self.node}: {ack.error.message}")

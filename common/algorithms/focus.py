@@ -103,7 +103,8 @@ def run(ctx: NodeContext) -> Bundle:
     y = zeros_like(x)
     ledger = ServerLedger()
     args: dict[str, Scalar] = {"lr": eta, "local_steps": o.local_steps, "batch_size": o.batch_size}
-    if o.init == "matched":  # spec 3.4.5: a virtual full round with tau = 1
+    if o.init == "matched":  # spec 3.4.5: a virtual full round with tau = 1, counted as set-up (round -1)
+        ctx.round = -1
         x, y = _round(ctx, list(ctx.children), x, y, {**args, "local_steps": 1}, ledger, eta)
     ctx.state.update(x=x, y=y)
     for _ in ctx.rounds():

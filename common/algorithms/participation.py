@@ -196,10 +196,7 @@ class ParticipationProcess:
         elif isinstance(m, MarkovParticipation):
             assert self.p is not None and self.p_init is not None
             u = rng.random(n)
-            if self.on is None:
-                mask = u < self.p_init
-            else:
-                mask = np.where(self.on, u < m.p_stay, u < self.p)
+            mask = u < self.p_init if self.on is None else np.where(self.on, u < m.p_stay, u < self.p)
             self.on = mask
         elif isinstance(m, CyclicParticipation):
             mask = np.zeros(n, dtype=bool)

@@ -3,10 +3,11 @@
     .venv/bin/python tests/bench/bench_codec.py            # 1 MB and 100 MB bundles; RSS test at 100 MB
     .venv/bin/python tests/bench/bench_codec.py --full     # adds 1 GB bundles; RSS test at 1 GB
 
-1. Throughput of encode + decode (payload bytes / wall time, best of --reps), beside plain memory copies
-   of the same tensor in the same run. Each decode allocates its buffer afresh, as a receiver does, so the
-   fair baseline is ``torch.clone`` (allocate + copy); ``copy_`` into a warm buffer is shown as an upper
-   bound. Paths:
+1. Throughput of encode + decode (payload bytes / wall time and / CPU time, best of --reps), beside plain
+   memory copies of the same tensor in the same run, taking turns with them. Each decode allocates its
+   buffer afresh, as a receiver does, so the fair baselines are ``torch.clone`` (allocate + copy, with
+   torch's intra-op threads) and ``bytearray`` (allocate + copy, one thread, like the codec);
+   ``copy_`` into a warm buffer is shown as an upper bound. Paths:
      codec      encode() -> pb.Chunk objects -> BundleDecoder (the codec API, no serialization)
      raw        bundle_frames(raw=True) -> serialized Frame bytes -> parse_frame -> BundleDecoder
                 (what a gRPC stream with frames.serialize_frame / parse_frame does)
@@ -54,14 +55,19 @@ def make_bundle(nbytes: int, tensors: int = 1) -> dict[str, torch.Tensor]:
     return out
 
 
-def best_time(fn: Callable[[], object], reps: int) -> float:
-    best = float("inf")
+def best_times(paths: list[tuple[str, Callable[[], object]]], reps: int) -> list[tuple[float, float]]:
+    """Best (wall, CPU) seconds per path. The paths take turns within each rep, so that a machine whose load
+    changes during the run slows baselines and codec alike; CPU time (this process, all threads, system
+    time included) is the steadier measure on a shared machine."""
+    best = [(float("inf"), float("inf"))] * len(paths)
     for _ in range(reps):
-        gc.collect()
-        t0 = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - t0)
-        del result
+        for i, (_, fn) in enumerate(paths):
+            gc.collect()
+            w0, c0 = time.perf_counter(), time.process_time()
+            result = fn()
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            del result
+            best[i] = (min(best[i][0], wall), min(best[i][1], cpu))
     return best
 
 
@@ -116,11 +122,13 @@ def throughput_table(sizes: list[str], chunk_bytes: int, reps: int) -> list[dict
             out = fn()
             assert isinstance(out, dict) and all(torch.equal(out[k], v) for k, v in bundle.items())
             del out
-        rates = [(name, nbytes / best_time(fn, r) / 1e9) for name, fn in paths]
-        clone, single = rates[0][1], rates[1][1]
-        for name, gbps in rates:
-            rows.append({"size": label, "path": name, "GB/s": gbps, "vs clone": gbps / clone,
-                         "vs bytearray": gbps / single})
+        times = best_times(paths, r)
+        wall = [nbytes / w / 1e9 for w, _ in times]
+        cpu = [nbytes / c / 1e9 for _, c in times]
+        for (name, _), w, c in zip(paths, wall, cpu, strict=True):
+            rows.append({"size": label, "path": name, "GB/s": w, "vs clone": w / wall[0],
+                         "vs bytearray": w / wall[1], "GB/CPU-s": c, "CPU vs clone": c / cpu[0],
+                         "CPU vs bytearray": c / cpu[1]})
         del bundle, paths
         gc.collect()
     return rows
@@ -268,10 +276,12 @@ def main() -> None:
     sizes = args.sizes.split(",") if args.sizes else sizes
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
-          f"chunk_bytes {args.chunk_bytes}, best of {args.reps}")
+          f"chunk_bytes {args.chunk_bytes}, best of {args.reps} (x10 at 1 MB), load average "
+          f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
     rows = throughput_table(sizes, args.chunk_bytes, args.reps)
     print_table("1. encode + decode throughput (payload GB/s, best of reps; vs X = fraction of X's rate)",
-                rows, {"GB/s": ".2f", "vs clone": ".0%", "vs bytearray": ".0%"})
+                rows, {"GB/s": ".2f", "vs clone": ".0%", "vs bytearray": ".0%", "GB/CPU-s": ".2f",
+                       "CPU vs clone": ".0%", "CPU vs bytearray": ".0%"})
     print_table("2. message bytes / payload bytes (header + chunk frames, serialized)",
                 overhead_table(sizes, args.chunk_bytes), {"ratio": ".6f"})
     if not args.no_rss:

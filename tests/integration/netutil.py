@@ -18,15 +18,16 @@ from fedhop.launch import Processes, free_port
 
 def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, rounds: int = 3,
                options: dict[str, Any] | None = None, transport: dict[str, Any] | None = None,
-               seed: int = 7) -> RunSpec:
-    opts = {"lr": 0.1, "local_steps": 3, "batch_size": 16, **(options or {})}
+               seed: int = 7, edge_graph: str = "random") -> RunSpec:
+    base = {"lr": 0.1, "local_steps": 3, "batch_size": 16} if algorithm in ("fedavg", "hierfavg") else {}
+    opts = {**base, **(options or {})}
     return RunSpec.parse({
         "name": f"net-{algorithm}-{edges}e",
         "rounds": rounds,
         "seed": seed,
         "device": "cpu",
         "algorithm": {"name": algorithm, "options": opts},
-        "topology": {"clients": clients, "edges": edges},
+        "topology": {"clients": clients, "edges": edges, "edge_graph": edge_graph},
         "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
         "model": {"name": "mlp", "hidden": [16]},
         "transport": {"round_deadline_s": 60.0, "join_timeout_s": 90.0, "chunk_bytes": 4096,
@@ -42,6 +43,7 @@ def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240) -> Path:
     proc = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
                            "--device", "cpu", "--quiet"], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs(out)}"
+    assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
     return out
 
 

@@ -14,6 +14,8 @@ CASES = {
     "fedavg-flat": dict(algorithm="fedavg", clients=3, edges=0),
     "fedavg-edges": dict(algorithm="fedavg", clients=4, edges=2),
     "hierfavg": dict(algorithm="hierfavg", clients=4, edges=2, options={"edge_rounds": 2}),
+    # edge -> edge hand-offs and describes (Fed-CHS walks the model over a ring of edges)
+    "fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring"),
 }
 
 
@@ -38,6 +40,8 @@ def test_network_matches_inprocess(case: str, tmp_path) -> None:
         assert net_rows[k]["payload_bytes"] == r["payload_bytes"], k
         assert net_rows[k]["message_bytes"] == r["message_bytes"], k
     assert [r["accuracy"] for r in res["rounds"]] == [r["accuracy"] for r in oracle.rounds]
+    if case == "fedchs-handoff":
+        assert {"handoff", "describe"} <= {r["kind"] for r in res["links"]}
 
 
 def test_fedavg_flat_payload_formula(tmp_path) -> None:

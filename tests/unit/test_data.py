@@ -224,6 +224,7 @@ def test_runspec_toml_roundtrip_keeps_data_and_model() -> None:
     raw = {"data": {"dataset": "leaf-synthetic", "options": {"alpha": 0.5}, "path": "/tmp/x",
                     "partition": "major_class", "rho_cluster": 0.5, "cluster_sizes": [3, 7],
                     "imbalance_classes": [1, 3]},
+           "topology": {"clients": 10, "edges": 2, "clients_per_edge": [3, 7]},
            "model": {"name": "lenet", "options": {"variant": "mnist"}}}
     spec = RunSpec.parse(raw)
     again = RunSpec.from_toml(spec.to_toml())
