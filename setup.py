@@ -13,6 +13,7 @@ ROOTS = {
     "fedhop.server": "server",
     "fedhop.edge": "edge",
     "fedhop.client": "client",
+    "fedhop.transport": "transport",
     "fedhop.v1": "proto/fedhop/v1",
 }
 

@@ -7,11 +7,11 @@ import logging
 
 import torch
 
-from fedhop.client.session import ChildSession, JoinError, LeafComm
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
+from fedhop.transport.child import ChildSession, JoinError, LeafComm
 
 log = logging.getLogger("fedhop.client")
 

@@ -14,7 +14,6 @@ from typing import Any
 import grpc
 import torch
 
-from fedhop.client.session import ChildSession, JoinError
 from fedhop.common.engine.api import NodeContext, NodeId
 from fedhop.common.engine.base import MissingLog, check_bundle
 from fedhop.common.engine.workspace import Workspace
@@ -28,7 +27,8 @@ from fedhop.common.wire.frames import (
     to_device,
 )
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.server.hub import NODE_HEADER, SLOT_HEADER, NetComm, ParentHub, describe_reply, make_server
+from fedhop.transport.child import ChildSession, JoinError
+from fedhop.transport.parent import NODE_HEADER, SLOT_HEADER, NetComm, ParentHub, describe_reply, make_server
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.edge")

@@ -2,7 +2,7 @@
 
 The PS owns the RunSpec. It serves ``Parent.Session``, waits until every node of the topology has joined
 (edges report when their clients have joined, with data sizes), runs the algorithm's driver with a
-:class:`~fedhop.server.hub.NetComm`, tells everyone to stop, merges every process's byte meter and missing
+:class:`~fedhop.transport.parent.NetComm`, tells everyone to stop, merges every process's byte meter and missing
 log, and writes the run folder.
 """
 
@@ -24,7 +24,7 @@ from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import clone
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.server.hub import NetComm, ParentHub, make_server
+from fedhop.transport.parent import NetComm, ParentHub, make_server
 
 log = logging.getLogger("fedhop.server")
 

@@ -78,7 +78,7 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int) -> list[flo
     from fedhop.common.engine.workspace import Workspace
     from fedhop.common.spec import RunSpec
     from fedhop.common.wire.meter import ByteMeter
-    from fedhop.server.hub import NetComm, ParentHub, make_server
+    from fedhop.transport.parent import NetComm, ParentHub, make_server
 
     spec = RunSpec.parse({"name": "bench", "device": "cpu", "topology": {"clients": 1},
                           "data": {"dataset": "digits"}, "model": {"name": "mlp", "hidden": [8]},

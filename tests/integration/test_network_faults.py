@@ -15,7 +15,6 @@ import grpc
 import pytest
 import torch
 
-from fedhop.client.session import ChildSession, JoinError
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.wire.frames import (
@@ -30,7 +29,8 @@ from fedhop.common.wire.frames import (
 )
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.launch import free_port
-from fedhop.server.hub import ParentHub, make_server
+from fedhop.transport.child import ChildSession, JoinError
+from fedhop.transport.parent import ParentHub, make_server
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.integration.netutil import Federation, load_result, small_spec
 
