@@ -38,8 +38,8 @@ class Setup:
     hidden: tuple[int, ...] = (64,)
     clients: int = 100
     edges: int = 10
-    rounds: int = 400
-    eval_every: int = 10
+    rounds: int = 60
+    eval_every: int = 3
     lambdas: tuple[float, ...] = (0.3, 0.6)
     target: float = 0.90
     batch_size: int = 32
@@ -51,9 +51,9 @@ class Setup:
 
 
 # Quick keeps the paper's M = 10 edge servers (the per-round cost ratio of Fed-CHS to the all-clients
-# baselines depends on M), with 2 clients each, and a lower target.
-QUICK = Setup(clients=20, edges=10, rounds=20, eval_every=2, target=0.85,
-              methods=("Fed-CHS", "FedAvg-A", "Hier-Local-QSGD", "WRWGD"))
+# baselines depends on M), with 3 clients each, fewer rounds and a lower target.
+QUICK = Setup(clients=30, edges=10, rounds=24, eval_every=2, target=0.85,
+              methods=("Fed-CHS", "Fed-CHS+QSGD", "FedAvg-A", "Hier-Local-QSGD", "WRWGD"))
 
 
 @dataclass
@@ -191,6 +191,11 @@ def run_fedchs(out: Path, quick: bool, dataset: str | None = None, path: str | N
                 w.writerow([r.method, r.lam, t, f"{a:.4f}", b])
     plot(runs, s, out / "accuracy_vs_round_and_bytes.png")
 
+    return summarize(runs, s, quick)
+
+
+def summarize(runs: list[MethodRun], s: Setup, quick: bool) -> Outcome:
+    """The markdown tables and the claim checks (direction only) from finished runs."""
     cmd = f"fedhop reproduce fedchs-digits{' --quick' if quick else ''}"
     lines = [f"Setup: {s.dataset}, model {s.model} {list(s.hidden)}, {s.clients} clients, {s.edges} ESs "
              f"(random graph, degree <= 3), K = {K}, eta_k = 1/(K sqrt(k+1)), batch {s.batch_size}, "
@@ -200,29 +205,35 @@ def run_fedchs(out: Path, quick: bool, dataset: str | None = None, path: str | N
              "|---|---|---|---|---|---|---|"]
     for r in runs:
         lines.append(f"| {r.method} | {r.lam} | {r.bytes_per_round / 1e6:.4f} | {r.steps_per_round:.0f} | "
-                     f"{r.final:.4f} | "
-                     f"{r.rounds_to(s.target) or 'not reached'} | {_mb(r.bytes_to(s.target))} |")
+                     f"{r.final:.4f} | {r.rounds_to(s.target) or 'not reached'} | {_mb(r.bytes_to(s.target))} |")
     checks: dict[str, bool] = {}
     claims = ["", "| paper's claim | our number | held? |", "|---|---|---|"]
+
+    def claim(text: str, number: str, ok: bool) -> None:
+        checks[text] = ok
+        claims.append(f"| {text} | {number} | {'yes' if ok else 'NO'} |")
+
     for lam in s.lambdas:
         by = {r.method: r for r in runs if r.lam == lam}
-        chs = by["Fed-CHS"]
-        b_chs = chs.bytes_to(s.target)
-        for base in ("FedAvg-A", "Hier-Local-QSGD"):
-            if base not in by:
+        # Fig. 2 / sec. 5.3: fewer bits to the target "with or without compression"
+        for ours in ("Fed-CHS", "Fed-CHS+QSGD"):
+            if ours not in by:
                 continue
-            b_base = by[base].bytes_to(s.target)
-            ok = b_chs is not None and (b_base is None or b_chs < b_base)
-            key = f"lambda={lam}: Fed-CHS needs fewer bytes than {base} to reach {s.target}"
-            checks[key] = ok
-            claims.append(f"| Fig. 2: {key} | {_mb(b_chs)} MB vs {_mb(b_base)} MB | "
-                          f"{'yes' if ok else 'NO'} |")
+            b_ours = by[ours].bytes_to(s.target)
+            for base in ("FedAvg-A", "Hier-Local-QSGD"):
+                if base in by:
+                    b_base = by[base].bytes_to(s.target)
+                    ok = b_ours is not None and (b_base is None or b_ours < b_base)
+                    claim(f"Fig. 2, lambda={lam}: {ours} needs fewer bytes than {base} to reach {s.target}",
+                          f"{_mb(b_ours)} MB vs {_mb(b_base)} MB", ok)
+        # Table 1: never more than 0.56 points below the best baseline
+        chs = by["Fed-CHS"]
         best = max((r for m, r in by.items() if not m.startswith("Fed-CHS")), key=lambda r: r.final)
-        ok = chs.final >= best.final - 0.01
-        key = f"lambda={lam}: Fed-CHS final accuracy >= best baseline - 1 point"
-        checks[key] = ok
-        claims.append(f"| Table 1: {key} | {chs.final:.4f} vs {best.method} {best.final:.4f} | "
-                      f"{'yes' if ok else 'NO'} |")
+        claim(f"Table 1, lambda={lam}: Fed-CHS final accuracy >= best baseline - 1 point",
+              f"{chs.final:.4f} vs {best.method} {best.final:.4f}", chs.final >= best.final - 0.01)
+    finals = [r.final for r in runs if r.method == "Fed-CHS"]
+    claims.append(f"| Table 1 (observation, not a check): Fed-CHS almost insensitive to lambda (paper: <= 0.0075) "
+                  f"| spread {max(finals) - min(finals):.4f} | - |")
     notes = [f"{r.method} lambda={r.lam}: {r.wall_s:.1f}s" for r in runs]
     return Outcome("fedchs-digits", "\n".join(lines + claims), checks, notes)
 
