@@ -159,4 +159,4 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
         return 0 if ok else 1
     finally:
         session.close()
-        server.stop(grace=1.0)
+        server.stop(grace=1.0).wait(5.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,16 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 def _logging(verbose: bool = True) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+
+
+def _exit_now(rc: int) -> int:
+    """Leave without interpreter teardown once a role is done: gRPC's C-core threads can still be winding
+    down then, and tearing the interpreter down under them aborts the process ("terminate called without an
+    active exception", exit -6) although the run itself ended cleanly. Everything is written by now."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def cmd_launch(a: argparse.Namespace) -> int:
@@ -49,15 +60,16 @@ def cmd_edge(a: argparse.Namespace) -> int:
     from fedhop.edge.node import run_edge
 
     _logging()
-    return run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
-                    connect_timeout_s=a.connect_timeout)
+    return _exit_now(run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
+                              connect_timeout_s=a.connect_timeout))
 
 
 def cmd_client(a: argparse.Namespace) -> int:
     from fedhop.client.main import run_client
 
     _logging()
-    return run_client(a.id, a.connect, data_path=a.data_path, device=a.device, connect_timeout_s=a.connect_timeout)
+    return _exit_now(run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
+                                connect_timeout_s=a.connect_timeout))
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
