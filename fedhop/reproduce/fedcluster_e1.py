@@ -133,8 +133,12 @@ def _plot(groups: dict[str, dict[str, list[float]]], path: Path, title: str) -> 
     import matplotlib.pyplot as plt
 
     n = len(groups)
-    fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), squeeze=False)
-    for ax, (panel, lines) in zip(axes[0], groups.items(), strict=True):
+    cols = min(n, 3)
+    nrows = -(-n // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    for ax, (panel, lines) in zip(axes.flat, groups.items(), strict=False):
         for label, ys in lines.items():
             ax.plot(range(1, len(ys) + 1), ys, marker=".", label=label)
         ax.set_title(panel)

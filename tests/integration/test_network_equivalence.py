@@ -16,6 +16,14 @@ CASES = {
     "hierfavg": dict(algorithm="hierfavg", clients=4, edges=2, options={"edge_rounds": 2}),
     # edge -> edge hand-offs and describes (Fed-CHS walks the model over a ring of edges)
     "fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring"),
+    # the model cycles edge -> edge inside every round, in a reshuffled order
+    "fedcluster": dict(algorithm="fedcluster", clients=4, edges=2, edge_graph="complete",
+                       options={"participation": 1.0, "local_steps": 2, "batch_size": 16}),
+    # clients keep state across rounds (their last gradient); Bernoulli participation drawn by the PS
+    "focus-bernoulli": dict(algorithm="focus", clients=4, edges=0,
+                            options={"participation": {"kind": "bernoulli", "p": [0.9, 0.5, 0.5, 0.2]}}),
+    # scalars travel as 0-d tensors next to the model, momentum and second moment (3d + 1 values)
+    "fgdro-kl-adam": dict(algorithm="fgdro-kl-adam", clients=3, edges=0, options={"local_steps": 3}),
 }
 
 
