@@ -83,12 +83,15 @@ class RunSpec(Strict):
     def _algorithm_fits_topology(self) -> RunSpec:
         from fedhop.common.engine.api import get_algorithm
 
-        needs = get_algorithm(self.algorithm.name).needs_edges
+        algo = get_algorithm(self.algorithm.name)
+        needs = algo.needs_edges
         if needs is True and self.topology.edges == 0:
             raise ValueError(f"algorithm {self.algorithm.name!r} needs edge servers: set topology.edges > 0")
         if needs is False and self.topology.edges > 0:
             raise ValueError(f"algorithm {self.algorithm.name!r} runs on server + clients only: "
                              "set topology.edges = 0")
+        if algo.check is not None:
+            algo.check(self, self.options())
         return self
 
     @model_validator(mode="after")

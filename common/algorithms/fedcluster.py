@@ -54,8 +54,9 @@ from fedhop.common.algorithms.local import full_gradient
 from fedhop.common.data import Dataset
 from fedhop.common.engine.api import Algorithm, NodeContext, NodeId, Reply, Scalar, register, task
 from fedhop.common.engine.base import HandOffError
-from fedhop.common.engine.topology import Topology
+from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.engine.workspace import Workspace
+from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle, flat
 
 SLOT = "fedcluster.model"  # inbox slot of a handed-off model
@@ -123,6 +124,11 @@ def check_topology(topo: Topology, order: str) -> None:
         shown = ", ".join(f"{a}->{b}" for a, b in missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ValueError(f"fedcluster with order={order!r} hands the model between clusters that the edge "
                          f"graph does not link ({shown}); set {need}")
+
+
+def check_spec(spec: RunSpec, o: FedClusterOptions) -> None:
+    """Spec-time form of :func:`check_topology`: a missing edge link fails before anything starts."""
+    check_topology(build_topology(spec.topology, spec.seed), o.order)
 
 
 # -- edge tasks --------------------------------------------------------------------------------------------
@@ -261,7 +267,7 @@ def run(ctx: NodeContext) -> Bundle:
 
 register(Algorithm("fedcluster", FedClusterOptions, run,
                    "FedCluster: M clusters (= edges) train in turn each round; the model cycles edge -> edge",
-                   needs_edges=True))
+                   needs_edges=True, check=check_spec))
 
 
 # -- heterogeneity (Eq. 2): a measurement, not part of the algorithm --------------------------------------

@@ -184,6 +184,8 @@ class Algorithm:
     run: Driver
     summary: str = ""
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
+    # further checks of a whole spec, run at validation (raise ValueError naming the field to change)
+    check: Callable[[RunSpec, Any], None] | None = None
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

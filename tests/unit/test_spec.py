@@ -54,3 +54,12 @@ def test_data_clusters_must_match_topology():
     ok = RunSpec.parse({"topology": {"clients": 6, "edges": 2},
                         "data": {"partition": "iid", "n_clusters": 2, "cluster_iid": True}})
     assert ok.data.n_clusters == 2
+
+
+def test_fedcluster_missing_edge_links_fail_at_validation():
+    with pytest.raises(SpecError, match='edge_graph = "complete"'):
+        RunSpec.parse({"algorithm": {"name": "fedcluster"},
+                       "topology": {"clients": 20, "edges": 6, "edge_graph": "ring"}})
+    ok = RunSpec.parse({"algorithm": {"name": "fedcluster", "options": {"order": "fixed"}},
+                        "topology": {"clients": 20, "edges": 6, "edge_graph": "ring"}})
+    assert ok.topology.edge_graph == "ring"
