@@ -70,7 +70,7 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
     failed = []
     for name in names:
         out = Path(a.out or "runs/reproduce") / (name + ("-quick" if a.quick else ""))
-        outcome = run_experiment(name, out, a.quick)
+        outcome = run_experiment(name, out, a.quick, dataset=a.dataset, path=a.data_path)
         status = "ok" if outcome.ok else "CLAIM NOT MET"
         print(f"\n== {name}{' (quick)' if a.quick else ''}: {status}; results in {out}\n{outcome.table_md}")
         for claim, held in outcome.checks.items():
@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name", help="focus-fig4 | fedcluster-e1 | fedchs-digits | fgdro-toy | all")
     s.add_argument("--quick", action="store_true", help="the reduced size CI runs")
     s.add_argument("--out", help="parent folder of the results (default: runs/reproduce)")
+    s.add_argument("--dataset", help="fedchs-digits only: run on mnist / fashion-mnist / cifar10 / cifar100 files")
+    s.add_argument("--data-path", help="fedchs-digits only: the folder holding those files")
     s.set_defaults(fn=cmd_reproduce)
 
     s = sub.add_parser("algorithms", help="list the algorithms")

@@ -29,13 +29,17 @@ class Outcome:
         return all(self.checks.values())
 
 
-Experiment = Callable[[Path, bool], Outcome]
+Experiment = Callable[..., Outcome]  # (out, quick) or, with takes_data, (out, quick, dataset=, path=)
 EXPERIMENTS: dict[str, Experiment] = {}
+TAKES_DATA: set[str] = set()
 
 
-def experiment(name: str) -> Callable[[Experiment], Experiment]:
+def experiment(name: str, takes_data: bool = False) -> Callable[[Experiment], Experiment]:
+    """Register an experiment; ``takes_data``: it can run on a user's dataset files (``--dataset/--data-path``)."""
     def deco(fn: Experiment) -> Experiment:
         EXPERIMENTS[name] = fn
+        if takes_data:
+            TAKES_DATA.add(name)
         return fn
 
     return deco
@@ -43,20 +47,23 @@ def experiment(name: str) -> Callable[[Experiment], Experiment]:
 
 def load_all() -> dict[str, Experiment]:
     for m in MODULES:
-        try:
-            importlib.import_module(f"fedhop.reproduce.{m}")
-        except ModuleNotFoundError as e:
-            if e.name != f"fedhop.reproduce.{m}":
-                raise
+        importlib.import_module(f"fedhop.reproduce.{m}")
     return EXPERIMENTS
 
 
-def run_experiment(name: str, out: Path, quick: bool) -> Outcome:
+def run_experiment(name: str, out: Path, quick: bool, dataset: str | None = None,
+                   path: str | None = None) -> Outcome:
     exps = load_all()
     if name not in exps:
         raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(sorted(exps))}")
     out.mkdir(parents=True, exist_ok=True)
-    outcome = exps[name](out, quick)
+    if dataset or path:
+        if name not in TAKES_DATA:
+            raise SystemExit(f"experiment {name!r} runs on its own data; --dataset/--data-path apply to: "
+                             f"{', '.join(sorted(TAKES_DATA))}")
+        outcome = exps[name](out, quick, dataset=dataset, path=path)
+    else:
+        outcome = exps[name](out, quick)
     (out / "table.md").write_text(f"# {name}{' (quick)' if quick else ''}\n\n{outcome.table_md}\n")
     (out / "outcome.json").write_text(json.dumps(
         {"name": name, "quick": quick, "checks": outcome.checks, "notes": outcome.notes}, indent=1))

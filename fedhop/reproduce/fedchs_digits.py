@@ -4,7 +4,8 @@ bytes to reach a target accuracy.
 
 Default data: scikit-learn's digits (offline). MNIST or CIFAR-10/100 from local files: call
 :func:`run_fedchs` with ``dataset`` and ``path``, or set ``FEDHOP_FEDCHS_DATASET`` (e.g. ``mnist``) and
-``FEDHOP_FEDCHS_PATH`` (the directory holding the standard files) before ``fedhop reproduce fedchs-digits``.
+``FEDHOP_FEDCHS_PATH`` (the directory holding the standard files) before ``fedhop reproduce fedchs-digits``,
+or pass ``--dataset mnist --data-path DIR`` to ``fedhop reproduce fedchs-digits``.
 
 The claims checked (direction only; the paper's numbers are for MNIST/CIFAR at T = 4000):
 
@@ -238,6 +239,6 @@ def summarize(runs: list[MethodRun], s: Setup, quick: bool) -> Outcome:
     return Outcome("fedchs-digits", "\n".join(lines + claims), checks, notes)
 
 
-@experiment("fedchs-digits")
-def fedchs_digits(out: Path, quick: bool) -> Outcome:
-    return run_fedchs(out, quick)
+@experiment("fedchs-digits", takes_data=True)
+def fedchs_digits(out: Path, quick: bool, dataset: str | None = None, path: str | None = None) -> Outcome:
+    return run_fedchs(out, quick, dataset=dataset, path=path)
