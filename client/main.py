@@ -32,8 +32,13 @@ def run_client(node_id: str, parent: str, *, data_path: str | None = None, devic
         log.error("%s is not a client of this run", node_id)
         return 3
     session.configure(spec.transport.chunk_bytes, spec.transport.max_bundle_bytes)
-    n = len(ws.client_data(node_id))
-    ws.model  # noqa: B018  (build the architecture now, not inside the first round)
+    try:
+        n = len(ws.client_data(node_id))
+        ws.model  # noqa: B018  (build the architecture now, not inside the first round)
+    except (ValueError, OSError) as e:  # bad/missing data files, a model that does not fit the data
+        log.error("%s: cannot load its data or model: %s", node_id, e)
+        session.close()
+        return 4
     ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=LeafComm(node_id, ws.topology, MissingLog()),
                       sizes={node_id: n})
     session.send_ready({node_id: n})

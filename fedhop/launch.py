@@ -96,6 +96,15 @@ class Processes:
                 out[n] = None
         return out
 
+    def startup_failure(self) -> str | None:
+        """Why the federation cannot start: the first child that has already exited, with its log's tail."""
+        for n, p in self.procs.items():
+            code = p.poll()
+            if code is not None:
+                tail = (self.logs / f"{n}.log").read_text(errors="replace").strip().splitlines()[-8:]
+                return f"{n} exited with code {code} before the run started; its log ends:\n  " + "\n  ".join(tail)
+        return None
+
     def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
         p = self.procs[node]
         if p.poll() is None:
@@ -140,7 +149,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
 
     try:
         result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
-                            on_listening=spawn)
+                            on_listening=spawn, startup_failure=procs.startup_failure)
         codes = procs.wait(30)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:

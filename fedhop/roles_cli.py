@@ -28,6 +28,7 @@ def _exit_now(rc: int) -> int:
 def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import default_out, load_spec, print_summary, progress
     from fedhop.launch import launch
+    from fedhop.server.main import JoinTimeout, StartupFailed
 
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     spec = load_spec(a.spec)
@@ -39,6 +40,10 @@ def cmd_launch(a: argparse.Namespace) -> int:
         bar.close()
         print(f"fedhop launch: interrupted; every process was stopped (logs in {out / 'logs'})", file=sys.stderr)
         return 130
+    except (StartupFailed, JoinTimeout) as e:
+        bar.close()
+        print(f"fedhop launch: {e}\n(every process was stopped; logs in {out / 'logs'})", file=sys.stderr)
+        return 3
     bar.close()
     print_summary(result, out)
     return 0

@@ -33,10 +33,18 @@ class JoinTimeout(RuntimeError):
     """No node of the topology joined within transport.join_timeout_s."""
 
 
+class StartupFailed(RuntimeError):
+    """A node of the federation died before the run started (reported by ``startup_failure``)."""
+
+
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,
                on_round: Callable[[dict[str, Any]], None] | None = None,
-               on_listening: Callable[[int], None] | None = None) -> RunResult:
-    """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``)."""
+               on_listening: Callable[[int], None] | None = None,
+               startup_failure: Callable[[], str | None] | None = None) -> RunResult:
+    """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
+
+    ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
+    waiting at once instead of at the join deadline."""
     torch.set_num_threads(1)
     ws = Workspace(spec, device)
     topo = ws.topology
@@ -55,7 +63,10 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         if on_listening is not None:
             on_listening(port)
         ws.model, ws.test  # noqa: B018  (load while the children start, not inside the first round)
-        absent = hub.wait_ready(spec.transport.join_timeout_s)
+        absent = hub.wait_ready(spec.transport.join_timeout_s, give_up=startup_failure)
+        failure = startup_failure() if startup_failure is not None else None
+        if failure:
+            raise StartupFailed(failure)
         if len(absent) == len(hub.children):
             raise JoinTimeout(f"no node joined within {spec.transport.join_timeout_s:g}s "
                               f"(expected {list(hub.children)})")

@@ -185,14 +185,16 @@ class ParentHub:
         assert self.topology is not None
         return self.topology.children(self.node)
 
-    def wait_ready(self, timeout_s: float) -> list[NodeId]:
-        """Wait until every child said Ready; returns the children that did not (in canonical order)."""
+    def wait_ready(self, timeout_s: float, give_up: Callable[[], str | None] | None = None) -> list[NodeId]:
+        """Wait until every child said Ready; returns the children that did not (in canonical order).
+
+        ``give_up``, polled about once a second, ends the wait early when it returns a reason."""
         end = time.monotonic() + timeout_s
         with self._changed:
             while True:
                 absent = [c for c in self.children if not (c in self.links and self.links[c].ready.is_set())]
                 left = end - time.monotonic()
-                if not absent or left <= 0:
+                if not absent or left <= 0 or (give_up is not None and give_up()):
                     return absent
                 self._changed.wait(min(left, 1.0))
 

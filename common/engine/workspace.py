@@ -51,7 +51,8 @@ class Workspace:
     def fed(self) -> FederatedData:
         data_spec = self.spec.data
         if self._data_path_override:
-            data_spec = data_spec.model_copy(update={"path": self._data_path_override})
+            # re-validated, not model_copy(update=...): the override must become a Path like the spec's own
+            data_spec = type(data_spec).model_validate({**data_spec.model_dump(), "path": self._data_path_override})
         return build_federated_data(data_spec, self.spec.topology.clients, self.spec.seed)
 
     def client_data(self, node: str) -> Dataset:

@@ -1,0 +1,29 @@
+"""A node that cannot start ends `fedhop launch` at once, with the reason, instead of at the join deadline."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from fedhop.common.spec import RunSpec
+from tests.unit.test_data_files import make_mnist
+
+
+def test_client_with_missing_data_stops_the_launch_with_its_reason(tmp_path):
+    make_mnist(tmp_path / "mnist", n_train=40, n_test=10)
+    spec = RunSpec.parse({
+        "rounds": 2, "device": "cpu",
+        "topology": {"clients": 2},
+        "data": {"dataset": "mnist", "path": str(tmp_path / "mnist"), "partition": "iid"},
+        "model": {"name": "logreg"},
+        # far longer than the subprocess timeout below: waiting for it would fail the test
+        "transport": {"join_timeout_s": 3000},
+    })
+    (tmp_path / "spec.toml").write_text(spec.to_toml())
+    proc = subprocess.run(
+        [sys.executable, "-m", "fedhop", "launch", str(tmp_path / "spec.toml"), "--out", str(tmp_path / "run"),
+         "--device", "cpu", "--quiet", "--data-path", str(tmp_path / "nowhere")],
+        capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 3, proc.stderr
+    assert "exited with code 4 before the run started" in proc.stderr
+    assert "cannot load its data" in proc.stderr and "nowhere" in proc.stderr
