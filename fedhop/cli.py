@@ -20,11 +20,11 @@ def default_out(spec_name: str, engine: str) -> Path:
     return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec_name}-{engine}"
 
 
-def progress(total: int, label: str):
-    """A tqdm bar advanced by round records; prints the latest metrics."""
+def progress(total: int, label: str, quiet: bool = False):
+    """A tqdm bar advanced by round records, showing the latest metrics (disabled when ``quiet``)."""
     from tqdm import tqdm
 
-    bar = tqdm(total=total, desc=label, unit="round", file=sys.stderr)
+    bar = tqdm(total=total, desc=label, unit="round", file=sys.stderr, disable=quiet)
 
     def on_round(rec: dict) -> None:
         bar.n = rec["round"]
@@ -41,8 +41,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
     spec = load_spec(a.spec)
     engine = InProcessEngine(spec, device=a.device)
-    bar, on_round = progress(spec.rounds, f"simulate {spec.algorithm.name}")
-    result = engine.run(on_round=None if a.quiet else on_round)
+    bar, on_round = progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
+    result = engine.run(on_round=on_round)
     bar.close()
     out = write_run_folder(result, Path(a.out) if a.out else default_out(spec.name, "simulate"))
     print_summary(result, out)
@@ -57,7 +57,8 @@ def print_summary(result, out: Path) -> None:
     acc = f"accuracy {last['accuracy']:.4f}, " if "accuracy" in last else ""
     loss = last.get("loss", float("nan"))
     print(f"{result.spec.algorithm.name}: {len(result.rounds)} rounds reported, {acc}loss {loss:.4f}; "
-          f"payload {t['payload_bytes']:,} B, messages {t['message_bytes']:,} B; wall {result.wall_s:.1f}s")
+          f"payload {t['payload_bytes']:,} B, messages {t['message_bytes']:,} B; "
+          f"training wall-clock {result.wall_s:.1f}s")
     if result.missing:
         print(f"missing: {len(result.missing)} calls, e.g. {result.missing[0]}")
     print(f"results in {out}")

@@ -33,9 +33,9 @@ def cmd_launch(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     spec = load_spec(a.spec)
     out = Path(a.out) if a.out else default_out(spec.name, "launch")
-    bar, on_round = progress(spec.rounds, f"launch {spec.algorithm.name}")
+    bar, on_round = progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet)
     try:
-        result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=None if a.quiet else on_round)
+        result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=on_round)
     except KeyboardInterrupt:
         bar.close()
         print(f"fedhop launch: interrupted; every process was stopped (logs in {out / 'logs'})", file=sys.stderr)

@@ -63,3 +63,19 @@ def test_fedcluster_missing_edge_links_fail_at_validation():
     ok = RunSpec.parse({"algorithm": {"name": "fedcluster", "options": {"order": "fixed"}},
                         "topology": {"clients": 20, "edges": 6, "edge_graph": "ring"}})
     assert ok.topology.edge_graph == "ring"
+
+
+def test_device_resolution_is_explicit():
+    import torch
+
+    from fedhop.common.engine.workspace import resolve_device
+
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        assert resolve_device("cuda:0") == torch.device("cuda:0")
+        with pytest.raises(RuntimeError, match="GPU"):
+            resolve_device(f"cuda:{torch.cuda.device_count()}")
+    else:
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            resolve_device("cuda:0")
