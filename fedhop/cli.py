@@ -91,7 +91,10 @@ def cmd_algorithms(a: argparse.Namespace) -> int:
 
 
 def cmd_spec(a: argparse.Namespace) -> int:
-    print(load_spec(a.spec).to_toml(), end="")
+    spec = load_spec(a.spec)
+    full = spec.model_copy(update={"algorithm": spec.algorithm.model_copy(
+        update={"options": spec.options().model_dump(mode="json", exclude_none=True)})})
+    print(full.to_toml(), end="")
     return 0
 
 

@@ -79,3 +79,16 @@ def test_device_resolution_is_explicit():
     else:
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             resolve_device("cuda:0")
+
+
+def test_cli_spec_fills_every_default_and_round_trips(tmp_path, capsys):
+    from fedhop.cli import main
+
+    src = tmp_path / "s.toml"
+    src.write_text('[algorithm]\nname = "focus"\n[algorithm.options]\nparticipation = {kind = "uniform", m = 4}\n')
+    assert main(["spec", str(src)]) == 0
+    printed = capsys.readouterr().out
+    full = RunSpec.from_toml(printed)
+    assert full.algorithm.options["local_steps"] == 3  # FOCUS's default tau, now written out
+    assert full.algorithm.options["participation"] == {"kind": "uniform", "m": 4}
+    assert full.options() == RunSpec.load(src).options()
