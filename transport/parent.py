@@ -514,10 +514,13 @@ class NetComm(BaseComm):
             self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0], rnd)
             self.meter.record(to, self.node, HANDOFF, "reply", 0, ack.ByteSize(), rnd)
             if not ack.ok:
-                raise HandOffError(f"{to} rejected the hand-off from {self.node}: {ack.error.message}")
+                reason = f"{to} rejected the hand-off from {self.node}: {ack.error.message}"
+                self.missing.add(rnd, self.node, to, HANDOFF, reason)
+                raise HandOffError(reason)
             return
-        raise HandOffError(f"hand-off {self.node} -> {to} failed after "
-                           f"{self.transport.handoff_retries + 1} attempts: {last}")
+        reason = f"hand-off {self.node} -> {to} failed after {self.transport.handoff_retries + 1} attempts: {last}"
+        self.missing.add(rnd, self.node, to, HANDOFF, reason)
+        raise HandOffError(reason)
 
     def describe(self, peers: list[NodeId]) -> dict[NodeId, dict[str, Scalar]]:
         out: dict[NodeId, dict[str, Scalar]] = {}
@@ -528,7 +531,11 @@ class NetComm(BaseComm):
             call = self._channel(p).unary_unary("/fedhop.v1.Edge/Describe",
                                                request_serializer=pb.DescribeRequest.SerializeToString,
                                                response_deserializer=pb.DescribeReply.FromString)
-            rep = call(req, timeout=self.transport.rpc_timeout_s, metadata=((NODE_HEADER, self.node),))
+            try:
+                rep = call(req, timeout=self.transport.rpc_timeout_s, metadata=((NODE_HEADER, self.node),))
+            except grpc.RpcError as e:  # an unreachable peer is absent from the answer, as in scatter
+                self.missing.add(rnd, self.node, p, DESCRIBE, f"{e.code().name}: {e.details()}")
+                continue
             self.meter.record(self.node, p, DESCRIBE, "request", 0, req.ByteSize(), rnd)
             self.meter.record(p, self.node, DESCRIBE, "reply", 0, rep.ByteSize(), rnd)
             out[p] = get_scalars(rep.info)

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fedhop.common.algorithms.local import LocalSolver, local_train, loss_and_grad, sample_batch
 from fedhop.common.algorithms.qsgd import MAX_LEVELS, decode, encode, encoded_template
 from fedhop.common.engine.api import Algorithm, NodeContext, NodeId, Reply, Scalar, register, task
+from fedhop.common.engine.base import HandOffError
 from fedhop.common.wire.bundle import Bundle, axpy, sub, weighted_sum
 
 VISITS = "visits"  # the public fact holding an edge's visit counter c(m)
@@ -175,15 +176,28 @@ def edge_round(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
                                   VISITS: ctx.public.get(VISITS, 0)}
     if bool(args["eval"]):
         scalars.update(ctx.evaluate(w))
-    if ctx.neighbours:
-        facts = ctx.comm.describe(ctx.neighbours)
-        nxt = choose_next([(m, int(f.get(VISITS, 0)), int(f["data_size"])) for m, f in facts.items()])
-        ctx.comm.hand_off(nxt, "model", w)
-    else:
-        ctx.state["w"] = w
-        nxt = ctx.node_id
-    scalars["next"] = nxt
+    scalars["next"] = pass_model(ctx, w)
     return Reply({}, scalars)
+
+
+def pass_model(ctx: NodeContext, w: Bundle) -> NodeId:
+    """Hand w^{t+1} to m(t+1) chosen by the two-step rule among the neighbours that answer describe.
+
+    A neighbour that cannot take the model is ruled out and the rule applied again (DESIGN.md sec. 6:
+    rerouted, never lost); with no neighbour reachable (or none at all: one cluster) the model stays here and
+    this edge is m(t+1). Both are outside the paper, which assumes reliable links.
+    """
+    facts = ctx.comm.describe(ctx.neighbours) if ctx.neighbours else {}
+    candidates = [(m, int(f.get(VISITS, 0)), int(f["data_size"])) for m, f in facts.items()]
+    while candidates:
+        nxt = choose_next(candidates)
+        try:
+            ctx.comm.hand_off(nxt, "model", w)
+            return nxt
+        except HandOffError:
+            candidates = [c for c in candidates if c[0] != nxt]
+    ctx.state["w"] = w
+    return ctx.node_id
 
 
 @task("fedchs.collect")

@@ -65,11 +65,15 @@ class Comm(Protocol):
         ...
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:
-        """Edge -> neighbour edge transfer, acknowledged; the receiver finds it with ``ctx.take(slot)``."""
+        """Edge -> neighbour edge transfer, acknowledged; the receiver finds it with ``ctx.take(slot)``.
+
+        Retried per ``transport.handoff_retries``; raises ``HandOffError`` (and logs the peer as missing) when
+        the peer cannot take it, so the caller can reroute or keep the bundle."""
         ...
 
     def describe(self, peers: Sequence[NodeId]) -> dict[NodeId, dict[str, Scalar]]:
-        """Small public facts about peers: ``data_size`` plus whatever each put in ``ctx.public``."""
+        """Small public facts about peers: ``data_size`` plus whatever each put in ``ctx.public``. A peer that
+        does not answer is absent from the result and logged as missing."""
         ...
 
 

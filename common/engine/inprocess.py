@@ -114,10 +114,16 @@ class _LocalComm(BaseComm):
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: dict[str, Scalar] | None = None) -> None:
         self._check_peer(to)
+        if self.engine.faults.dead(to, "handoff", self.engine.round):
+            reason = f"hand-off {self.node} -> {to} failed: {to} is down"
+            self.missing.add(self.engine.round, self.node, to, "handoff", reason)
+            raise HandOffError(reason)
         received = self.engine.send(self.node, to, "handoff", "request", bundle, dict(scalars or {}))
         reason = check_bundle(received)
         if reason is not None:
-            raise HandOffError(f"{to} rejected the hand-off from {self.node}: {reason}")
+            reason = f"{to} rejected the hand-off from {self.node}: {reason}"
+            self.missing.add(self.engine.round, self.node, to, "handoff", reason)
+            raise HandOffError(reason)
         self.engine.nodes[to].inbox[slot] = (received, dict(scalars or {}))
         self.engine.send(to, self.node, "handoff", "reply", {}, {})
 
@@ -125,6 +131,9 @@ class _LocalComm(BaseComm):
         out = {}
         for p in self.topology.sort(peers):
             self._check_peer(p)
+            if self.engine.faults.dead(p, "describe", self.engine.round):
+                self.missing.add(self.engine.round, self.node, p, "describe", f"{p} is down")
+                continue
             self.engine.send(self.node, p, "describe", "request", {}, {})
             facts: dict[str, Scalar] = {"data_size": self.engine.public_defaults[p], **self.engine.nodes[p].public}
             self.engine.send(p, self.node, "describe", "reply", {}, facts)
