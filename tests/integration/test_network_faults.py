@@ -258,3 +258,31 @@ def test_free_port_is_bindable() -> None:
     p = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", p))
+
+
+def test_fedchs_walk_avoids_a_killed_edge_and_keeps_the_model(tmp_path) -> None:
+    """An edge process dies mid-run: describe cannot reach it, so the two-step rule never hands it the model;
+    the walk goes on over the remaining edges and the run finishes (the model is never lost)."""
+    from fedhop.common.engine.inprocess import InProcessEngine
+
+    spec = small_spec("fedchs", clients=4, edges=4, rounds=10, edge_graph="complete",
+                      options={"K": 40}, transport={"round_deadline_s": 30.0, "rpc_timeout_s": 5.0})
+    seq = [r["edge"] for r in InProcessEngine(spec, device="cpu").run().rounds]
+    victim = next(e for e in (seq[3], *spec_edges(spec)) if e not in (seq[1], seq[2]))
+    fed = Federation(spec, tmp_path)
+    try:
+        fed.wait_for_log("round 2/10", timeout=120)
+        fed.procs.kill(victim)
+        assert fed.wait(180) == 0, fed.all_logs()
+    finally:
+        fed.close()
+    res, final = load_result(fed.out)
+    assert len(res["rounds"]) == spec.rounds
+    later = [r["edge"] for r in res["rounds"][3:]]
+    assert victim not in later
+    assert any(m["node"] == victim and m["task"] in ("describe", "handoff") for m in res["missing"])
+    assert all(torch.isfinite(v).all() for v in final.values())
+
+
+def spec_edges(spec) -> list[str]:
+    return list(build_topology(spec.topology, spec.seed).edges)
