@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedhop.common.data.spec import DataSpec
 from fedhop.common.models.spec import ModelSpec
+from fedhop.common.validation import flat_errors
 
 
 class Strict(BaseModel):
@@ -33,7 +34,7 @@ class AlgorithmSpec(Strict):
         try:
             algo.options.model_validate(self.options)
         except ValidationError as e:
-            raise ValueError(f"algorithm.options for {self.name!r}: {_flat_errors(e)}") from None
+            raise ValueError(f"algorithm.options for {self.name!r}: {flat_errors(e)}") from None
         return self
 
 
@@ -138,7 +139,7 @@ class RunSpec(Strict):
         try:
             return cls.model_validate(raw)
         except ValidationError as e:
-            raise SpecError(f"{source}: invalid run spec: {_flat_errors(e)}") from None
+            raise SpecError(f"{source}: invalid run spec: {flat_errors(e)}") from None
 
     @classmethod
     def load(cls, path: str | Path) -> RunSpec:
@@ -150,15 +151,6 @@ class RunSpec(Strict):
 
 class SpecError(ValueError):
     """A run spec that cannot run; the message names the field."""
-
-
-def _flat_errors(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(root)"
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
 
 
 def _toml_value(v: Any) -> str:

@@ -26,20 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from fedhop.common.data.base import CentralData, FederatedData
+from fedhop.common.validation import NoOptions
 
 if TYPE_CHECKING:
     from fedhop.common.data.spec import DataSpec
 
 Builder = Callable[["DataSpec", int, int], CentralData | FederatedData]
-
-
-class NoOptions(BaseModel):
-    """The options model of a dataset that takes none: ``DataSpec.options`` must be empty."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from fedhop.common.data.registry import DATASETS, get_dataset
+from fedhop.common.validation import flat_errors
 
 Partition = Literal["iid", "dirichlet", "shards", "major_class", "imbalanced"]
 
@@ -95,9 +96,7 @@ class DataSpec(BaseModel):
         try:
             get_dataset(name).options.model_validate(v)
         except ValidationError as e:
-            msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-                             for err in e.errors())
-            raise ValueError(f"bad options for dataset {name!r}: {msgs}") from None
+            raise ValueError(f"bad options for dataset {name!r}: {flat_errors(e)}") from None
         return v
 
     @field_validator("cluster_sizes")

@@ -12,17 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from torch import nn
+
+from fedhop.common.validation import NoOptions
 
 if TYPE_CHECKING:
     from fedhop.common.models.spec import ModelSpec
 
 Maker = Callable[["ModelSpec", tuple[int, ...], int], nn.Module]
-
-
-class NoOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 @dataclass(frozen=True)

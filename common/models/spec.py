@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from fedhop.common.models.registry import MODELS, get_model
+from fedhop.common.validation import flat_errors
 
 
 class ModelSpec(BaseModel):
@@ -48,9 +49,7 @@ class ModelSpec(BaseModel):
         try:
             get_model(name).options.model_validate(v)
         except ValidationError as e:
-            msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
-                             for err in e.errors())
-            raise ValueError(f"bad options for model {name!r}: {msgs}") from None
+            raise ValueError(f"bad options for model {name!r}: {flat_errors(e)}") from None
         return v
 
     def model_options(self) -> Any:
