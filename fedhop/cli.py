@@ -42,9 +42,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     spec = load_spec(a.spec)
     engine = InProcessEngine(spec, device=a.device)
     bar, on_round = progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
-    result = engine.run(on_round=on_round)
+    out = Path(a.out) if a.out else default_out(spec.name, "simulate")
+    result = engine.run(on_round=on_round, journal=out / "rounds.jsonl")
     bar.close()
-    out = write_run_folder(result, Path(a.out) if a.out else default_out(spec.name, "simulate"))
+    write_run_folder(result, out)
     print_summary(result, out)
     return 0
 

@@ -87,7 +87,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
             if on_round is not None:
                 on_round(rec)
 
-        recorder = RoundRecorder(on_round=report)
+        recorder = RoundRecorder(on_round=report, journal=out / "rounds.jsonl" if out is not None else None)
         ctx.reporter = recorder
         hub.start_run(hub.edge_addresses())
         t0 = time.perf_counter()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,10 +59,12 @@ class InProcessEngine:
     def round(self) -> int:
         return self.nodes[self.ws.topology.server].round
 
-    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None,
+            journal: Path | None = None) -> RunResult:
+        """Run the algorithm's driver; ``journal``: a JSON-lines file that gets each round as it ends."""
         algo = get_algorithm(self.spec.algorithm.name)
         ps = self.nodes[self.ws.topology.server]
-        recorder = RoundRecorder(on_round=on_round)
+        recorder = RoundRecorder(on_round=on_round, journal=journal)
         ps.reporter = recorder
         t0 = time.perf_counter()
         final = algo.run(ps)

@@ -17,14 +17,27 @@ from fedhop.common.wire.bundle import Bundle
 
 @dataclass
 class RoundRecorder:
-    """The driver's ``ctx.report``: keeps each round's metrics (bytes are attached when the run ends)."""
+    """The driver's ``ctx.report``: keeps each round's metrics (bytes are attached when the run ends).
+
+    With ``journal``, every round is also appended to that JSON-lines file as it is reported, so a run that
+    dies keeps the metrics of the rounds it finished.
+    """
 
     records: list[dict[str, Any]] = field(default_factory=list)
     on_round: Any = None  # optional callback(round_record) for progress bars
+    journal: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.journal is not None:
+            self.journal.parent.mkdir(parents=True, exist_ok=True)
+            self.journal.write_text("")
 
     def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None:
         rec = {"round": round_idx + 1, **{k: _plain(v) for k, v in metrics.items()}}
         self.records.append(rec)
+        if self.journal is not None:
+            with self.journal.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
         if self.on_round is not None:
             self.on_round(rec)
 

@@ -123,3 +123,27 @@ def test_payload_bytes_counts_every_dtype():
     b = {"a": torch.zeros(3, dtype=torch.float64), "b": torch.zeros((), dtype=torch.bfloat16),
          "c": torch.zeros(0, 5), "d": torch.zeros(7, dtype=torch.bool)}
     assert payload_bytes(b) == 24 + 2 + 0 + 7
+
+
+def test_round_journal_keeps_finished_rounds_when_the_run_dies(tmp_path):
+    import json
+
+    import pytest
+
+    eng = InProcessEngine(small(clients=3, rounds=5))
+    real = eng.ws.evaluate
+    calls = []
+
+    def dies_in_round_3(params):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("the driver's process died")
+        return real(params)
+
+    eng.ws.evaluate = dies_in_round_3
+    journal = tmp_path / "rounds.jsonl"
+    with pytest.raises(RuntimeError, match="died"):
+        eng.run(journal=journal)
+    rows = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2]
+    assert all("accuracy" in r for r in rows)
