@@ -266,7 +266,7 @@ def test_fedchs_walk_avoids_a_killed_edge_and_keeps_the_model(tmp_path) -> None:
     from fedhop.common.engine.inprocess import InProcessEngine
 
     spec = small_spec("fedchs", clients=4, edges=4, rounds=10, edge_graph="complete",
-                      options={"K": 40}, transport={"round_deadline_s": 30.0, "rpc_timeout_s": 5.0})
+                      options={"K": 200}, transport={"round_deadline_s": 30.0, "rpc_timeout_s": 5.0})
     seq = [r["edge"] for r in InProcessEngine(spec, device="cpu").run().rounds]
     victim = next(e for e in (seq[3], *spec_edges(spec)) if e not in (seq[1], seq[2]))
     fed = Federation(spec, tmp_path)
