@@ -92,3 +92,14 @@ def test_cli_spec_fills_every_default_and_round_trips(tmp_path, capsys):
     assert full.algorithm.options["local_steps"] == 3  # FOCUS's default tau, now written out
     assert full.algorithm.options["participation"] == {"kind": "uniform", "m": 4}
     assert full.options() == RunSpec.load(src).options()
+
+
+@pytest.mark.parametrize("command", ["simulate", "launch", "spec"])
+def test_cli_refuses_a_bad_spec_before_starting_anything(tmp_path, capsys, command):
+    from fedhop.cli import main
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[topology]\nclients = 2\nedges = 3\n")
+    assert main([command, str(bad), *(["--out", str(tmp_path / "run")] if command != "spec" else [])]) == 2
+    assert "topology.edges (3) exceeds topology.clients (2)" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
