@@ -97,7 +97,11 @@ class ChildSession:
         self._q: queue.Queue = queue.Queue()
         self._channel: grpc.Channel | None = None
         self._responses: Any = None
-        self._workers: list[threading.Thread] = []
+        # A node runs its tasks one at a time, in arrival order, as in the in-process engine: handlers share
+        # the node's state and model template (functional_call is not thread-safe), and a task that arrives
+        # while a stale one runs (its parent stopped waiting) must wait for it, not race it.
+        self._tasks: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
@@ -188,11 +192,11 @@ class ChildSession:
                         continue
                     continue
                 if msg is not None:
-                    t = threading.Thread(target=self._run_task, args=(ctx, msg), daemon=True,
-                                         name=f"task-{msg.call_id}")
-                    self._workers = [w for w in self._workers if w.is_alive()]
-                    self._workers.append(t)
-                    t.start()
+                    if self._worker is None:
+                        self._worker = threading.Thread(target=self._work, args=(ctx,), daemon=True,
+                                                        name=f"{self.node}-tasks")
+                        self._worker.start()
+                    self._tasks.put(msg)
         except grpc.RpcError as e:
             log.error("%s: stream to parent %s broken: %s %s", self.node, self.parent_addr, e.code().name,
                       e.details())
@@ -207,6 +211,10 @@ class ChildSession:
     def _fail(self, call_id: int, code: int, message: str) -> None:
         log.warning("%s: call %d failed: %s", self.node, call_id, message)
         self.send([error_result_frame(call_id, code, message)])
+
+    def _work(self, ctx: NodeContext) -> None:
+        while (msg := self._tasks.get()) is not _CLOSE:
+            self._run_task(ctx, msg)
 
     def _run_task(self, ctx: NodeContext, msg: Message) -> None:
         cid = msg.call_id
@@ -245,8 +253,9 @@ class ChildSession:
         self.send(frames)
 
     def _finish(self, on_bye: Callable[[], tuple[list[dict], list[dict]]]) -> None:
-        for w in self._workers:
-            w.join(timeout=5)
+        if self._worker is not None:
+            self._tasks.put(_CLOSE)
+            self._worker.join(timeout=5)
         try:
             rows, missing = on_bye()
         except Exception:
