@@ -33,6 +33,10 @@ def cmd_launch(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     spec = load_spec(a.spec)
     out = Path(a.out) if a.out else default_out(spec.name, "launch")
+    if not a.quiet:
+        n = spec.topology.edges + spec.topology.clients
+        print(f"fedhop launch: starting {n} processes ({spec.topology.edges} edges, {spec.topology.clients} "
+              f"clients) beside the PS; logs in {out / 'logs'}", file=sys.stderr)
     bar, on_round = progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet)
     try:
         result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=on_round)
