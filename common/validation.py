@@ -11,6 +11,14 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def check_options(kind: str, name: str, model: type[BaseModel], options: dict) -> None:
+    """Validate a registry entry's ``options`` table; the error names the entry and every failing field."""
+    try:
+        model.model_validate(options)
+    except ValidationError as e:
+        raise ValueError(f"bad options for {kind} {name!r}: {flat_errors(e)}") from None
+
+
 def flat_errors(e: ValidationError) -> str:
     """One line naming each failing field: ``loc.of.field: message; ...``."""
     parts = []

@@ -72,11 +72,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                               f"(expected {list(hub.children)})")
         if absent:
             log.warning("ps: starting without %s (not ready within %gs)", absent, spec.transport.join_timeout_s)
-        csize = hub.data_sizes()
-        sizes = dict(csize)
-        for e in topo.edges:
-            sizes[e] = sum(csize.get(c, 0) for c in topo.cluster(e))
-        sizes[topo.server] = sum(csize.values())
+        sizes = topo.subtree_sizes(hub.data_sizes())
         comm = NetComm(topo.server, topo, missing, hub, spec)
         ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm, sizes=sizes)
         comm.ctx = ctx

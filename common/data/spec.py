@@ -9,14 +9,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from fedhop.common.data.registry import DATASETS, get_dataset
-from fedhop.common.validation import flat_errors
+from fedhop.common.validation import check_options
 
 Partition = Literal["iid", "dirichlet", "shards", "major_class", "imbalanced"]
 
@@ -93,10 +92,7 @@ class DataSpec(BaseModel):
         name = info.data.get("dataset")
         if name is None or name not in DATASETS:
             return v
-        try:
-            get_dataset(name).options.model_validate(v)
-        except ValidationError as e:
-            raise ValueError(f"bad options for dataset {name!r}: {flat_errors(e)}") from None
+        check_options("dataset", name, get_dataset(name).options, v)
         return v
 
     @field_validator("cluster_sizes")

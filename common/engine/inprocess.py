@@ -41,11 +41,7 @@ class InProcessEngine:
         self.missing = MissingLog()
         self.faults = faults or FaultPlan()
         topo = self.ws.topology
-        csize = self.ws.client_sizes()
-        sizes = dict(csize)
-        for e in topo.edges:
-            sizes[e] = sum(csize[c] for c in topo.cluster(e))
-        sizes[topo.server] = sum(csize.values())
+        sizes = topo.subtree_sizes(self.ws.client_sizes())
         self.nodes: dict[NodeId, NodeContext] = {}
         for n in topo.all_nodes():
             known = {m: sizes[m] for m in (n, *topo.children(n))}

@@ -63,6 +63,15 @@ class Topology:
 
         return sorted(nodes, key=key)
 
+    def subtree_sizes(self, client_sizes: dict[str, int]) -> dict[str, int]:
+        """Data sizes of every node from its clients': a client its own, an edge its cluster's, the PS all
+        (a client absent from ``client_sizes`` counts 0)."""
+        sizes = dict(client_sizes)
+        for e in self.edges:
+            sizes[e] = sum(client_sizes.get(c, 0) for c in self.cluster(e))
+        sizes[SERVER] = sum(client_sizes.values())
+        return sizes
+
     def all_nodes(self) -> list[str]:
         return [SERVER, *self.edges, *self.clients]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from fedhop.common.models.registry import MODELS, get_model
-from fedhop.common.validation import flat_errors
+from fedhop.common.validation import check_options
 
 
 class ModelSpec(BaseModel):
@@ -46,10 +46,7 @@ class ModelSpec(BaseModel):
         name = info.data.get("name")
         if name is None or name not in MODELS:
             return v
-        try:
-            get_model(name).options.model_validate(v)
-        except ValidationError as e:
-            raise ValueError(f"bad options for model {name!r}: {flat_errors(e)}") from None
+        check_options("model", name, get_model(name).options, v)
         return v
 
     def model_options(self) -> Any:
