@@ -9,8 +9,6 @@ import torch
 
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
-from fedhop.common.engine.workspace import Workspace
-from fedhop.common.spec import RunSpec
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 
 log = logging.getLogger("fedhop.client")
@@ -22,16 +20,10 @@ def run_client(node_id: str, parent: str, *, data_path: str | None = None, devic
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s)
     try:
-        welcome = session.connect()
+        welcome, ws = session.join(device, data_path)
     except JoinError as e:
         log.error("%s", e)
         return 3
-    spec = RunSpec.model_validate_json(welcome.spec)
-    ws = Workspace(spec, device, data_path)
-    if ws.topology.role(node_id) != "client":
-        log.error("%s is not a client of this run", node_id)
-        return 3
-    session.configure(spec.transport.chunk_bytes, spec.transport.max_bundle_bytes)
     try:
         n = len(ws.client_data(node_id))
         ws.model  # noqa: B018  (build the architecture now, not inside the first round)

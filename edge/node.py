@@ -16,8 +16,6 @@ import torch
 
 from fedhop.common.engine.api import NodeContext, NodeId
 from fedhop.common.engine.base import MissingLog, check_bundle
-from fedhop.common.engine.workspace import Workspace
-from fedhop.common.spec import RunSpec
 from fedhop.common.wire.frames import (
     HANDOFF,
     FrameError,
@@ -122,16 +120,11 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
     session = ChildSession(node_id, "edge", ps, address=address, connect_timeout_s=connect_timeout_s)
     try:
         try:
-            welcome = session.connect()
+            welcome, ws = session.join(device)
         except JoinError as e:
             log.error("%s", e)
             return 3
-        spec = RunSpec.model_validate_json(welcome.spec)
-        ws = Workspace(spec, device)
-        if ws.topology.role(node_id) != "edge":
-            log.error("%s is not an edge of this run", node_id)
-            return 3
-        session.configure(spec.transport.chunk_bytes, spec.transport.max_bundle_bytes)
+        spec = ws.spec
         hub.configure(spec, ws.topology, welcome.run_id)
         service.max_bytes = spec.transport.max_bundle_bytes
         comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers)

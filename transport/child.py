@@ -19,6 +19,8 @@ import grpc
 
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_task
 from fedhop.common.engine.base import BaseComm, Failure, check_bundle
+from fedhop.common.engine.workspace import Workspace
+from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.frames import (
@@ -148,6 +150,20 @@ class ChildSession:
             raise JoinError(f"{self.node}: expected Welcome from {self.parent_addr}, got {first!r}")
         self.welcome = first.welcome
         return first.welcome
+
+    def join(self, device: str | None = None, data_path: str | None = None) -> tuple[pb.Welcome, Workspace]:
+        """connect(), then build this process's Workspace from the RunSpec in the Welcome and check that the
+        run gives this node the role it joined as; a JoinError says what went wrong."""
+        welcome = self.connect()
+        ws = Workspace(RunSpec.model_validate_json(welcome.spec), device, data_path)
+        try:
+            role = ws.topology.role(self.node)
+        except KeyError:
+            role = None
+        if role != self.role:
+            raise JoinError(f"{self.node} is not {'an' if self.role == 'edge' else 'a'} {self.role} of this run")
+        self.configure(ws.spec.transport.chunk_bytes, ws.spec.transport.max_bundle_bytes)
+        return welcome, ws
 
     def configure(self, chunk_bytes: int, max_bytes: int) -> None:
         self.chunk_bytes, self.max_bytes = chunk_bytes, max_bytes
