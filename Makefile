@@ -29,11 +29,11 @@ demo: $(STAMP)
 	$(VENV)/bin/fedhop launch
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check .
+	$(PY) -m ruff check .
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest tests
+	$(PY) -m ruff check .
+	$(PY) -m pytest tests
 
 bench: $(STAMP)
 	$(PY) tests/bench/bench_codec.py

@@ -66,6 +66,10 @@ class TransportSpec(Strict):
     rpc_timeout_s: float = Field(30.0, gt=0, description="deadline of unary RPCs (describe, hand-off ack)")
     handoff_retries: int = Field(3, ge=0)
     max_bundle_bytes: int = Field(16 << 30, ge=1, description="largest bundle a node accepts")
+    min_participants: int = Field(1, ge=0, description="a round in which the PS sent tasks and got fewer usable "
+                                  "replies than this (or than the tasks sent, if fewer) is redone; 0 = never")
+    round_retries: int = Field(2, ge=0, description="how often a round with too few participants is redone "
+                               "before the run ends with an error")
 
 
 class RunSpec(Strict):
@@ -78,6 +82,8 @@ class RunSpec(Strict):
     seed: int = Field(0, ge=0)
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     eval_every: int = Field(1, ge=1)
+    checkpoint_every: int = Field(1, ge=0, description="every node saves its state after every this many rounds "
+                                  "(0 = never); a run resumes from the PS's last checkpoint")
     transport: TransportSpec = Field(default_factory=TransportSpec)
 
     @model_validator(mode="after")

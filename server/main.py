@@ -19,6 +19,7 @@ import torch
 
 from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.base import MissingLog
+from fedhop.common.engine.loop import drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes, write_run_folder
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
@@ -87,7 +88,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         ctx.reporter = recorder
         hub.start_run(hub.edge_addresses())
         t0 = time.perf_counter()
-        final = get_algorithm(spec.algorithm.name).run(ctx)
+        final, _ = drive(get_algorithm(spec.algorithm.name), ctx)
         wall = time.perf_counter() - t0
         rows, child_missing = hub.shutdown(spec.transport.rpc_timeout_s)
         meter.merge(rows)

@@ -15,6 +15,7 @@ safety, as in FGDRO spec section 9). Clients missing at the deadline are left ou
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,19 +45,25 @@ def client_round(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> R
     return Reply(w)
 
 
-def run(ctx: NodeContext) -> Bundle:
+@dataclass
+class ServerState:
+    model: Bundle  # w
+
+
+def init(ctx: NodeContext) -> ServerState:
+    return ServerState(ctx.initial_params())
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     o: DRDSGDOptions = ctx.opts
     args: dict[str, Scalar] = {"lr": o.lr, "mu": o.mu, "exp_shift": o.exp_shift, "local_steps": o.local_steps,
                                "batch_size": o.batch_size}
-    w = ctx.initial_params()
-    for _ in ctx.rounds():
-        replies = ctx.comm.scatter(ctx.children, "dr_dsgd.round", w, args, expect=w)
-        if replies:
-            w = uniform_mean(replies)
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(w))
-    return w
+    replies = ctx.comm.scatter(ctx.children, "dr_dsgd.round", s.model, args, expect=s.model)
+    w = uniform_mean(replies) if replies else s.model
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(w))
+    return ServerState(w)
 
 
-register(Algorithm("dr-dsgd", DRDSGDOptions, run, "DR-DSGD (Issaid et al. 2022) with server averaging",
-                   needs_edges=False))
+register(Algorithm("dr-dsgd", DRDSGDOptions, init, server_round,
+                   summary="DR-DSGD (Issaid et al. 2022) with server averaging", needs_edges=False))

@@ -23,6 +23,7 @@ contributes v_i = 0 and the scale is N / (number of U replies). If no D client r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -79,44 +80,56 @@ def drfa_loss(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Repl
     return Reply({"loss": scalar_tensor(loss, bundle)})
 
 
-def run(ctx: NodeContext) -> Bundle:
+@dataclass
+class ServerState:
+    model: Bundle  # w
+    lam: np.ndarray  # lambda, the mixing weights over clients
+    gamma: float  # the current ascent step size
+
+
+def init(ctx: NodeContext) -> ServerState:
+    o: DRFAOptions = ctx.opts
+    clients = ctx.children
+    n = len(clients)
+    sizes = np.array([ctx.data_size(c) for c in clients], dtype=float)
+    lam = sizes / sizes.sum() if o.lambda_init == "data_size" else np.full(n, 1.0 / n)
+    return ServerState(ctx.initial_params(), lam, o.gamma)
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """Steps 1-5 of DRFA's round r."""
     o: DRFAOptions = ctx.opts
     clients = ctx.children
     n = len(clients)
     m = min(o.clients_per_round or n, n)
-    sizes = np.array([ctx.data_size(c) for c in clients], dtype=float)
-    lam = sizes / sizes.sum() if o.lambda_init == "data_size" else np.full(n, 1.0 / n)
-    gamma = o.gamma
-    w = ctx.initial_params()
+    w, lam, gamma = s.model, s.lam, s.gamma
     base = {"lr": o.lr, "local_steps": o.local_steps, "batch_size": o.batch_size}
-    for r in ctx.rounds():
-        rng = ctx.np_rng("drfa", r)
-        draws = np.bincount(rng.choice(n, size=m, replace=True, p=lam), minlength=n)          # step 1
-        t_snap = int(rng.integers(1, o.local_steps + 1))
-        chosen = [clients[i] for i in range(n) if draws[i] > 0]
-        replies = ctx.comm.scatter(chosen, "drfa.train", w, {**base, "t_snap": t_snap},      # step 2
-                                   expect={**prefixed(W, w), **prefixed(SNAP, w)})
-        if replies:                                                                          # step 3
-            idx = {c: i for i, c in enumerate(clients)}
-            wt = {c: float(draws[idx[c]] if o.aggregation == "draws" else lam[idx[c]]) for c in replies}
-            avg = weighted_mean((wt[c], rep.bundle) for c, rep in replies.items())
-            w, w_snap = unprefixed(W, avg), unprefixed(SNAP, avg)
-            picked = sorted(rng.choice(n, size=m, replace=False).tolist())                   # step 4
-            losses = ctx.comm.scatter([clients[i] for i in picked], "drfa.loss", w_snap, base,
-                                      expect={"loss": scalar_tensor(0.0, w)})
-            if losses:                                                                       # step 5
-                v = np.zeros(n)
-                for c, rep in losses.items():
-                    v[idx[c]] = n / len(losses) * float(rep.bundle["loss"])
-                lam = project_simplex(lam + o.local_steps * gamma * v)
-                if o.lambda_floor > 0:
-                    lam = np.maximum(lam, o.lambda_floor)
-                    lam = lam / lam.sum()
-        gamma *= o.gamma_decay
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(w), lambda_max=float(lam.max()), lambda_argmax=int(lam.argmax()))
-    return w
+    rng = ctx.np_rng("drfa", ctx.round)
+    draws = np.bincount(rng.choice(n, size=m, replace=True, p=lam), minlength=n)          # step 1
+    t_snap = int(rng.integers(1, o.local_steps + 1))
+    chosen = [clients[i] for i in range(n) if draws[i] > 0]
+    replies = ctx.comm.scatter(chosen, "drfa.train", w, {**base, "t_snap": t_snap},      # step 2
+                               expect={**prefixed(W, w), **prefixed(SNAP, w)})
+    if replies:                                                                          # step 3
+        idx = {c: i for i, c in enumerate(clients)}
+        wt = {c: float(draws[idx[c]] if o.aggregation == "draws" else lam[idx[c]]) for c in replies}
+        avg = weighted_mean((wt[c], rep.bundle) for c, rep in replies.items())
+        w, w_snap = unprefixed(W, avg), unprefixed(SNAP, avg)
+        picked = sorted(rng.choice(n, size=m, replace=False).tolist())                   # step 4
+        losses = ctx.comm.scatter([clients[i] for i in picked], "drfa.loss", w_snap, base,
+                                  expect={"loss": scalar_tensor(0.0, w)})
+        if losses:                                                                       # step 5
+            v = np.zeros(n)
+            for c, rep in losses.items():
+                v[idx[c]] = n / len(losses) * float(rep.bundle["loss"])
+            lam = project_simplex(lam + o.local_steps * gamma * v)
+            if o.lambda_floor > 0:
+                lam = np.maximum(lam, o.lambda_floor)
+                lam = lam / lam.sum()
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(w), lambda_max=float(lam.max()), lambda_argmax=int(lam.argmax()))
+    return ServerState(w, lam, gamma * o.gamma_decay)
 
 
-register(Algorithm("drfa", DRFAOptions, run, "DRFA (Deng et al. 2020): distributionally robust FedAvg",
-                   needs_edges=False))
+register(Algorithm("drfa", DRFAOptions, init, server_round,
+                   summary="DRFA (Deng et al. 2020): distributionally robust FedAvg", needs_edges=False))

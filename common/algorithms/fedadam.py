@@ -15,6 +15,8 @@ Clients missing at the deadline are left out of the mean; with nobody present th
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pydantic import Field
 
 from fedhop.common.algorithms.fedavg import FedAvgOptions, cluster_rounds, solver_of
@@ -29,24 +31,36 @@ class FedAdamOptions(FedAvgOptions):
     server_tau: float = Field(1e-3, gt=0, description="adaptivity floor tau (Reddi ~1e-3)")
 
 
-def run(ctx: NodeContext) -> Bundle:
+@dataclass
+class ServerState:
+    model: Bundle  # w
+    m: Bundle  # server first moment
+    v: Bundle  # server second moment
+
+
+def init(ctx: NodeContext) -> ServerState:
+    o: FedAdamOptions = ctx.opts
+    w = ctx.initial_params()
+    return ServerState(w, {k: v.new_zeros(v.shape) for k, v in w.items()},
+                       {k: v.new_full(v.shape, o.server_tau ** 2) for k, v in w.items()})
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """One FedAvg cycle; then Adam on the server with the mean update as the (negated) pseudo-gradient."""
     o: FedAdamOptions = ctx.opts
     args = {**solver_of(o).to_args(), "participation": o.participation, "weighting": o.weighting}
-    w = ctx.initial_params()
-    m = {k: v.new_zeros(v.shape) for k, v in w.items()}
-    v2 = {k: v.new_full(v.shape, o.server_tau ** 2) for k, v in w.items()}
-    for _ in ctx.rounds():
-        avg, weight = cluster_rounds(ctx, w, 1, args)
-        if weight > 0:
-            delta = sub(avg, w)                                            # pseudo-gradient (negated)
-            for k in w:
-                m[k] = o.server_beta1 * m[k] + (1 - o.server_beta1) * delta[k]
-                v2[k] = o.server_beta2 * v2[k] + (1 - o.server_beta2) * delta[k] * delta[k]
-                w[k] = w[k] + o.server_lr * m[k] / (v2[k].sqrt() + o.server_tau)
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(w))
-    return w
+    w, m, v2 = s.model, s.m, s.v
+    avg, weight = cluster_rounds(ctx, w, 1, args)
+    if weight > 0:
+        delta = sub(avg, w)                                            # pseudo-gradient (negated)
+        for k in w:
+            m[k] = o.server_beta1 * m[k] + (1 - o.server_beta1) * delta[k]
+            v2[k] = o.server_beta2 * v2[k] + (1 - o.server_beta2) * delta[k] * delta[k]
+            w[k] = w[k] + o.server_lr * m[k] / (v2[k].sqrt() + o.server_tau)
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(w))
+    return ServerState(w, m, v2)
 
 
-register(Algorithm("fedadam", FedAdamOptions, run,
-                   "FedAdam (Reddi et al. 2021): server-side Adam on the mean update", needs_edges=False))
+register(Algorithm("fedadam", FedAdamOptions, init, server_round,
+                   summary="FedAdam (Reddi et al. 2021): server-side Adam on the mean update", needs_edges=False))

@@ -18,14 +18,19 @@ Under full participation every interval is 1, w_i = 1, and both variants equal F
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import LocalSolver
-from fedhop.common.algorithms.participation import FullParticipation, Participation, participants
+from fedhop.common.algorithms.participation import (
+    FullParticipation,
+    Participation,
+    ParticipationState,
+    participants,
+)
 from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum
 
@@ -65,36 +70,45 @@ class IntervalWeights:
         self.interval[rec] = 0
 
 
-def run(ctx: NodeContext) -> Bundle:
+@dataclass
+class ServerState:
+    model: Bundle  # x
+    book: IntervalWeights  # the online interval estimates of 1/p_i
+    participation: ParticipationState = field(default_factory=ParticipationState)
+
+
+def init(ctx: NodeContext) -> ServerState:
     o: FedAUOptions = ctx.opts
-    x = ctx.initial_params()
+    return ServerState(ctx.initial_params(), IntervalWeights.new(len(ctx.children), o.k_cut))
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    o: FedAUOptions = ctx.opts
+    x, book = s.model, s.book
     clients = ctx.topology.sort(ctx.children)
     index = {c: i for i, c in enumerate(clients)}
-    book = IntervalWeights.new(len(clients), o.k_cut)
     args: dict[str, Scalar] = LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size).to_args()
-    for _ in ctx.rounds():
-        chosen = participants(ctx, o.participation)
-        replies = ctx.comm.scatter(chosen, "local.train", x, args, expect=x)
-        took = np.zeros(len(clients), dtype=bool)
-        took[[index[c] for c in replies]] = True
-        if o.variant == "original":
-            w = book.weights()
-            if replies:
-                delta = weighted_sum((float(w[index[c]]), sub(r.bundle, x)) for c, r in replies.items())
-                x = {k: x[k] + (o.server_lr / len(clients)) * delta[k] for k in x}
-            book.update(took)
-        else:
-            book.update(took)
-            w = book.weights()
-            if replies:
-                norm = float(sum(w[index[c]] for c in replies))
-                delta = weighted_sum((float(w[index[c]]) / norm, sub(r.bundle, x)) for c, r in replies.items())
-                x = {k: x[k] + delta[k] for k in x}
-        ctx.state.update(x=x, fedau_weights=book.weights())
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(x), participants=len(chosen))
-    return x
+    chosen = participants(ctx, o.participation, s.participation)
+    replies = ctx.comm.scatter(chosen, "local.train", x, args, expect=x)
+    took = np.zeros(len(clients), dtype=bool)
+    took[[index[c] for c in replies]] = True
+    if o.variant == "original":
+        w = book.weights()
+        if replies:
+            delta = weighted_sum((float(w[index[c]]), sub(r.bundle, x)) for c, r in replies.items())
+            x = {k: x[k] + (o.server_lr / len(clients)) * delta[k] for k in x}
+        book.update(took)
+    else:
+        book.update(took)
+        w = book.weights()
+        if replies:
+            norm = float(sum(w[index[c]] for c in replies))
+            delta = weighted_sum((float(w[index[c]]) / norm, sub(r.bundle, x)) for c, r in replies.items())
+            x = {k: x[k] + delta[k] for k in x}
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(x), participants=len(chosen))
+    return ServerState(x, book, s.participation)
 
 
-register(Algorithm("fedau", FedAUOptions, run, "FedAU (Wang & Ji 2023): online 1/p_i aggregation weights",
-                   needs_edges=False))
+register(Algorithm("fedau", FedAUOptions, init, server_round,
+                   summary="FedAU (Wang & Ji 2023): online 1/p_i aggregation weights", needs_edges=False))

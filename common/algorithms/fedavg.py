@@ -10,12 +10,13 @@ the same weighted average). Participants missing at the deadline are left out of
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import LocalSolver
-from fedhop.common.algorithms.participation import Participation, participants
+from fedhop.common.algorithms.participation import Participation, ParticipationState, participants
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
 from fedhop.common.wire.bundle import Bundle, weighted_mean
 
@@ -59,20 +60,21 @@ def sample_participants(ctx: NodeContext, pool: tuple[str, ...], fraction: float
 
 def average_replies(ctx: NodeContext, replies: dict[str, Reply], weighting: str) -> tuple[Bundle, int]:
     """Weighted average of the replies' bundles, in canonical order; returns it and its total weight."""
-    weights = {n: int(r.scalars.get("n", ctx.data_size(n))) for n, r in replies.items()}
+    weights = {n: int(r.scalars["n"]) if "n" in r.scalars else ctx.data_size(n) for n, r in replies.items()}
     avg = weighted_mean(((weights[n] if weighting == "data_size" else 1.0), r.bundle) for n, r in replies.items())
     return avg, sum(weights.values())
 
 
 def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, args: dict[str, Scalar],
-                   model: BaseModel | None = None) -> tuple[Bundle, int]:
+                   model: BaseModel | None = None, process: ParticipationState | None = None) -> tuple[Bundle, int]:
     """kappa2 times: the node's children train locally and the node averages them (HierFAVG inner loop).
 
-    ``model``: a participation model drawing S_r instead of the uniform fraction ``args["participation"]``.
+    ``model``: a participation model drawing S_r (its process kept in ``process``) instead of the uniform
+    fraction ``args["participation"]``.
     """
     weight = 0
     for s in range(edge_rounds):
-        chosen = (participants(ctx, model) if model is not None
+        chosen = (participants(ctx, model, process) if model is not None
                   else sample_participants(ctx, ctx.children, float(args["participation"]), s))
         offset = s * int(args["solver.steps"])
         replies = ctx.comm.scatter(chosen, "local.train", params,
@@ -89,28 +91,43 @@ def edge_round(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Rep
     return Reply(w, {"n": n})
 
 
-def run(ctx: NodeContext) -> Bundle:
+@dataclass
+class ServerState:
+    model: Bundle  # w^t
+    participation: ParticipationState = field(default_factory=ParticipationState)
+
+
+def init(ctx: NodeContext) -> ServerState:
     o: FedAvgOptions = ctx.opts
-    edge_rounds = getattr(o, "edge_rounds", 1)
-    model = None if isinstance(o.participation, float) else o.participation
-    if model is not None and ctx.topology.edges:
+    if not isinstance(o.participation, float) and ctx.topology.edges:
         raise ValueError("participation models need topology.edges = 0; use a fraction with edges")
-    args = {**solver_of(o).to_args(), "participation": 1.0 if model is not None else o.participation,
-            "weighting": o.weighting, "edge_rounds": edge_rounds}
-    w = ctx.initial_params()
-    for _ in ctx.rounds():
-        if ctx.topology.edges:
-            replies = ctx.comm.scatter(ctx.children, "hier.edge_round", w, args, expect=w)
-            replies = {e: r for e, r in replies.items() if int(r.scalars["n"]) > 0}
-            if replies:
-                w, _ = average_replies(ctx, replies, "data_size")
-        else:
-            w, _ = cluster_rounds(ctx, w, o.syncs_per_round, args, model)
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(w))
-    return w
+    return ServerState(ctx.initial_params())
 
 
-register(Algorithm("fedavg", FedAvgOptions, run, "FedAvg; through edges when the topology has them"))
-register(Algorithm("hierfavg", HierFAVGOptions, run, "HierFAVG: kappa2 edge rounds per cloud round",
-                   needs_edges=True))
+def round_args(o: FedAvgOptions) -> dict[str, Scalar]:
+    model = not isinstance(o.participation, float)
+    return {**solver_of(o).to_args(), "participation": 1.0 if model else o.participation,
+            "weighting": o.weighting, "edge_rounds": getattr(o, "edge_rounds", 1)}
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """Round t: w^{t+1} = the weighted average of the participants' (or edges') models."""
+    o: FedAvgOptions = ctx.opts
+    w = s.model
+    if ctx.topology.edges:
+        replies = ctx.comm.scatter(ctx.children, "hier.edge_round", w, round_args(o), expect=w)
+        replies = {e: r for e, r in replies.items() if int(r.scalars["n"]) > 0}
+        if replies:
+            w, _ = average_replies(ctx, replies, "data_size")
+    else:
+        model = None if isinstance(o.participation, float) else o.participation
+        w, _ = cluster_rounds(ctx, w, o.syncs_per_round, round_args(o), model, s.participation)
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(w))
+    return ServerState(w, s.participation)
+
+
+register(Algorithm("fedavg", FedAvgOptions, init, server_round,
+                   summary="FedAvg; through edges when the topology has them"))
+register(Algorithm("hierfavg", HierFAVGOptions, init, server_round,
+                   summary="HierFAVG: kappa2 edge rounds per cloud round", needs_edges=True))

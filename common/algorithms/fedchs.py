@@ -32,14 +32,18 @@ steps with the dequantised uploads. Downlink and hand-off stay uncompressed.
 Missing clients (scatter returns fewer replies) are left out of the step and gamma is renormalised over those
 that replied; if none replied the interaction makes no step. With a single cluster (no neighbour edge) the
 walk degenerates to a self-loop: the model stays at that edge and no hand-off is sent (spec sec. 8 item 2).
-The model has no copy outside the active edge, so if the active edge does not finish its round the run stops
-with an error (the networked engine retries the hand-off itself).
+A model that is never lost (outside the paper, which assumes reliable nodes): the sender of a hand-off keeps
+its copy (``EdgeState.sent``) until it next receives a model. If the active edge does not finish its round,
+the PS asks the previous holder to hand its copy again, with the two-step rule applied among its reachable
+neighbours other than the failed one (or to keep it: then it runs the round itself), and the round is redone
+there; the round's ``redo`` metric names the failed edge. The model still never passes through the PS.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -151,8 +155,23 @@ def cluster_round(ctx: NodeContext, w: Bundle, o: FedCHSOptions) -> tuple[Bundle
     return w, (sum(losses) / len(losses) if losses else float("nan")), uploads
 
 
+@dataclass
+class EdgeState:
+    """An edge: the model it holds when the walk stays here (``held``) and its copy of the last model it handed
+    on (``sent``, dropped when it next receives one). Its visit counter c(m) is the public fact VISITS."""
+
+    held: Bundle | None = None
+    sent: Bundle | None = None
+
+
+def node_state(role: str) -> EdgeState | None:
+    return EdgeState() if role == "edge" else None
+
+
 def _acquire(ctx: NodeContext, first: bool, o: FedCHSOptions) -> Bundle:
     """The model this edge trains this round: w^0 at m(0), else the one handed to it."""
+    st: EdgeState = ctx.state
+    st.sent = None
     if first:
         if o.count_initial_es:  # not in Algorithm 1 (spec 3.3 flag)
             ctx.public[VISITS] = int(ctx.public.get(VISITS, 0)) + 1
@@ -161,8 +180,9 @@ def _acquire(ctx: NodeContext, first: bool, o: FedCHSOptions) -> Bundle:
         w, _ = ctx.take("model")
         ctx.public[VISITS] = int(ctx.public.get(VISITS, 0)) + 1  # Alg. 1 line 18: c(m(t+1)) += 1
         return w
-    if "w" in ctx.state:  # single cluster: self-loop, the model never left
-        return ctx.state.pop("w")
+    if st.held is not None:  # the walk stayed here (one cluster, or no neighbour could take the model)
+        w, st.held = st.held, None
+        return w
     raise RuntimeError(f"{ctx.node_id}: told to run a Fed-CHS round but holds no model")
 
 
@@ -180,24 +200,39 @@ def edge_round(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
     return Reply({}, scalars)
 
 
-def pass_model(ctx: NodeContext, w: Bundle) -> NodeId:
+def pass_model(ctx: NodeContext, w: Bundle, avoid: frozenset[NodeId] = frozenset()) -> NodeId:
     """Hand w^{t+1} to m(t+1) chosen by the two-step rule among the neighbours that answer describe.
 
     A neighbour that cannot take the model is ruled out and the rule applied again (DESIGN.md sec. 6:
     rerouted, never lost); with no neighbour reachable (or none at all: one cluster) the model stays here and
-    this edge is m(t+1). Both are outside the paper, which assumes reliable links.
+    this edge is m(t+1). Both are outside the paper, which assumes reliable links. ``avoid``: neighbours
+    ruled out from the start (an edge that failed the round this model was handed to it for).
     """
-    facts = ctx.comm.describe(ctx.neighbours) if ctx.neighbours else {}
+    st: EdgeState = ctx.state
+    peers = [m for m in ctx.neighbours if m not in avoid]
+    facts = ctx.comm.describe(peers) if peers else {}
     candidates = [(m, int(f.get(VISITS, 0)), int(f["data_size"])) for m, f in facts.items()]
     while candidates:
         nxt = choose_next(candidates)
         try:
             ctx.comm.hand_off(nxt, "model", w)
+            st.sent = w  # kept until this edge next receives a model: the redo copy
             return nxt
         except HandOffError:
             candidates = [c for c in candidates if c[0] != nxt]
-    ctx.state["w"] = w
+    st.held = w
     return ctx.node_id
+
+
+@task("fedchs.resend")
+def edge_resend(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Previous holder, after the edge it handed the model to failed its round: hand its copy again, to
+    another neighbour by the two-step rule (or keep it); replies with the new m(t)."""
+    st: EdgeState = ctx.state
+    if st.sent is None:
+        raise RuntimeError(f"{ctx.node_id}: asked to hand its copy of the model again but keeps none")
+    w, st.sent = st.sent, None
+    return Reply({}, {"next": pass_model(ctx, w, frozenset({str(args["avoid"])}))})
 
 
 @task("fedchs.collect")
@@ -206,35 +241,73 @@ def edge_collect(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
     if "model" in ctx.inbox:
         w, _ = ctx.take("model")
         return Reply(w)
-    if "w" in ctx.state:
-        return Reply(ctx.state["w"])
+    if ctx.state.held is not None:
+        return Reply(ctx.state.held)
     raise RuntimeError(f"{ctx.node_id}: asked for the final Fed-CHS model but holds none")
 
 
-def run(ctx: NodeContext) -> Bundle:
-    """PS (control plane only): m(0) uniform at random, then one `fedchs.round` a round at the active edge."""
+@dataclass
+class ServerState:
+    """The PS's control state: the active edge m(t), the edge that handed it the model, whether w^0 is still
+    to be built (round 0), and the client steps so far."""
+
+    active: NodeId
+    previous: NodeId | None = None
+    first: bool = True
+    steps: int = 0
+
+
+def init(ctx: NodeContext) -> ServerState:
+    """m(0) uniform at random."""
     edges = ctx.topology.edges
-    active = edges[int(ctx.np_rng("fedchs.m0").integers(len(edges)))]
+    return ServerState(edges[int(ctx.np_rng("fedchs.m0").integers(len(edges)))])
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """PS (control plane only): one ``fedchs.round`` at the active edge; it names m(t+1)."""
     o: FedCHSOptions = ctx.opts
-    steps = 0
-    for t in ctx.rounds():
-        ev = ctx.should_eval()
-        replies = ctx.comm.scatter([active], "fedchs.round", None, {"first": t == 0, "eval": ev})
+    ev = ctx.should_eval()
+    active, redo = s.active, ""
+    replies = ctx.comm.scatter([active], "fedchs.round", None, {"first": s.first, "eval": ev})
+    if active not in replies:
+        redo = active
+        active = _redo_at(ctx, s)
+        replies = ctx.comm.scatter([active], "fedchs.round", None, {"first": s.first, "eval": ev})
         if active not in replies:
-            raise RuntimeError(f"Fed-CHS round {t + 1}: active edge {active} did not finish; "
-                               "the model lives there")
-        r = replies[active].scalars
-        steps += int(r["uploads"]) * o.E
-        metrics: dict[str, Scalar] = {"edge": active, "train_loss": r["train_loss"], "client_steps": steps}
-        if ev:
-            metrics.update({k: r[k] for k in ("loss", "accuracy") if k in r})
-        ctx.report(**metrics)
-        active = str(r["next"])
-    final = ctx.comm.scatter([active], "fedchs.collect", None, {}, expect=ctx.initial_params())
-    if active not in final:
-        raise RuntimeError(f"Fed-CHS: could not collect the final model from {active}")
-    return final[active].bundle
+            raise RuntimeError(f"Fed-CHS round {ctx.round + 1}: neither {s.active} nor {active} (the redo) "
+                               "finished the round")
+    r = replies[active].scalars
+    steps = s.steps + int(r["uploads"]) * o.E
+    metrics: dict[str, Scalar] = {"edge": active, "train_loss": r["train_loss"], "client_steps": steps}
+    if redo:
+        metrics["redo"] = f"{redo} failed"
+    if ev:
+        metrics.update({k: r[k] for k in ("loss", "accuracy") if k in r})
+    ctx.report(**metrics)
+    return ServerState(str(r["next"]), active, False, steps)
 
 
-register(Algorithm("fedchs", FedCHSOptions, run,
-                   "Fed-CHS: sequential cluster walk, K interactions per cluster", needs_edges=True))
+def _redo_at(ctx: NodeContext, s: ServerState) -> NodeId:
+    """Where the failed round is redone: w^0 is rebuilt at the next edge in canonical order (round 0), else
+    the previous holder hands its copy again (or keeps it and is the new m(t))."""
+    if s.first:
+        edges = list(ctx.topology.edges)
+        return edges[(edges.index(s.active) + 1) % len(edges)]
+    assert s.previous is not None
+    got = ctx.comm.scatter([s.previous], "fedchs.resend", None, {"avoid": s.active})
+    if s.previous not in got:
+        raise RuntimeError(f"Fed-CHS round {ctx.round + 1}: {s.active} failed and {s.previous}, which holds "
+                           "the only copy of the model, does not answer")
+    return str(got[s.previous].scalars["next"])
+
+
+def final(ctx: NodeContext, s: ServerState) -> Bundle:
+    """After the last round the PS fetches w^T from the edge that holds it."""
+    got = ctx.comm.scatter([s.active], "fedchs.collect", None, {}, expect=ctx.initial_params())
+    if s.active not in got:
+        raise RuntimeError(f"Fed-CHS: could not collect the final model from {s.active}")
+    return got[s.active].bundle
+
+
+register(Algorithm("fedchs", FedCHSOptions, init, server_round, final=final, node_state=node_state,
+                   summary="Fed-CHS: sequential cluster walk, K interactions per cluster", needs_edges=True))

@@ -44,6 +44,7 @@ run aborted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -60,7 +61,6 @@ from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle, flat
 
 SLOT = "fedcluster.model"  # inbox slot of a handed-off model
-MODEL = "fedcluster.model"  # ctx.state key: the edge's last output W_{jM+K+1}
 
 
 class FedClusterOptions(FedAvgOptions):
@@ -133,6 +133,23 @@ def check_spec(spec: RunSpec, o: FedClusterOptions) -> None:
 
 # -- edge tasks --------------------------------------------------------------------------------------------
 
+@dataclass
+class EdgeState:
+    """An edge: its last output W_{jM+K+1} (kept as the fallback of a later roll-back)."""
+
+    model: Bundle | None = None
+
+
+def node_state(role: str) -> EdgeState | None:
+    return EdgeState() if role == "edge" else None
+
+
+def _output(ctx: NodeContext) -> Bundle:
+    if ctx.state.model is None:
+        raise RuntimeError(f"{ctx.node_id}: holds no FedCluster model")
+    return ctx.state.model
+
+
 @task("fedcluster.cycle")
 def cycle_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Edge c, cycle K of round j: W_{jM+K} from where the PS says it is, one FedAvg step on the cluster
@@ -143,11 +160,11 @@ def cycle_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Rep
     elif source == "inbox":  # handed off by the previous cluster
         w, _ = ctx.take(SLOT)
     elif source == "self":  # this edge ran the previous cycle (round boundary)
-        w = ctx.state[MODEL]
+        w = _output(ctx)
     else:
         raise ValueError(f"unknown model source {source!r}")
     w, n = cluster_rounds(ctx, w, 1, args)
-    ctx.state[MODEL] = w
+    ctx.state.model = w
     return Reply({}, {"n": n})
 
 
@@ -156,7 +173,7 @@ def pass_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Repl
     """Holder edge: hand its model to the next cluster's edge (acknowledged); keeps its own copy as the
     fallback of a later roll-back."""
     try:
-        ctx.comm.hand_off(str(args["to"]), SLOT, ctx.state[MODEL])
+        ctx.comm.hand_off(str(args["to"]), SLOT, _output(ctx))
     except HandOffError:
         return Reply({}, {"delivered": False})
     return Reply({}, {"delivered": True})
@@ -165,24 +182,25 @@ def pass_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Repl
 @task("fedcluster.evaluate")
 def evaluate_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Holder edge: test metrics of the model it holds (scalars only; the model does not move)."""
-    return Reply({}, dict(ctx.evaluate(ctx.state[MODEL])))
+    return Reply({}, dict(ctx.evaluate(_output(ctx))))
 
 
 @task("fedcluster.collect")
 def collect_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Holder edge, after the last round: send the final model W_{TM} to the PS."""
-    return Reply(ctx.state[MODEL], {})
+    return Reply(_output(ctx), {})
 
 
 # -- the PS: control plane ---------------------------------------------------------------------------------
 
-class _Holders:
+@dataclass
+class Holders:
     """Which edges hold which model: ``history`` lists the edges that produced each model, oldest first.
-    Walking back, the first occurrence of an edge is its latest output, still in its state."""
+    Walking back, the first occurrence of an edge is its latest output, still in its state. This is the PS's
+    whole state: the model itself lives at the edges."""
 
-    def __init__(self) -> None:
-        self.history: list[NodeId] = []
-        self.dead: set[NodeId] = set()
+    history: list[NodeId] = field(default_factory=list)
+    dead: set[NodeId] = field(default_factory=set)
 
     @property
     def current(self) -> NodeId | None:
@@ -203,7 +221,7 @@ class _Holders:
                                "answers; the model is lost")
 
 
-def _ask_holder(ctx: NodeContext, holders: _Holders, task_name: str, args: dict[str, Scalar],
+def _ask_holder(ctx: NodeContext, holders: Holders, task_name: str, args: dict[str, Scalar],
                 expect: Bundle | None = None) -> tuple[NodeId, Reply]:
     """Send ``task_name`` to the holder, rolling back to earlier holders while they do not answer."""
     while True:
@@ -215,59 +233,65 @@ def _ask_holder(ctx: NodeContext, holders: _Holders, task_name: str, args: dict[
         holders.lost(h)
 
 
-def run(ctx: NodeContext) -> Bundle:
-    """The PS's choreography of Algorithm 1: T rounds x M cycles, the model moving edge -> edge."""
+def init(ctx: NodeContext) -> Holders:
+    check_topology(ctx.topology, ctx.opts.order)
+    return Holders()
+
+
+def server_round(ctx: NodeContext, holders: Holders) -> Holders:
+    """Learning round j of Algorithm 1: M cycles, the model moving edge -> edge (the PS is control plane)."""
     o: FedClusterOptions = ctx.opts
     topo = ctx.topology
-    check_topology(topo, o.order)
-    m = len(topo.edges)
-    solver = solver_of(o.model_copy(update={"lr": step_size(o, m)}))
+    solver = solver_of(o.model_copy(update={"lr": step_size(o, len(topo.edges))}))
     args: dict[str, Scalar] = {**solver.to_args(), "participation": o.participation, "weighting": o.weighting}
-    w0 = ctx.initial_params()
-    holders = _Holders()
-    for j in ctx.rounds():
-        visited: list[NodeId] = []
-        skipped = 0
-        for c in cycle_order(ctx, j, o.order):
-            h = holders.current
-            if h is None:
-                source, bundle = "bundle", w0
-            elif h == c:
-                source, bundle = "self", {}
-            else:
-                if c not in topo.neighbours[h]:  # only after a skipped cluster under a ring
-                    skipped += 1
-                    continue
-                h, moved = _ask_holder(ctx, holders, "fedcluster.pass", {"to": c})
-                if h == c:
-                    source, bundle = "self", {}
-                elif not bool(moved.scalars.get("delivered")):
-                    skipped += 1
-                    continue
-                else:
-                    source, bundle = "inbox", {}
-            got = ctx.comm.scatter([c], "fedcluster.cycle", bundle, {**args, "source": source})
-            if c not in got:
+    visited: list[NodeId] = []
+    skipped = 0
+    for c in cycle_order(ctx, ctx.round, o.order):
+        h = holders.current
+        if h is None:
+            source, bundle = "bundle", ctx.initial_params()
+        elif h == c:
+            source, bundle = "self", {}
+        else:
+            if c not in topo.neighbours[h]:  # only after a skipped cluster under a ring
                 skipped += 1
                 continue
-            holders.produced(c)
-            visited.append(c)
-        metrics: dict[str, Scalar] = {"order": ",".join(visited), "cycles": len(visited), "skipped": skipped}
-        if ctx.should_eval() and holders.current is not None:
-            _, ev = _ask_holder(ctx, holders, "fedcluster.evaluate", {})
-            metrics.update(ev.scalars)
-        elif ctx.should_eval():
-            metrics.update(ctx.evaluate(w0))
-        ctx.report(**metrics)
+            h, moved = _ask_holder(ctx, holders, "fedcluster.pass", {"to": c})
+            if h == c:
+                source, bundle = "self", {}
+            elif not bool(moved.scalars.get("delivered")):
+                skipped += 1
+                continue
+            else:
+                source, bundle = "inbox", {}
+        got = ctx.comm.scatter([c], "fedcluster.cycle", bundle, {**args, "source": source})
+        if c not in got:
+            skipped += 1
+            continue
+        holders.produced(c)
+        visited.append(c)
+    metrics: dict[str, Scalar] = {"order": ",".join(visited), "cycles": len(visited), "skipped": skipped}
+    if ctx.should_eval() and holders.current is not None:
+        _, ev = _ask_holder(ctx, holders, "fedcluster.evaluate", {})
+        metrics.update(ev.scalars)
+    elif ctx.should_eval():
+        metrics.update(ctx.evaluate(ctx.initial_params()))
+    ctx.report(**metrics)
+    return holders
+
+
+def final(ctx: NodeContext, holders: Holders) -> Bundle:
+    """After the last round the PS collects W_{TM} from its holder (d floats, once per run)."""
+    w0 = ctx.initial_params()
     if holders.current is None:
         return w0
-    _, final = _ask_holder(ctx, holders, "fedcluster.collect", {}, expect=w0)
-    return final.bundle
+    _, got = _ask_holder(ctx, holders, "fedcluster.collect", {}, expect=w0)
+    return got.bundle
 
 
-register(Algorithm("fedcluster", FedClusterOptions, run,
-                   "FedCluster: M clusters (= edges) train in turn each round; the model cycles edge -> edge",
-                   needs_edges=True, check=check_spec))
+register(Algorithm("fedcluster", FedClusterOptions, init, server_round, final=final, node_state=node_state,
+                   summary="FedCluster: M clusters (= edges) train in turn each round; the model cycles edge -> "
+                   "edge", needs_edges=True, check=check_spec))
 
 
 # -- heterogeneity (Eq. 2): a measurement, not part of the algorithm --------------------------------------

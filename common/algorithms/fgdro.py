@@ -49,7 +49,6 @@ from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mea
 # What travels: the model under "w.", the momentum under "m.", the second moment under "q.", and the one
 # scalar ("s" for CVaR, "v" for KL) as a 0-d tensor so that it is counted as payload. u_i has no wire name.
 W, M, Q = "w.", "m.", "q."
-U_STATE = "fgdro.u"  # the client's ctx.state key for u_i (never sent)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -150,8 +149,31 @@ def uniform_mean(replies: dict[str, Reply]) -> Bundle:
     return weighted_mean((1.0, r.bundle) for r in replies.values())
 
 
+@dataclass
+class ClientState:
+    """Client i: its moving average u_i of the loss (never sent); None until its first round."""
+
+    u: float | None = None
+
+
+def node_state(role: str) -> ClientState | None:
+    return ClientState() if role == "client" else None
+
+
 def _client_u(ctx: NodeContext, default: float) -> float:
-    return float(ctx.state.get(U_STATE, default))
+    u = ctx.state.u
+    return float(default if u is None else u)
+
+
+@dataclass
+class ServerState:
+    """The averaged bundle: wbar (under "w."), and sbar / mbar / qbar / vbar as the algorithm has them."""
+
+    avg: Bundle
+
+    @property
+    def model(self) -> Bundle:
+        return unprefixed(W, self.avg)
 
 
 @dataclass(frozen=True)
@@ -215,28 +237,33 @@ def cvar_client_round(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar])
         if a:
             for k in w:
                 w[k] = w[k] - lr * g[k]                          # line 8: w -= eta1 * a * grad l
-    ctx.state[U_STATE] = u
+    ctx.state.u = u
     return Reply({**prefixed(W, w), "s": scalar_tensor(s, w)})
 
 
-def run_cvar(ctx: NodeContext) -> Bundle:
+def _cvar_args(ctx: NodeContext) -> dict[str, Scalar]:
     o: FGDROCVaROptions = ctx.opts
-    clients = ctx.children
-    n = len(clients)
-    if n < o.K:
-        raise ValueError(f"fgdro-cvar: K = {o.K} exceeds the number of clients N = {n}")
-    args: dict[str, Scalar] = {"lr": o.lr, "lr_s": o.lr_s if o.lr_s is not None else o.lr, "beta1": o.beta1,
-                               "K_over_N": o.K / n, "u_init": o.u_init, "local_steps": o.local_steps,
-                               "batch_size": o.batch_size}
+    n = len(ctx.children)
+    return {"lr": o.lr, "lr_s": o.lr_s if o.lr_s is not None else o.lr, "beta1": o.beta1, "K_over_N": o.K / n,
+            "u_init": o.u_init, "local_steps": o.local_steps, "batch_size": o.batch_size}
+
+
+def init_cvar(ctx: NodeContext) -> ServerState:
+    o: FGDROCVaROptions = ctx.opts
+    if len(ctx.children) < o.K:
+        raise ValueError(f"fgdro-cvar: K = {o.K} exceeds the number of clients N = {len(ctx.children)}")
     w = ctx.initial_params()
-    state: Bundle = {**prefixed(W, w), "s": scalar_tensor(o.s_init, w)}
-    for _ in ctx.rounds():
-        replies = ctx.comm.scatter(clients, "fgdro.cvar.round", state, args, expect=state)
-        if replies:
-            state = uniform_mean(replies)                        # line 10: wbar, sbar
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(unprefixed(W, state)), s_bar=float(state["s"]), present=len(replies))
-    return unprefixed(W, state)
+    return ServerState({**prefixed(W, w), "s": scalar_tensor(o.s_init, w)})
+
+
+def round_cvar(ctx: NodeContext, st: ServerState) -> ServerState:
+    """Alg. 1, one round: every client runs I local steps from (wbar, sbar); the server averages."""
+    replies = ctx.comm.scatter(ctx.children, "fgdro.cvar.round", st.avg, _cvar_args(ctx), expect=st.avg)
+    if replies:
+        st = ServerState(uniform_mean(replies))                  # line 10: wbar, sbar
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(st.model), s_bar=float(st.avg["s"]), present=len(replies))
+    return st
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -257,7 +284,7 @@ def kl_client_init(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) ->
     gen = ctx.rng("fgdro.kl.init")
     x, y = sample_batch(ctx.data, int(args["batch_size"]), gen)
     u, _ = loss_and_grad(ctx.ws, w, x, y)
-    ctx.state[U_STATE] = u
+    ctx.state.u = u
     return Reply({"v": scalar_tensor(math.exp((u - float(args["kl.shift"])) / float(args["kl.lam"])), w)})
 
 
@@ -273,15 +300,14 @@ def kl_client_round_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scala
     if step.adam:
         out.update(prefixed(Q, q))
     if step.weighted:
-        ctx.state[U_STATE] = u
+        ctx.state.u = u
         out["v"] = scalar_tensor(v, w)
     return Reply(out)
 
 
-def run_kl(ctx: NodeContext) -> Bundle:
+def _kl_setup(ctx: NodeContext) -> tuple[KLStep, dict[str, Scalar]]:
     o = ctx.opts
-    clients = ctx.children
-    n = len(clients)
+    n = len(ctx.children)
     weighted = not isinstance(o, LocalAdamOptions)
     adam = isinstance(o, FGDROKLAdamOptions | LocalAdamOptions)
     step = KLStep(lr=o.lr, beta1=getattr(o, "beta1", 0.0), beta2=getattr(o, "beta2", 0.0), beta3=o.beta3,
@@ -290,34 +316,53 @@ def run_kl(ctx: NodeContext) -> Bundle:
                   beta4=getattr(o, "beta4", 0.0), tau=getattr(o, "tau", 0.0), weighted=weighted)
     args: dict[str, Scalar] = {**{f"kl.{k}": v for k, v in step.__dict__.items()},
                                "local_steps": o.local_steps, "batch_size": o.batch_size}
+    return step, args
+
+
+def init_kl(ctx: NodeContext) -> ServerState:
+    """wbar^1 = w0, mbar^1 = qbar^1 = 0 (spec 9), vbar^1 = exp(0 / lambda) (v_init "one", shifted scale)."""
+    step, _ = _kl_setup(ctx)
     w = ctx.initial_params()
-    zeros = {k: torch.zeros_like(t) for k, t in w.items()}   # mbar^1 = qbar^1 = 0 (spec 9)
-    state: Bundle = {**prefixed(W, w), **prefixed(M, zeros)}
-    if adam:
-        state.update(prefixed(Q, zeros))
-    if weighted:
-        vbar = math.exp((0.0 - step.shift) / step.lam)           # v_init "one": exp(0/lambda), shifted scale
-        if o.u_init == "first_batch":
-            init = ctx.comm.scatter(clients, "fgdro.kl.init", {}, args)
-            if init and o.v_init == "mean_exp_u":
-                vbar = float(uniform_mean(init)["v"])             # vbar^1 = mean_i exp(u_i^0 / lambda)
-        state["v"] = scalar_tensor(vbar, w)
-    for _ in ctx.rounds():
-        replies = ctx.comm.scatter(clients, "fgdro.kl.round", state, args, expect=state)
-        if replies:
-            state = uniform_mean(replies)                        # line 10 (Alg.3 line 11, erratum 4)
-        if ctx.should_eval():
-            extra = {"v_bar": float(state["v"])} if weighted else {}
-            ctx.report(**ctx.evaluate(unprefixed(W, state)), **extra, present=len(replies))
-    return unprefixed(W, state)
+    zeros = {k: torch.zeros_like(t) for k, t in w.items()}
+    avg: Bundle = {**prefixed(W, w), **prefixed(M, zeros)}
+    if step.adam:
+        avg.update(prefixed(Q, zeros))
+    if step.weighted:
+        avg["v"] = scalar_tensor(math.exp((0.0 - step.shift) / step.lam), w)
+    return ServerState(avg)
 
 
-register(Algorithm("fgdro-cvar", FGDROCVaROptions, run_cvar,
-                   "FGDRO-CVaR (Guo & Yang 2024, Alg. 1): averages (w, s), d+1 floats", needs_edges=False))
-register(Algorithm("fgdro-kl", FGDROKLOptions, run_kl,
-                   "FGDRO-KL (Alg. 2): averages (w, m, v), 2d+1 floats", needs_edges=False))
-register(Algorithm("fgdro-kl-adam", FGDROKLAdamOptions, run_kl,
-                   "FGDRO-KL-Adam (Alg. 3): averages (w, m, q, v), 3d+1 floats", needs_edges=False))
-register(Algorithm("local-adam", LocalAdamOptions, run_kl,
-                   "LocalAdam (FGDRO App. D, Alg. 4): local Adam steps, averages (w, m, q), 3d floats",
+def setup_kl(ctx: NodeContext, st: ServerState) -> ServerState:
+    """Set-up step, with ``u_init = "first_batch"``: every client sets u_i^0 on a first minibatch; with
+    ``v_init = "mean_exp_u"`` vbar^1 = mean_i exp(u_i^0 / lambda)."""
+    o = ctx.opts
+    step, args = _kl_setup(ctx)
+    if not step.weighted or o.u_init != "first_batch":
+        return st
+    init = ctx.comm.scatter(ctx.children, "fgdro.kl.init", {}, args)
+    if init and o.v_init == "mean_exp_u":
+        return ServerState({**st.avg, "v": scalar_tensor(float(uniform_mean(init)["v"]), st.model)})
+    return st
+
+
+def round_kl(ctx: NodeContext, st: ServerState) -> ServerState:
+    """Alg. 2/3/4, one round: I local steps at every client from the averages; the server averages."""
+    step, args = _kl_setup(ctx)
+    replies = ctx.comm.scatter(ctx.children, "fgdro.kl.round", st.avg, args, expect=st.avg)
+    if replies:
+        st = ServerState(uniform_mean(replies))                  # line 10 (Alg.3 line 11, erratum 4)
+    if ctx.should_eval():
+        extra = {"v_bar": float(st.avg["v"])} if step.weighted else {}
+        ctx.report(**ctx.evaluate(st.model), **extra, present=len(replies))
+    return st
+
+
+register(Algorithm("fgdro-cvar", FGDROCVaROptions, init_cvar, round_cvar, node_state=node_state,
+                   summary="FGDRO-CVaR (Guo & Yang 2024, Alg. 1): averages (w, s), d+1 floats", needs_edges=False))
+register(Algorithm("fgdro-kl", FGDROKLOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
+                   summary="FGDRO-KL (Alg. 2): averages (w, m, v), 2d+1 floats", needs_edges=False))
+register(Algorithm("fgdro-kl-adam", FGDROKLAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
+                   summary="FGDRO-KL-Adam (Alg. 3): averages (w, m, q, v), 3d+1 floats", needs_edges=False))
+register(Algorithm("local-adam", LocalAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
+                   summary="LocalAdam (FGDRO App. D, Alg. 4): local Adam steps, averages (w, m, q), 3d floats",
                    needs_edges=False))

@@ -30,13 +30,15 @@ Choices the paper leaves open (options, spec defaults):
   form (spec 3.2) does.
 - ``init``: ``"zero"`` is Algorithm 1's own init (g_i = 0, y = 0), used in the experiments. ``"matched"`` is
   the matrix form's init (spec 3.4.5): a virtual full round with tau = 1 before round 0, i.e. every client
-  computes g_i = grad f_i(x0), y = sum_i g_i and x = x0 - eta y. Its messages are counted in round 0.
+  computes g_i = grad f_i(x0), y = sum_i g_i and x = x0 - eta y: the engine's set-up step, whose messages are
+  counted under round index SETUP_ROUND (-1).
 - A participant whose push does not arrive is treated as a non-participant: its g_i is rolled back at its
   next pull (participation.ServerLedger / ClientLedger), which keeps y = sum_i g_i exact.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -46,7 +48,9 @@ from fedhop.common.algorithms.local import loss_and_grad, sample_batch
 from fedhop.common.algorithms.participation import (
     ClientLedger,
     FullParticipation,
+    LedgerSnapshot,
     Participation,
+    ParticipationState,
     ServerLedger,
     participants,
 )
@@ -83,52 +87,82 @@ def local_tracker(ctx: NodeContext, x: Bundle, g_prev: Bundle, tau: int, eta: fl
     return y, g_prev
 
 
+@dataclass
+class ClientState:
+    """Client i: g_i, the last gradient it computed (None = 0 before its first round), and the ledger."""
+
+    g: Bundle | None = None
+    ledger: LedgerSnapshot | None = None
+
+
+def node_state(role: str) -> ClientState | None:
+    return ClientState() if role == "client" else None
+
+
 @task("focus.local")
 def focus_local(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: PULL received x (the request); the reply is the PUSH of y_tau."""
     ClientLedger.begin(ctx, args, ("g",))
-    g_prev = ctx.state.get("g") or zeros_like(x)
+    st: ClientState = ctx.state
+    g_prev = st.g if st.g is not None else zeros_like(x)
     gen = ctx.rng("focus.local", ctx.round)
-    y, g_last = local_tracker(ctx, x, g_prev, int(args["local_steps"]), float(args["lr"]),
-                              int(args["batch_size"]), gen)
-    ctx.state["g"] = g_last
+    y, st.g = local_tracker(ctx, x, g_prev, int(args["local_steps"]), float(args["lr"]),
+                            int(args["batch_size"]), gen)
     return Reply(y)
 
 
-def run(ctx: NodeContext) -> Bundle:
-    """Server (Alg. 1): x, y in ``ctx.state`` (y starts at 0); pull x, push y_tau, sum, step."""
-    o: FocusOptions = ctx.opts
-    eta = o.lr
+@dataclass
+class ServerState:
+    """x_r, the tracker y_r (= sum_i g_i after every round, spec 3.4.1), the participation process and the
+    ledger of lost pushes."""
+
+    model: Bundle
+    y: Bundle
+    participation: ParticipationState = field(default_factory=ParticipationState)
+    ledger: ServerLedger = field(default_factory=ServerLedger)
+
+
+def init(ctx: NodeContext) -> ServerState:
+    """Algorithm 1's init: x_0, y_0 = 0 (and g_i = 0 on every client)."""
     x = ctx.initial_params()
-    y = zeros_like(x)
-    ledger = ServerLedger()
-    args: dict[str, Scalar] = {"lr": eta, "local_steps": o.local_steps, "batch_size": o.batch_size}
-    if o.init == "matched":  # spec 3.4.5: a virtual full round with tau = 1, counted as set-up (round -1)
-        ctx.round = -1
-        x, y = _round(ctx, list(ctx.children), x, y, {**args, "local_steps": 1}, ledger, eta)
-    ctx.state.update(x=x, y=y)
-    for _ in ctx.rounds():
-        chosen = participants(ctx, o.participation)
-        if chosen or o.empty_round == "step":
-            x, y = _round(ctx, chosen, x, y, args, ledger, eta)
-        ctx.state.update(x=x, y=y)
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(x), participants=len(chosen))
-    return x
+    return ServerState(x, zeros_like(x))
 
 
-def _round(ctx: NodeContext, chosen: list[str], x: Bundle, y: Bundle, args: dict[str, Scalar],
-           ledger: ServerLedger, eta: float) -> tuple[Bundle, Bundle]:
-    replies = ctx.comm.scatter(chosen, "focus.local", x, {**args, **ledger.args_for(chosen)}, expect=x)
-    ledger.settle(ctx.round, chosen, replies)
+def setup(ctx: NodeContext, s: ServerState) -> ServerState:
+    """Set-up step: with ``init = "matched"`` (spec 3.4.5) a virtual full round with tau = 1 before round 0."""
+    if ctx.opts.init != "matched":
+        return s
+    return _pull_push(ctx, list(ctx.children), s, local_steps=1)
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """Round r (Alg. 1): draw S_r, pull x_r, push y_tau, sum, step."""
+    o: FocusOptions = ctx.opts
+    chosen = participants(ctx, o.participation, s.participation)
+    if chosen or o.empty_round == "step":
+        s = _pull_push(ctx, chosen, s, o.local_steps)
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(s.model), participants=len(chosen))
+    return s
+
+
+def _pull_push(ctx: NodeContext, chosen: list[str], s: ServerState, local_steps: int) -> ServerState:
+    o: FocusOptions = ctx.opts
+    x, y, eta = s.model, s.y, o.lr
+    args: dict[str, Scalar] = {"lr": eta, "local_steps": local_steps, "batch_size": o.batch_size,
+                               **s.ledger.args_for(chosen)}
+    replies = ctx.comm.scatter(chosen, "focus.local", x, args, expect=x)
+    s.ledger.settle(ctx.round, chosen, replies)
     if replies:
         push = weighted_sum((1.0, r.bundle) for r in replies.values())  # canonical order; a SUM
         y = {k: y[k] + push[k] for k in y}  # y_{r+1} = y_r + sum_{i in S_r} y_tau,i
     x = axpy(-eta, y, x)  # x_{r+1} = x_r - eta y_{r+1}
-    return x, y
+    return ServerState(x, y, s.participation, s.ledger)
 
 
-register(Algorithm("focus", FocusOptions, run, "FOCUS (Ying et al. 2025, Alg. 1): push-pull, exact under "
-                   "arbitrary participation", needs_edges=False))
-register(Algorithm("sg-focus", SGFocusOptions, run, "SG-FOCUS (Ying et al. 2025, Alg. 2): stochastic FOCUS",
+register(Algorithm("focus", FocusOptions, init, server_round, setup=setup, node_state=node_state,
+                   summary="FOCUS (Ying et al. 2025, Alg. 1): push-pull, exact under arbitrary participation",
+                   needs_edges=False))
+register(Algorithm("sg-focus", SGFocusOptions, init, server_round, setup=setup,
+                   node_state=node_state, summary="SG-FOCUS (Ying et al. 2025, Alg. 2): stochastic FOCUS",
                    needs_edges=False))

@@ -17,12 +17,18 @@ FOCUS does); ``"step"`` re-applies the stale average. A lost reply leaves that c
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import LocalSolver
-from fedhop.common.algorithms.participation import FullParticipation, Participation, participants
+from fedhop.common.algorithms.participation import (
+    FullParticipation,
+    Participation,
+    ParticipationState,
+    participants,
+)
 from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum, zeros_like
 
@@ -37,25 +43,34 @@ class MifaOptions(BaseModel):
     empty_round: Literal["skip", "step"] = "skip"
 
 
-def run(ctx: NodeContext) -> Bundle:
-    o: MifaOptions = ctx.opts
+@dataclass
+class ServerState:
+    model: Bundle  # x
+    updates: dict[str, Bundle]  # U_i: each client's latest update (stale for absent clients)
+    participation: ParticipationState = field(default_factory=ParticipationState)
+
+
+def init(ctx: NodeContext) -> ServerState:
     x = ctx.initial_params()
+    return ServerState(x, {c: zeros_like(x) for c in ctx.topology.sort(ctx.children)})
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    o: MifaOptions = ctx.opts
+    x, updates = s.model, s.updates
     clients = ctx.topology.sort(ctx.children)
-    updates: dict[str, Bundle] = {c: zeros_like(x) for c in clients}
     args: dict[str, Scalar] = LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size).to_args()
-    for _ in ctx.rounds():
-        chosen = participants(ctx, o.participation)
-        if chosen or o.empty_round == "step":
-            replies = ctx.comm.scatter(chosen, "local.train", x, args, expect=x)
-            for c, r in replies.items():
-                updates[c] = sub(x, r.bundle)  # U_i = x - x_tau,i
-            total = weighted_sum((1.0, updates[c]) for c in clients)
-            x = {k: x[k] - (o.server_lr / len(clients)) * total[k] for k in x}
-        ctx.state.update(x=x)
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(x), participants=len(chosen))
-    return x
+    chosen = participants(ctx, o.participation, s.participation)
+    if chosen or o.empty_round == "step":
+        replies = ctx.comm.scatter(chosen, "local.train", x, args, expect=x)
+        for c, r in replies.items():
+            updates[c] = sub(x, r.bundle)  # U_i = x - x_tau,i
+        total = weighted_sum((1.0, updates[c]) for c in clients)
+        x = {k: x[k] - (o.server_lr / len(clients)) * total[k] for k in x}
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(x), participants=len(chosen))
+    return ServerState(x, updates, s.participation)
 
 
-register(Algorithm("mifa", MifaOptions, run, "MIFA (Gu et al. 2021), correct version: stale updates of "
-                   "absent clients", needs_edges=False))
+register(Algorithm("mifa", MifaOptions, init, server_round, summary="MIFA (Gu et al. 2021), correct version: "
+                   "stale updates of absent clients", needs_edges=False))

@@ -237,21 +237,30 @@ def successive_sample(q: np.ndarray, m: int, rng: np.random.Generator) -> np.nda
     return out
 
 
-def participants(ctx: NodeContext, participation: float | BaseModel,
+@dataclass
+class ParticipationState:
+    """The server's participation process, part of its explicit state (None until the first draw)."""
+
+    process: ParticipationProcess | None = None
+
+
+def participants(ctx: NodeContext, participation: float | BaseModel, state: ParticipationState | None = None,
                  pool: tuple[NodeId, ...] | None = None) -> list[NodeId]:
     """S_r for the current round ``ctx.round`` among ``pool`` (default: the node's children), canonical order.
 
-    The process (static parameters, Markov chain state) lives in ``ctx.state["participation"]``.
+    A participation model's process (static parameters, Markov chain state) lives in ``state``.
     """
     pool = tuple(ctx.topology.sort(pool if pool is not None else ctx.children))
     if isinstance(participation, float | int):
         from fedhop.common.algorithms.fedavg import sample_participants
 
         return sample_participants(ctx, pool, float(participation))
-    proc = ctx.state.get("participation")
+    if state is None:
+        raise ValueError("a participation model needs the server's ParticipationState")
+    proc = state.process
     if proc is None or proc.model != participation or proc.n != len(pool):
         proc = ParticipationProcess.build(participation, len(pool), ctx.np_rng("participation", "static"))
-        ctx.state["participation"] = proc
+        state.process = proc
     idx = proc.sample(ctx.round, ctx.np_rng("participation", ctx.round))
     return [pool[int(i)] for i in idx]
 
@@ -276,25 +285,30 @@ class ServerLedger:
                 self.lost[t] = round_idx
 
 
+@dataclass
+class LedgerSnapshot:
+    """A client's state fields as they were before round ``round``."""
+
+    round: int
+    before: dict[str, Any]
+
+
 class ClientLedger:
     """Client side: keeps the state of before each round so that a lost reply can be undone.
 
     Call :meth:`begin` at the start of a task: it rolls back first if the server names this client's last
-    round, then snapshots the state it will modify.
+    round, then snapshots the fields of ``ctx.state`` it will modify. ``ctx.state`` has a ``ledger`` field.
     """
 
     @staticmethod
     def begin(ctx: NodeContext, args: dict[str, Scalar], keys: tuple[str, ...]) -> None:
+        st = ctx.state
         lost = dict(item.split("@") for item in str(args.get("rollback", "")).split(",") if item)
-        snap = ctx.state.get("ledger")
-        if snap is not None and lost.get(ctx.node_id) == str(snap["round"]):
+        snap: LedgerSnapshot | None = st.ledger
+        if snap is not None and lost.get(ctx.node_id) == str(snap.round):
             for k in keys:
-                if snap["before"][k] is None:
-                    ctx.state.pop(k, None)
-                else:
-                    ctx.state[k] = snap["before"][k]
-        ctx.state["ledger"] = {"round": ctx.round,
-                               "before": {k: _copy(ctx.state.get(k)) for k in keys}}
+                setattr(st, k, snap.before[k])
+        st.ledger = LedgerSnapshot(ctx.round, {k: _copy(getattr(st, k)) for k in keys})
 
 
 def _copy(v: Bundle | None) -> Bundle | None:

@@ -27,6 +27,7 @@ the deadline are left out and the weights renormalised over those that replied.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -129,21 +130,29 @@ def edge_round(ctx: NodeContext, w: Bundle, args: dict[str, Scalar]) -> Reply:
     return Reply(enc, {"n": ctx.data_size()})
 
 
-def run_hlqsgd(ctx: NodeContext) -> Bundle:
+@dataclass
+class ServerState:
+    model: Bundle  # the cloud model w
+
+
+def init(ctx: NodeContext) -> ServerState:
+    return ServerState(ctx.initial_params())
+
+
+def cloud_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """Every edge runs tau2 quantised aggregations from w; the cloud adds the D-weighted Q2 uploads."""
     o: HierLocalQSGDOptions = ctx.opts
     cfg = LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size, lr_K=o.K)
     args = {**cfg.to_args(), "edge_rounds": o.edge_rounds, "levels": o.levels, "cloud_levels": o.cloud_levels}
-    w = ctx.initial_params()
-    expect = encoded_template(w)
-    for _ in ctx.rounds():
-        replies = ctx.comm.scatter(ctx.children, "hlqsgd.edge_round", w, args, expect=expect)
-        if replies:
-            w = add_quantized(w, replies, {e: float(ctx.data_size(e)) for e in replies}, o.cloud_levels)
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(w))
-    return w
+    w = s.model
+    replies = ctx.comm.scatter(ctx.children, "hlqsgd.edge_round", w, args, expect=encoded_template(w))
+    if replies:
+        w = add_quantized(w, replies, {e: float(ctx.data_size(e)) for e in replies}, o.cloud_levels)
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(w))
+    return ServerState(w)
 
 
-register(Algorithm("hier-local-qsgd", HierLocalQSGDOptions, run_hlqsgd,
-                   "Hier-Local-QSGD: client-edge-cloud local SGD with QSGD-quantised uploads",
+register(Algorithm("hier-local-qsgd", HierLocalQSGDOptions, init, cloud_round,
+                   summary="Hier-Local-QSGD: client-edge-cloud local SGD with QSGD-quantised uploads",
                    needs_edges=True))

@@ -17,13 +17,17 @@ A participant whose reply is lost counts as absent: its c_i is rolled back at it
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import loss_and_grad, sample_batch
 from fedhop.common.algorithms.participation import (
     ClientLedger,
     FullParticipation,
+    LedgerSnapshot,
     Participation,
+    ParticipationState,
     ServerLedger,
     participants,
 )
@@ -41,12 +45,25 @@ class ScaffoldOptions(BaseModel):
     participation: Participation = Field(default_factory=FullParticipation)
 
 
+@dataclass
+class ClientState:
+    """Client i: its control variate c_i (None = 0 before its first round) and the ledger."""
+
+    c: Bundle | None = None
+    ledger: LedgerSnapshot | None = None
+
+
+def node_state(role: str) -> ClientState | None:
+    return ClientState() if role == "client" else None
+
+
 @task("scaffold.local")
 def scaffold_local(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: tau corrected local steps from x; replies (dy, dc) and keeps c_i+ (option II)."""
     ClientLedger.begin(ctx, args, ("c",))
+    st: ClientState = ctx.state
     x, c = unprefixed("x.", bundle), unprefixed("c.", bundle)
-    ci = ctx.state.get("c") or zeros_like(c)
+    ci = st.c if st.c is not None else zeros_like(c)
     eta, tau, wd = float(args["lr"]), int(args["local_steps"]), float(args["weight_decay"])
     gen = ctx.rng("scaffold.local", ctx.round)
     y = {k: v.clone() for k, v in x.items()}
@@ -55,36 +72,45 @@ def scaffold_local(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) ->
         _, g = loss_and_grad(ctx.ws, y, xb, yb)
         y = {k: y[k] - eta * (g[k] + wd * y[k] - ci[k] + c[k]) for k in y}
     ci_new = {k: ci[k] - c[k] + (x[k] - y[k]) / (tau * eta) for k in ci}
-    ctx.state["c"] = ci_new
+    st.c = ci_new
     dy = {k: y[k] - x[k] for k in y}
     dc = {k: ci_new[k] - ci[k] for k in ci}
     return Reply({**prefixed("dy.", dy), **prefixed("dc.", dc)})
 
 
-def run(ctx: NodeContext) -> Bundle:
-    o: ScaffoldOptions = ctx.opts
+@dataclass
+class ServerState:
+    model: Bundle  # x
+    c: Bundle  # the server control variate
+    participation: ParticipationState = field(default_factory=ParticipationState)
+    ledger: ServerLedger = field(default_factory=ServerLedger)
+
+
+def init(ctx: NodeContext) -> ServerState:
     x = ctx.initial_params()
-    c = zeros_like(x)
+    return ServerState(x, zeros_like(x))
+
+
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    o: ScaffoldOptions = ctx.opts
+    x, c = s.model, s.c
     n = len(ctx.children)
-    ledger = ServerLedger()
     args: dict[str, Scalar] = {"lr": o.lr, "local_steps": o.local_steps, "batch_size": o.batch_size,
                                "weight_decay": o.weight_decay}
     expect = {**prefixed("dy.", x), **prefixed("dc.", x)}
-    for _ in ctx.rounds():
-        chosen = participants(ctx, o.participation)
-        replies = ctx.comm.scatter(chosen, "scaffold.local", {**prefixed("x.", x), **prefixed("c.", c)},
-                                   {**args, **ledger.args_for(chosen)}, expect=expect)
-        ledger.settle(ctx.round, chosen, replies)
-        if replies:
-            dy = weighted_mean((1.0, unprefixed("dy.", r.bundle)) for r in replies.values())
-            dc = weighted_sum((1.0, unprefixed("dc.", r.bundle)) for r in replies.values())
-            x = {k: x[k] + o.server_lr * dy[k] for k in x}
-            c = {k: c[k] + dc[k] / n for k in c}
-        ctx.state.update(x=x, c=c)
-        if ctx.should_eval():
-            ctx.report(**ctx.evaluate(x), participants=len(chosen))
-    return x
+    chosen = participants(ctx, o.participation, s.participation)
+    replies = ctx.comm.scatter(chosen, "scaffold.local", {**prefixed("x.", x), **prefixed("c.", c)},
+                               {**args, **s.ledger.args_for(chosen)}, expect=expect)
+    s.ledger.settle(ctx.round, chosen, replies)
+    if replies:
+        dy = weighted_mean((1.0, unprefixed("dy.", r.bundle)) for r in replies.values())
+        dc = weighted_sum((1.0, unprefixed("dc.", r.bundle)) for r in replies.values())
+        x = {k: x[k] + o.server_lr * dy[k] for k in x}
+        c = {k: c[k] + dc[k] / n for k in c}
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(x), participants=len(chosen))
+    return ServerState(x, c, s.participation, s.ledger)
 
 
-register(Algorithm("scaffold", ScaffoldOptions, run, "SCAFFOLD (Karimireddy et al. 2020), option II",
-                   needs_edges=False))
+register(Algorithm("scaffold", ScaffoldOptions, init, server_round, node_state=node_state,
+                   summary="SCAFFOLD (Karimireddy et al. 2020), option II", needs_edges=False))

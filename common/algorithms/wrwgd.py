@@ -23,6 +23,7 @@ client that does not reply leaves the model unchanged; the walk moves on.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -61,30 +62,45 @@ def mh_row(i: int, adj: list[set[int]], pi: np.ndarray) -> np.ndarray:
     return p
 
 
-def run(ctx: NodeContext) -> Bundle:
+@dataclass
+class ServerState:
+    model: Bundle  # w
+    at: int  # index of the client the walk visits this round
+    walk: np.random.Generator  # the walk's stream (its position in it is state too)
+
+
+def _walk_law(ctx: NodeContext) -> tuple[list[set[int]], np.ndarray, np.ndarray]:
     o: WRWGDOptions = ctx.opts
     clients = ctx.topology.clients
     n = len(clients)
-    adj = client_graph(n, o.max_degree, ctx.spec.seed)
     sizes = np.array([float(ctx.data_size(c)) for c in clients])
     gamma = sizes / sizes.sum()
     pi = gamma if o.stationary == "data_size" else np.full(n, 1.0 / n)
+    return client_graph(n, o.max_degree, ctx.spec.seed), gamma, pi
+
+
+def init(ctx: NodeContext) -> ServerState:
     walk = ctx.np_rng("wrwgd.walk")
-    i = int(walk.integers(n))
-    w = ctx.initial_params()
-    for _ in ctx.rounds():
-        scale = float(gamma[i] / pi[i]) if o.importance_weighting else 1.0
-        cfg = LocalSolver(steps=o.K, lr=o.lr * scale, batch_size=o.batch_size, lr_K=o.K)
-        replies = ctx.comm.scatter([clients[i]], "local.train", w, {**cfg.to_args(), "stream": 0}, expect=w)
-        if clients[i] in replies:
-            w = replies[clients[i]].bundle
-        metrics: dict[str, float | int | str] = {"client": clients[i]}
-        if ctx.should_eval():
-            metrics.update(ctx.evaluate(w))
-        ctx.report(**metrics)
-        i = int(walk.choice(n, p=mh_row(i, adj, pi)))
-    return w
+    return ServerState(ctx.initial_params(), int(walk.integers(len(ctx.topology.clients))), walk)
 
 
-register(Algorithm("wrwgd", WRWGDOptions, run, "WRWGD: one model on a Metropolis-Hastings walk over clients",
-                   needs_edges=False))
+def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """The visited client i runs K local steps from w (scaled by gamma_i / pi_i); the walk moves on."""
+    o: WRWGDOptions = ctx.opts
+    clients = ctx.topology.clients
+    adj, gamma, pi = _walk_law(ctx)
+    i, w = s.at, s.model
+    scale = float(gamma[i] / pi[i]) if o.importance_weighting else 1.0
+    cfg = LocalSolver(steps=o.K, lr=o.lr * scale, batch_size=o.batch_size, lr_K=o.K)
+    replies = ctx.comm.scatter([clients[i]], "local.train", w, {**cfg.to_args(), "stream": 0}, expect=w)
+    if clients[i] in replies:
+        w = replies[clients[i]].bundle
+    metrics: dict[str, float | int | str] = {"client": clients[i]}
+    if ctx.should_eval():
+        metrics.update(ctx.evaluate(w))
+    ctx.report(**metrics)
+    return ServerState(w, int(s.walk.choice(len(clients), p=mh_row(i, adj, pi))), s.walk)
+
+
+register(Algorithm("wrwgd", WRWGDOptions, init, server_round,
+                   summary="WRWGD: one model on a Metropolis-Hastings walk over clients", needs_edges=False))

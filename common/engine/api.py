@@ -2,9 +2,15 @@
 
 An algorithm is written once against :class:`Comm` and :class:`NodeContext`:
 
-* a *driver* ``run(ctx) -> Bundle`` executes on the parameter server and returns the final model;
+* its PS side is explicit state and three steps the engine calls (FedJAX's ``ServerState``; NVFlare's
+  persist/restore): ``init(ctx) -> S`` (no messages), ``round(ctx, S) -> S`` for every round t = ``ctx.round``
+  (the engine owns the round loop and the round counter, checkpoints S after each round and can resume from
+  it), and ``final(ctx, S) -> Bundle``; ``setup(ctx, S) -> S`` is an optional set-up step the engine runs once
+  before round 0 (round index :data:`SETUP_ROUND`);
 * *task handlers* ``handler(ctx, bundle, args) -> Reply`` execute on whichever node receives the task
-  (an edge's handler may itself scatter to its clients, or hand the model to a neighbour edge).
+  (an edge's handler may itself scatter to its clients, or hand the model to a neighbour edge). What a node
+  keeps between tasks lives in ``ctx.state``, a typed object made by ``Algorithm.node_state(role)``; with
+  ``ctx.public`` and ``ctx.inbox`` it is the node's whole state, saved after every task.
 
 Two engines implement :class:`Comm`: the in-process engine (``inprocess.py``, the oracle) and the
 networked one (gRPC between real processes). Given the same RunSpec and seed both must produce
@@ -15,7 +21,7 @@ arrival order), and never read the wall clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
 
 Scalar = float | int | str | bool
 NodeId = str
+SETUP_ROUND = -1  # the round index of an algorithm's set-up step (before round 0)
 
 
 @dataclass(frozen=True)
@@ -89,12 +96,16 @@ class NodeContext:
     role: str  # "server" | "edge" | "client"
     ws: Workspace
     comm: Comm
-    state: dict[str, Any] = field(default_factory=dict)  # persistent, node-local algorithm state
+    state: Any = None  # persistent node-local algorithm state (Algorithm.node_state(role)); the PS's is S
     public: dict[str, Scalar] = field(default_factory=dict)  # what describe() tells peers
     inbox: dict[str, tuple[Bundle, dict[str, Scalar]]] = field(default_factory=dict)
     sizes: dict[NodeId, int] = field(default_factory=dict)  # data sizes of this node and its subtree
-    round: int = 0  # the round this node is working on (set by the engine)
+    round: int = 0  # the round this node is working on (written by the engine only)
     reporter: Reporter | None = None
+
+    def __post_init__(self) -> None:
+        if self.state is None and self.role != "server":
+            self.state = get_algorithm(self.spec.algorithm.name).node_state(self.role)
 
     # -- the run --------------------------------------------------------------------------------------
     @property
@@ -153,12 +164,6 @@ class NodeContext:
         return self.ws.np_rng(self.node_id, *keys)
 
     # -- rounds and hand-offs ------------------------------------------------------------------------------
-    def rounds(self) -> Iterator[int]:
-        """The driver's round loop: yields 0..rounds-1 and keeps ``ctx.round`` current."""
-        for t in range(self.spec.rounds):
-            self.round = t
-            yield t
-
     def report(self, **metrics: Any) -> None:
         """Record the metrics of the current round (driver only)."""
         if self.reporter is None:
@@ -176,16 +181,34 @@ class NodeContext:
 
 
 Handler = Callable[[NodeContext, Bundle, dict[str, Scalar]], Reply]
-Driver = Callable[[NodeContext], Bundle]
+
+
+def final_model(ctx: NodeContext, state: Any) -> Bundle:
+    """The default ``final``: the state's ``model``."""
+    return state.model
+
+
+def no_node_state(role: str) -> None:
+    return None
 
 
 @dataclass(frozen=True)
 class Algorithm:
-    """One algorithm: its options, its driver on the PS and the edge/client handlers it uses."""
+    """One algorithm: its options, its PS steps over explicit state S, and its node state.
+
+    ``init(ctx) -> S``: S before round 0 (no messages). ``round(ctx, S) -> S``: one round, ``ctx.round`` = t.
+    ``final(ctx, S) -> Bundle``: the final model (default ``S.model``; may collect it from an edge).
+    ``setup(ctx, S) -> S``: optional set-up step before round 0, run once by the engine at SETUP_ROUND.
+    ``node_state(role) -> state``: a fresh edge's / client's ``ctx.state`` (a dataclass, or None).
+    """
 
     name: str
     options: type[BaseModel]
-    run: Driver
+    init: Callable[[NodeContext], Any]
+    round: Callable[[NodeContext, Any], Any]
+    final: Callable[[NodeContext, Any], Bundle] = final_model
+    setup: Callable[[NodeContext, Any], Any] | None = None
+    node_state: Callable[[str], Any] = no_node_state
     summary: str = ""
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     # further checks of a whole spec, run at validation (raise ValueError naming the field to change)

@@ -55,10 +55,24 @@ class MissingLog:
 class BaseComm(ABC):
     """Implements :class:`~fedhop.common.engine.api.Comm` on top of one engine-specific exchange."""
 
+    can_fail = True  # replies may be missing: the round loop keeps a copy of the state to retry a round from
+
     def __init__(self, node: NodeId, topology: Topology, missing: MissingLog) -> None:
         self.node = node
         self.topology = topology
         self.missing = missing
+        self.ctx: Any = None  # the NodeContext this Comm serves (set by the engine)
+        self.last_ok: dict[NodeId, int] = {}  # round of each child's last usable reply (saved with the state)
+        self._sent = self._ok = 0
+
+    def begin_round(self, round_idx: int) -> None:
+        """Called by the round loop before round ``round_idx``; resets the round's counts. Networked engines
+        also take in what changed since the last round (late joiners' data sizes)."""
+        self._sent = self._ok = 0
+
+    def round_counts(self) -> tuple[int, int]:
+        """(tasks sent, usable replies) since :meth:`begin_round`."""
+        return self._sent, self._ok
 
     @abstractmethod
     def current_round(self) -> int: ...
@@ -79,15 +93,23 @@ class BaseComm(ABC):
         targets = self.topology.sort(to)
         raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s)
         out: dict[NodeId, Reply] = {}
+        sizes = getattr(self.ctx, "sizes", None)
+        rnd = self.current_round()
         for t in targets:
             r = raw.get(t, Failure("no reply"))
             if isinstance(r, Reply):
                 reason = check_bundle(r.bundle, expect)
+                if reason is None and sizes is not None and t not in sizes:
+                    reason = f"{self.node} does not know the data size of {t} yet (joined late; admitted at the " \
+                             "next round boundary)"
                 if reason is None:
                     out[t] = r
+                    self.last_ok[t] = rnd
                     continue
                 r = Failure(f"rejected reply: {reason}")
-            self.missing.add(self.current_round(), self.node, t, task, r.reason)
+            self.missing.add(rnd, self.node, t, task, r.reason)
+        self._sent += len(targets)
+        self._ok += len(out)
         return out
 
     def _check_peer(self, peer: NodeId) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,10 @@ import torch
 
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm, get_task
 from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, check_bundle
+from fedhop.common.engine.checkpoint import CheckpointError, CheckpointStore
+from fedhop.common.engine.loop import Start, drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
+from fedhop.common.engine.snapshot import NodeSnapshot, restore, snapshot
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle, clone, payload_bytes
@@ -28,6 +32,18 @@ class FaultPlan:
 
     def __init__(self, dead: Callable[[NodeId, str, int], bool] | None = None) -> None:
         self.dead = dead or (lambda node, task, rnd: False)
+
+
+@dataclass
+class InProcessCheckpoint:
+    """Everything an in-process run needs to continue: the PS's S and every other node's snapshot."""
+
+    state: Any
+    nodes: dict[str, NodeSnapshot]
+    meter: list[dict[str, Any]]
+    missing: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    last_ok: dict[str, int]
 
 
 class InProcessEngine:
@@ -43,12 +59,15 @@ class InProcessEngine:
         topo = self.ws.topology
         sizes = topo.subtree_sizes(self.ws.client_sizes())
         self.nodes: dict[NodeId, NodeContext] = {}
+        self.algo = get_algorithm(spec.algorithm.name)
         for n in topo.all_nodes():
             known = {m: sizes[m] for m in (n, *topo.children(n))}
             if n == topo.server:
                 known = dict(sizes)
-            self.nodes[n] = NodeContext(node_id=n, role=topo.role(n), ws=self.ws, comm=_LocalComm(self, n),
-                                        sizes=known)
+            role = topo.role(n)
+            comm = _LocalComm(self, n)
+            self.nodes[n] = NodeContext(node_id=n, role=role, ws=self.ws, comm=comm, sizes=known)
+            comm.ctx = self.nodes[n]
         self.public_defaults = sizes
 
     @property
@@ -56,18 +75,53 @@ class InProcessEngine:
         return self.nodes[self.ws.topology.server].round
 
     def run(self, on_round: Callable[[dict[str, Any]], None] | None = None,
-            journal: Path | None = None) -> RunResult:
-        """Run the algorithm's driver; ``journal``: a JSON-lines file that gets each round as it ends."""
-        algo = get_algorithm(self.spec.algorithm.name)
+            journal: Path | None = None, *, checkpoints: Path | None = None, resume: bool = False,
+            after_commit: Callable[[int], None] | None = None) -> RunResult:
+        """Run the algorithm; ``journal``: a JSON-lines file that gets each round as it ends.
+
+        ``checkpoints``: a folder that gets the whole run's state (the PS's S, every node's state, the byte
+        meter, the missing log and the rounds so far) every ``spec.checkpoint_every`` rounds; with ``resume``
+        the run continues from the newest readable checkpoint there. ``after_commit(t)`` (tests) is called
+        after round t's commit."""
         ps = self.nodes[self.ws.topology.server]
-        recorder = RoundRecorder(on_round=on_round, journal=journal)
+        store = CheckpointStore(checkpoints) if checkpoints is not None else None
+        start, records = Start(), []
+        if resume:
+            if store is None:
+                raise ValueError("resume needs the checkpoints folder")
+            start, records = self._restore(store)
+        recorder = RoundRecorder(records=records, on_round=on_round, journal=journal)
         ps.reporter = recorder
+
+        def commit(t: int, state: Any) -> None:
+            every = self.spec.checkpoint_every
+            if store is not None and every and ((t + 1) % every == 0 or t + 1 == self.spec.rounds):
+                store.save(t, {"next_round": t + 1}, InProcessCheckpoint(
+                    state, {n: snapshot(c) for n, c in self.nodes.items() if n != ps.node_id},
+                    self.meter.rows(), list(self.missing.entries), list(recorder.records),
+                    dict(ps.comm.last_ok)))
+            if after_commit is not None:
+                after_commit(t)
+
         t0 = time.perf_counter()
-        final = algo.run(ps)
+        final, _ = drive(self.algo, ps, start, commit)
         links = self.meter.rows()
         return RunResult(spec=self.spec, engine="inprocess", rounds=attach_cumulative_bytes(recorder.records, links),
                          links=links, missing=self.missing.entries, final=clone(final),
                          wall_s=time.perf_counter() - t0)
+
+    def _restore(self, store: CheckpointStore) -> tuple[Start, list[dict[str, Any]]]:
+        got = store.latest()
+        if got is None:
+            raise CheckpointError(f"no readable checkpoint in {store.folder}" +
+                                  (f" ({'; '.join(store.errors)})" if store.errors else ""))
+        ck: InProcessCheckpoint = got.state
+        for n, snap in ck.nodes.items():
+            restore(self.nodes[n], snap)
+        self.meter.merge(ck.meter)
+        self.missing.entries[:] = ck.missing
+        self.nodes[self.ws.topology.server].comm.last_ok = dict(ck.last_ok)
+        return Start(int(got.meta["next_round"]), ck.state), list(ck.records)
 
     # -- one message over a simulated link ----------------------------------------------------------------
     def send(self, src: NodeId, dst: NodeId, kind: str, phase: str, bundle: Bundle,

@@ -28,9 +28,9 @@ class RoundRecorder:
     journal: Path | None = None
 
     def __post_init__(self) -> None:
-        if self.journal is not None:
+        if self.journal is not None:  # a resumed run starts its journal over from the rounds it restored
             self.journal.parent.mkdir(parents=True, exist_ok=True)
-            self.journal.write_text("")
+            self.journal.write_text("".join(json.dumps(r) + "\n" for r in self.records))
 
     def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None:
         rec = {"round": round_idx + 1, **{k: _plain(v) for k, v in metrics.items()}}

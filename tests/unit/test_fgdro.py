@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhop.common.algorithms.fgdro import U_STATE, cvar_objective, kl_objective
+from fedhop.common.algorithms.fgdro import cvar_objective, kl_objective
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.spec import RunSpec
 
@@ -121,9 +121,9 @@ def test_u_never_leaves_the_client(monkeypatch):
         tensors = {n for n in names if "." in n and n.split(".")[0] in "wmq" or n in ("s", "v")}
         assert {n.split(".")[0] for n in tensors} <= {"w", "m", "q", "s", "v"}
         # ...but every client does hold its own u_i, and they differ (local data)
-        us = [eng.nodes[f"client-{c}"].state[U_STATE] for c in range(3)]
+        us = [eng.nodes[f"client-{c}"].state.u for c in range(3)]
         assert len(set(us)) == 3
-        assert U_STATE not in eng.nodes["ps"].state
+        assert not hasattr(eng.nodes["ps"].state, "u")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -277,8 +277,8 @@ def test_missing_client_is_left_out_of_the_mean_and_keeps_its_u():
     # client-2 trained in round 0 only: its u is what one round from the start gives, unlike the others'
     ref = InProcessEngine(toy_spec("fgdro-cvar", clients=3, rounds=1))
     ref.run()
-    assert eng.nodes["client-2"].state[U_STATE] == ref.nodes["client-2"].state[U_STATE]
-    assert eng.nodes["client-1"].state[U_STATE] != ref.nodes["client-1"].state[U_STATE]
+    assert eng.nodes["client-2"].state.u == ref.nodes["client-2"].state.u
+    assert eng.nodes["client-1"].state.u != ref.nodes["client-1"].state.u
 
 
 def test_cvar_rejects_k_above_n():

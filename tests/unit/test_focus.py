@@ -195,15 +195,15 @@ def _tracking_errors(eng: InProcessEngine, skip_rounds: set[int] = frozenset()) 
     errs: list[float] = []
     clients = eng.ws.topology.clients
 
-    def check(rec):
-        if rec["round"] - 1 in skip_rounds:
+    def check(t):  # after round t, from the state the engine exposes
+        if t < 0 or t in skip_rounds:  # t = -1: the set-up step
             return
-        y = flat(eng.nodes["ps"].state["y"]).numpy()
-        g = sum((flat(eng.nodes[c].state["g"]).numpy() for c in clients if "g" in eng.nodes[c].state),
+        y = flat(eng.nodes["ps"].state.y).numpy()
+        g = sum((flat(eng.nodes[c].state.g).numpy() for c in clients if eng.nodes[c].state.g is not None),
                 np.zeros_like(y))
         errs.append(float(np.linalg.norm(y - g) / max(np.linalg.norm(g), 1e-300)))
 
-    eng.run(on_round=check)
+    eng.run(after_commit=check)
     return errs
 
 
@@ -215,7 +215,7 @@ def test_tracking_invariant_every_round(alg, batch):
                  rounds=30)
     errs = _tracking_errors(eng)
     assert len(errs) == 30 and max(errs) < 1e-12
-    assert "g" not in eng.nodes["client-5"].state  # never participated
+    assert eng.nodes["client-5"].state.g is None  # never participated
     res_sets = sets_from_links(eng.meter.rows(), "focus.local", 30)
     assert any(not s for s in res_sets)
 
@@ -229,9 +229,10 @@ def test_sg_focus_reuses_the_stored_gradient():
     real = TASKS["focus.local"]
 
     def spy(ctx, bundle, args):
-        before[ctx.node_id] = flat(ctx.state.get("g", {k: torch.zeros_like(v) for k, v in bundle.items()}))
+        g = ctx.state.g if ctx.state.g is not None else {k: torch.zeros_like(v) for k, v in bundle.items()}
+        before[ctx.node_id] = flat(g)
         reply = real(ctx, bundle, args)
-        seen.append(rel(flat(reply.bundle).numpy(), (flat(ctx.state["g"]) - before[ctx.node_id]).numpy()))
+        seen.append(rel(flat(reply.bundle).numpy(), (flat(ctx.state.g) - before[ctx.node_id]).numpy()))
         return reply
 
     TASKS["focus.local"] = spy
@@ -281,7 +282,7 @@ def _start_at(eng: InProcessEngine, x: np.ndarray, grads=None) -> None:
     eng.ws.initial_params = lambda: {name: torch.from_numpy(x.copy()).reshape(t.shape)}
     if grads is not None:
         for i, c in enumerate(eng.ws.topology.clients):
-            eng.nodes[c].state["g"] = {name: torch.from_numpy(grads[i](x)).reshape(t.shape)}
+            eng.nodes[c].state.g = {name: torch.from_numpy(grads[i](x)).reshape(t.shape)}
 
 
 def test_fixed_point_is_exact_for_focus_but_not_fedavg():

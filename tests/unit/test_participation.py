@@ -13,6 +13,7 @@ from fedhop.common.algorithms.fedavg import sample_participants
 from fedhop.common.algorithms.participation import (
     ParticipationModel,
     ParticipationProcess,
+    ParticipationState,
     participants,
     successive_sample,
 )
@@ -145,9 +146,10 @@ def test_server_draws_are_deterministic_and_seeded():
     def seq(seed):
         ps = _server(seed).nodes["ps"]
         out = []
+        state = ParticipationState()
         for r in range(30):
             ps.round = r
-            out.append(participants(ps, model))
+            out.append(participants(ps, model, state))
         return out
 
     a, b, c = seq(0), seq(0), seq(1)

@@ -1,0 +1,99 @@
+"""The round loop, shared by both engines: the only place that advances the PS's round counter.
+
+    S = init(ctx)                         (or the state of a checkpoint: resume)
+    S = setup(ctx, S)                     (if the algorithm has a set-up step; round index SETUP_ROUND)
+    for t in start..T-1:  S = round(ctx, S); commit(t, S)
+    return final(ctx, S)
+
+After every round the state's type is checked (a round must return the same kind of state it was given) and
+``commit`` (the engine's checkpoint writer) is called with the round just completed. The PS's ``ctx.state``
+is S between rounds, for whoever watches the run. A round in which the PS
+sent tasks and got fewer than ``transport.min_participants`` usable replies is retried from the state it
+started from, up to ``transport.round_retries`` times, and then ends the run with :class:`RoundFailed`: a run
+that did not train as specified never ends as if it had.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
+from fedhop.common.engine.state_io import from_tree, to_tree
+from fedhop.common.wire.bundle import Bundle
+
+log = logging.getLogger("fedhop.engine")
+
+Commit = Callable[[int, Any], None]
+
+
+class RoundFailed(RuntimeError):
+    """A round that could not be trained as specified (too few participants after its retries)."""
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a run starts: ``state`` None = fresh (init + setup); else resume at round ``next_round``."""
+
+    next_round: int = 0
+    state: Any = None
+
+
+def _copy_state(state: Any) -> Any:
+    tensors: dict[str, torch.Tensor] = {}
+    tree = to_tree(state, tensors)
+    return from_tree(tree, {k: v.clone() for k, v in tensors.items()})
+
+
+def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Commit | None = None,
+          on_redo: Callable[[int, int], None] | None = None) -> tuple[Bundle, Any]:
+    """Run ``algo`` on the PS context ``ctx`` from ``start``; returns (final model, final state)."""
+    t0 = start.next_round
+    state = start.state
+    if state is None:
+        t0 = 0
+        state = ctx.state = algo.init(ctx)
+        if algo.setup is not None:
+            state = ctx.state = _attempt(algo, ctx, SETUP_ROUND, state, algo.setup, on_redo)
+            if commit is not None:
+                commit(SETUP_ROUND, state)
+    ctx.state = state
+    for t in range(t0, ctx.spec.rounds):
+        state = ctx.state = _attempt(algo, ctx, t, state, algo.round, on_redo)
+        if commit is not None:
+            commit(t, state)
+    return algo.final(ctx, state), state
+
+
+def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callable[[NodeContext, Any], Any],
+             on_redo: Callable[[int, int], None] | None) -> Any:
+    transport = ctx.spec.transport
+    retries = transport.round_retries
+    before = _copy_state(state) if retries > 0 and ctx.comm.can_fail else None
+    for attempt in range(retries + 1):
+        ctx.round = t
+        ctx.comm.begin_round(t)
+        new = step(ctx, state)
+        if type(new) is not type(state):
+            raise TypeError(f"{algo.name}: round {t + 1} returned a {type(new).__name__}, not the "
+                            f"{type(state).__name__} it was given (the state's type is fixed for the run)")
+        sent, ok = ctx.comm.round_counts()
+        need = min(transport.min_participants, sent)
+        if ok >= need:
+            return new
+        what = "set-up step" if t == SETUP_ROUND else f"round {t + 1}"
+        if attempt == retries:
+            raise RoundFailed(f"{what}: {ok} usable replies of {sent} tasks, fewer than "
+                              f"transport.min_participants = {transport.min_participants}, after {retries} "
+                              f"retries (see missing.csv for who failed and why)")
+        log.warning("%s: %d usable replies of %d tasks (min_participants %d); redoing it (retry %d of %d)",
+                    what, ok, sent, transport.min_participants, attempt + 1, retries)
+        if on_redo is not None:
+            on_redo(t, attempt)
+        assert before is not None
+        state = _copy_state(before)
+    raise AssertionError("unreachable")

@@ -1,0 +1,151 @@
+"""Algorithm state as data: a tree of dataclasses, dicts, lists, tensors and scalars <-> (JSON, tensors).
+
+Checkpoints (``checkpoint.py``) store every node's explicit state through the tensor codec, never pickle. A
+state value may be built from:
+
+* ``None``, ``bool``, ``int``, ``float``, ``str``;
+* ``torch.Tensor`` (stored through the codec), ``numpy.ndarray`` (stored as a tensor), ``torch.Generator``
+  (its byte state) and ``numpy.random.Generator`` (its bit generator's state, JSON);
+* ``dict`` (any scalar keys), ``list``, ``tuple``, ``set``;
+* dataclasses and pydantic models defined in a ``fedhop.`` module (restored by their import path; a checkpoint
+  never names code outside fedhop, so loading one runs no foreign code).
+
+:func:`to_tree` raises :class:`StateError` naming the path of anything else, so an algorithm that keeps a
+value the engine cannot save fails in its first round, not when the run is resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from pydantic import BaseModel
+
+ALLOWED_PREFIX = "fedhop."
+
+
+class StateError(ValueError):
+    """A state value that cannot be saved, or a saved tree that cannot be restored."""
+
+
+def _class_path(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import_class(path: str) -> type:
+    module, _, qual = path.partition(":")
+    if not module.startswith(ALLOWED_PREFIX):
+        raise StateError(f"checkpoint names class {path!r} outside {ALLOWED_PREFIX}*; refusing to import it")
+    obj: Any = importlib.import_module(module)
+    for part in qual.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise StateError(f"checkpoint names class {path!r}, which does not exist in this version of fedhop")
+    if not isinstance(obj, type):
+        raise StateError(f"checkpoint names {path!r}, which is not a class")
+    return obj
+
+
+def to_tree(value: Any, tensors: dict[str, torch.Tensor], path: str = "state") -> Any:
+    """A JSON-able tree for ``value``; tensors are moved into ``tensors`` under generated keys."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, torch.Tensor):
+        key = f"t{len(tensors)}"
+        tensors[key] = value.detach()
+        return {"$t": key}
+    if isinstance(value, np.ndarray):
+        key = f"t{len(tensors)}"
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(value))
+        return {"$nd": key}
+    if isinstance(value, np.integer | np.floating | np.bool_):
+        return value.item()
+    if isinstance(value, torch.Generator):
+        key = f"t{len(tensors)}"
+        tensors[key] = value.get_state()
+        return {"$tg": key}
+    if isinstance(value, np.random.Generator):
+        return {"$npg": type(value.bit_generator).__name__, "s": value.bit_generator.state}
+    if isinstance(value, BaseModel):
+        if not type(value).__module__.startswith(ALLOWED_PREFIX):
+            raise StateError(f"{path}: {type(value).__name__} is not a fedhop model; state must be data")
+        return {"$pm": _class_path(value), "v": value.model_dump(mode="json")}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        if not type(value).__module__.startswith(ALLOWED_PREFIX):
+            raise StateError(f"{path}: {type(value).__name__} is not a fedhop dataclass")
+        return {"$dc": _class_path(value),
+                "f": {f.name: to_tree(getattr(value, f.name), tensors, f"{path}.{f.name}")
+                      for f in dataclasses.fields(value)}}
+    if isinstance(value, Mapping):
+        if all(isinstance(k, str) for k in value):
+            return {"$d": {k: to_tree(v, tensors, f"{path}[{k!r}]") for k, v in value.items()}}
+        return {"$dl": [[to_tree(k, tensors, f"{path}.key"), to_tree(v, tensors, f"{path}[{k!r}]")]
+                        for k, v in value.items()]}
+    if isinstance(value, list):
+        return {"$l": [to_tree(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, tuple):
+        return {"$tu": [to_tree(v, tensors, f"{path}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, set | frozenset):
+        return {"$s": [to_tree(v, tensors, f"{path}.item") for v in sorted(value)]}
+    raise StateError(f"{path}: a {type(value).__name__} cannot be saved in a checkpoint (state must be tensors, "
+                     "scalars, containers, fedhop dataclasses or models)")
+
+
+def from_tree(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`to_tree`."""
+    if tree is None or isinstance(tree, bool | int | float | str):
+        return tree
+    if isinstance(tree, list):
+        raise StateError("malformed state tree: a bare list")
+    if not isinstance(tree, dict) or len(tree) not in (1, 2):
+        raise StateError(f"malformed state tree node: {str(tree)[:80]}")
+    if "$t" in tree:
+        return _tensor(tensors, tree["$t"])
+    if "$nd" in tree:
+        return _tensor(tensors, tree["$nd"]).numpy().copy()
+    if "$tg" in tree:
+        g = torch.Generator()
+        g.set_state(_tensor(tensors, tree["$tg"]))
+        return g
+    if "$npg" in tree:
+        bit_gen = getattr(np.random, str(tree["$npg"]), None)
+        if bit_gen is None:
+            raise StateError(f"unknown numpy bit generator {tree['$npg']!r}")
+        bg = bit_gen()
+        bg.state = tree["s"]
+        return np.random.Generator(bg)
+    if "$pm" in tree:
+        return _import_class(tree["$pm"]).model_validate(tree["v"])
+    if "$dc" in tree:
+        cls = _import_class(tree["$dc"])
+        fields = {k: from_tree(v, tensors) for k, v in tree["f"].items()}
+        obj = cls.__new__(cls)
+        known = {f.name for f in dataclasses.fields(cls)}
+        if set(fields) != known:
+            raise StateError(f"checkpoint fields of {tree['$dc']} ({sorted(fields)}) differ from this version's "
+                             f"({sorted(known)})")
+        for k, v in fields.items():
+            object.__setattr__(obj, k, v)
+        return obj
+    if "$d" in tree:
+        return {k: from_tree(v, tensors) for k, v in tree["$d"].items()}
+    if "$dl" in tree:
+        return {from_tree(k, tensors): from_tree(v, tensors) for k, v in tree["$dl"]}
+    if "$l" in tree:
+        return [from_tree(v, tensors) for v in tree["$l"]]
+    if "$tu" in tree:
+        return tuple(from_tree(v, tensors) for v in tree["$tu"])
+    if "$s" in tree:
+        return {from_tree(v, tensors) for v in tree["$s"]}
+    raise StateError(f"malformed state tree node with keys {sorted(tree)}")
+
+
+def _tensor(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
+    if key not in tensors:
+        raise StateError(f"state tree refers to tensor {key!r}, which the checkpoint does not hold")
+    return tensors[key]
