@@ -1,0 +1,101 @@
+"""An edge's or client's saved states, one per round it worked in, so that it can restart and roll back.
+
+A node saves its whole state (:class:`~fedhop.common.engine.snapshot.NodeSnapshot`) after every task and
+every hand-off it receives, tagged with the round it happened in. The PS's last committed round is the
+truth: a node told to resume at round R (a PS that restarted from its checkpoint, or a node restarted with
+its ``--state-dir``) restores its newest snapshot from before round R, so a node that is ahead rolls back.
+
+Kept: the newest ``keep`` snapshots, plus the newest one older than the PS's last committed round (what a
+resume needs, even with ``checkpoint_every`` > 1). With a ``state_dir`` they are checkpoint files (atomic,
+through the codec); without one they are copies in memory, which survive a PS restart but not this process.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhop.common.engine.api import NodeContext, get_algorithm
+from fedhop.common.engine.checkpoint import CheckpointStore
+from fedhop.common.engine.snapshot import NodeSnapshot, restore, snapshot
+from fedhop.common.engine.state_io import from_tree, to_tree
+
+log = logging.getLogger("fedhop.node_store")
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a rollback or a restart found: ``tag`` = the round of the snapshot used (None: fresh state)."""
+
+    tag: int | None
+    source: str  # "disk" | "memory" | "fresh"
+
+
+def _copy(value: Any) -> Any:
+    tensors: dict[str, torch.Tensor] = {}
+    tree = to_tree(value, tensors)
+    return from_tree(tree, {k: v.clone() for k, v in tensors.items()})
+
+
+class NodeStore:
+    def __init__(self, node_id: str, state_dir: Path | None = None, keep: int = 2) -> None:
+        self.node = node_id
+        self.keep = max(1, keep)
+        self.disk = CheckpointStore(Path(state_dir) / node_id, keep) if state_dir is not None else None
+        self.memory: dict[int, NodeSnapshot] = {}
+        self.committed: int | None = None  # the PS's last committed round (from the tasks it sends)
+        self.bytes_written = 0
+
+    def save(self, ctx: NodeContext, run_id: str = "") -> None:
+        """Snapshot the node as it is now, under ``ctx.round`` (replacing an earlier one of that round)."""
+        snap = snapshot(ctx)
+        if self.disk is not None:
+            self.bytes_written += self.disk.save(ctx.round, {"node": self.node, "run_id": run_id}, snap,
+                                                 keep_before=self.committed)
+            return
+        self.memory[ctx.round] = _copy(snap)
+        tags = sorted(self.memory)
+        keep = set(tags[-self.keep:])
+        if self.committed is not None:
+            below = [t for t in tags if t < self.committed]
+            keep.update(below[-1:])
+            keep.update(t for t in tags if t >= self.committed)
+        for t in tags:
+            if t not in keep:
+                del self.memory[t]
+
+    def newest_tag(self) -> int | None:
+        tags = self.disk.tags() if self.disk is not None else sorted(self.memory)
+        return tags[-1] if tags else None
+
+    def rollback(self, ctx: NodeContext, resume_round: int, run_id: str = "") -> Restored:
+        """Make the node's state what it was before round ``resume_round``; forget anything newer."""
+        if self.disk is not None:
+            got = self.disk.latest(below=resume_round)
+            if got is not None and run_id and got.meta.get("run_id") not in ("", run_id):
+                raise RuntimeError(f"{self.node}: the state in {self.disk.folder} belongs to run "
+                                   f"{got.meta.get('run_id')!r}, not to {run_id!r}")
+            self.disk.drop_from(resume_round)
+            snap, tag, source = (got.state, got.tag, "disk") if got is not None else (None, None, "fresh")
+        else:
+            below = [t for t in sorted(self.memory) if t < resume_round]
+            tag = below[-1] if below else None
+            snap = _copy(self.memory[tag]) if tag is not None else None
+            source = "memory" if tag is not None else "fresh"
+            for t in [t for t in self.memory if t >= resume_round]:
+                del self.memory[t]
+        if snap is None:
+            ctx.public.clear()
+            ctx.inbox.clear()
+            ctx.state = get_algorithm(ctx.spec.algorithm.name).node_state(ctx.role)
+            if hasattr(ctx.comm, "last_ok"):
+                ctx.comm.last_ok = {}
+        else:
+            restore(ctx, snap)
+        log.info("%s: state rolled back to before round %d (%s%s)", self.node, resume_round + 1, source,
+                 f", from round {tag + 1}" if tag is not None else "")
+        return Restored(tag, source)
