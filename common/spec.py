@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedhop.common.data.spec import DataSpec
 from fedhop.common.models.spec import ModelSpec
+from fedhop.common.testbed_spec import TestbedSpec
 from fedhop.common.validation import flat_errors
 
 
@@ -79,6 +80,7 @@ class RunSpec(Strict):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     eval_every: int = Field(1, ge=1)
     transport: TransportSpec = Field(default_factory=TransportSpec)
+    testbed: TestbedSpec | None = Field(None, description="link shaping of `fedhop testbed up` (network namespaces)")
 
     @model_validator(mode="after")
     def _algorithm_fits_topology(self) -> RunSpec:
