@@ -35,8 +35,8 @@ def nft_available() -> bool:
 
 def ruleset(peers: dict[str, str]) -> str:
     """The nft script of one namespace: ``peers`` maps peer node id -> address."""
-    out_rules = [f'        ip daddr {a} counter comment "out:{n}"' for n, a in peers.items()]
-    in_rules = [f'        ip saddr {a} counter comment "in:{n}"' for n, a in peers.items()]
+    out_rules = [f'        ip daddr {a} counter accept comment "out:{n}"' for n, a in peers.items()]
+    in_rules = [f'        ip saddr {a} counter accept comment "in:{n}"' for n, a in peers.items()]
     return "\n".join([
         f"table inet {TABLE} {{",
         "    chain out {",
@@ -124,6 +124,19 @@ class WireCounters:
             rows.append(WireCount(node, peers[0], int(st["tx"]["packets"]), int(st["tx"]["bytes"]), None, "veth"))
             rows.append(WireCount(peers[0], node, int(st["rx"]["packets"]), int(st["rx"]["bytes"]), None, "veth"))
         return rows
+
+
+def tcp_stats(net: Network) -> dict[str, dict[str, int]]:
+    """Per node: the kernel's TCP segment counters (``/proc/net/snmp`` of its namespace): OutSegs, RetransSegs.
+    Retransmitted segments are on the wire and in the counters, so they raise wire/payload."""
+    out = {}
+    for node, nn in net.nodes.items():
+        lines = [ln.split() for ln in run_cmd(in_ns(nn.ns, ["cat", "/proc/net/snmp"])).splitlines()
+                 if ln.startswith("Tcp:")]
+        if len(lines) >= 2:
+            stats = dict(zip(lines[0][1:], lines[1][1:], strict=False))
+            out[node] = {k: int(stats.get(k, 0)) for k in ("OutSegs", "RetransSegs")}
+    return out
 
 
 def write_wire_csv(rows: list[WireCount], path: Path) -> None:

@@ -99,6 +99,9 @@ class Network:
         self.created.append(name)
         self._save_state()
         ip("link", "set", "lo", "up", ns=name)
+        # IPv4 only: no IPv6 neighbour discovery or MLD chatter in the counters
+        for key in ("all", "default"):
+            run_cmd(in_ns(name, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"]))
 
     def create(self) -> None:
         """Bridge namespace, then one namespace + veth pair per node; on failure the caller destroys."""

@@ -12,9 +12,11 @@ is effectively unlimited. A node with no shaped link gets no qdisc at all.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Any
 
-from fedhop.deploy.netns import Network, ip, run_cmd
+from fedhop.deploy.netns import Network, run_cmd
 
 UNLIMITED = "10gbit"
 DEFAULT_CLASS = 0xFFFF
@@ -54,15 +56,22 @@ def device_commands(dev: str, peers: list[tuple[str, float]], match: str) -> lis
     return cmds
 
 
+def _devices(net: Network, shapes: list[LinkShape]) -> list[tuple[str, str, str, str, list[tuple[str, str, float]]]]:
+    """(node, namespace, device, match, [(peer node, peer address, Mbit/s)]) for every device to shape."""
+    out = []
+    for node in net.nodes.values():
+        peers = [(p, net.nodes[p].address, s.mbit) for s in shapes if node.node in (s.a, s.b)
+                 for p in [s.b if s.a == node.node else s.a]]
+        if peers:
+            out.append((node.node, node.ns, node.dev, "dst", peers))
+            out.append((node.node, net.bridge_ns, node.bridge_port, "src", peers))
+    return out
+
+
 def plan_shaping(net: Network, shapes: list[LinkShape]) -> list[tuple[str, list[str]]]:
     """(namespace, tc argv) for every shaped link of ``net``."""
-    out: list[tuple[str, list[str]]] = []
-    for node in net.nodes.values():
-        peers = [(net.nodes[s.b if s.a == node.node else s.a].address, s.mbit)
-                 for s in shapes if node.node in (s.a, s.b)]
-        out += [(node.ns, c) for c in device_commands(node.dev, peers, "dst")]
-        out += [(net.bridge_ns, c) for c in device_commands(node.bridge_port, peers, "src")]
-    return out
+    return [(ns, c) for _, ns, dev, match, peers in _devices(net, shapes)
+            for c in device_commands(dev, [(addr, mbit) for _, addr, mbit in peers], match)]
 
 
 def apply_shaping(net: Network, shapes: list[LinkShape]) -> None:
@@ -70,15 +79,18 @@ def apply_shaping(net: Network, shapes: list[LinkShape]) -> None:
         run_cmd(["ip", "netns", "exec", ns, *cmd])
 
 
-def describe(net: Network) -> str:
-    """``tc -s class show`` of every shaped device (for the run folder)."""
-    parts = []
-    for node in net.nodes.values():
-        for ns, dev in ((node.ns, node.dev), (net.bridge_ns, node.bridge_port)):
-            text = run_cmd(["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev], check=False)
-            if text.strip():
-                parts.append(f"# {node.node}: {dev} in {ns}\n{text}")
-    return "\n".join(parts)
+_CLASS = re.compile(r"class htb (\S+) .*?\n\s*Sent (\d+) bytes (\d+) pkt \(dropped (\d+), overlimits (\d+)")
 
 
-__all__ = ["LinkShape", "apply_shaping", "describe", "device_commands", "ip", "plan_shaping"]
+def class_stats(net: Network, shapes: list[LinkShape]) -> list[dict[str, Any]]:
+    """One record per shaped (device, peer): what htb let through and how often the rate held traffic back
+    (``overlimits``). ``direction`` is ``out`` (node -> peer, on the node's eth0) or ``in`` (peer -> node)."""
+    rows = []
+    for node, ns, dev, match, peers in _devices(net, shapes):
+        text = run_cmd(["ip", "netns", "exec", ns, "tc", "-s", "class", "show", "dev", dev], check=False)
+        stats = {m[0]: m[1:] for m in _CLASS.findall(text)}
+        for k, (peer, _, mbit) in enumerate(peers, start=1):
+            sent, pkts, drops, over = (int(x) for x in stats.get(f"1:{k:x}", ("0", "0", "0", "0")))
+            rows.append({"node": node, "peer": peer, "direction": "out" if match == "dst" else "in", "device": dev,
+                         "mbit": mbit, "bytes": sent, "packets": pkts, "drops": drops, "overlimits": over})
+    return rows

@@ -8,7 +8,8 @@ removed at the end, also on failure, Ctrl-C or SIGTERM.
 
 Run folder (the PS's files plus): ``wire.csv`` (kernel counters per directed link), ``link_bytes.csv``
 (payload, message and wire per link, with ratios), ``round_times.csv`` (when each round's record reached the
-PS's journal), ``testbed.json`` (namespaces, addresses, link shapes, pids), ``tc.txt`` and ``logs/``.
+PS's journal), ``testbed.json`` (namespaces, addresses, link shapes, pids), ``tc.json`` (htb statistics per shaped
+link and direction), ``tcp.csv`` (TCP segments and retransmissions per node) and ``logs/``.
 """
 
 from __future__ import annotations
@@ -277,7 +278,13 @@ class Testbed:
             wire = self.counters.read()
             notes += self.counters.notes
             kernel_bytes.write_wire_csv(wire, self.out / "wire.csv")
-            (self.out / "tc.txt").write_text(shaping.describe(self.net))
+            tcp = kernel_bytes.tcp_stats(self.net)
+            _write_csv(self.out / "tcp.csv", [{"node": n, **v} for n, v in tcp.items()],
+                       ["node", "OutSegs", "RetransSegs"])
+            retrans = {n: v["RetransSegs"] for n, v in tcp.items() if v["RetransSegs"]}
+            if retrans:
+                notes.append(f"TCP retransmitted segments (counted in wire bytes): {retrans}")
+            (self.out / "tc.json").write_text(json.dumps(shaping.class_stats(self.net, shapes), indent=1))
             levels: list[kernel_bytes.LinkLevels] = []
             if (self.out / "links.csv").is_file():
                 meters = kernel_bytes.read_links_csv(self.out / "links.csv")
