@@ -68,14 +68,14 @@ def _inline(d: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + "}"
 
 
-def testbed_cmd(spec: Path, out: Path) -> list[str]:
+def up_cmd(spec: Path, out: Path) -> list[str]:
     return [sys.executable, "-m", "fedhop", "testbed", "up", str(spec), "--out", str(out),
             "--timeout", str(RUN_TIMEOUT_S)]
 
 
-def run_testbed(spec: Path, out: Path) -> subprocess.CompletedProcess:
+def run_up(spec: Path, out: Path) -> subprocess.CompletedProcess:
     t0 = time.monotonic()
-    p = subprocess.run(testbed_cmd(spec, out), capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
+    p = subprocess.run(up_cmd(spec, out), capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
     print(f"testbed up {spec.name}: {time.monotonic() - t0:.1f}s\n{p.stdout}")
     assert p.returncode == 0, f"rc {p.returncode}\n{p.stdout}\n{p.stderr}\n{logs(out)}"
     return p
@@ -152,7 +152,7 @@ def test_fedchs_over_namespaces_reconciles_three_byte_levels(tmp_path: Path) -> 
     spec = write_spec(tmp_path, "tb-fedchs", algorithm="fedchs", options={"K": 2, "batch_size": 16}, clients=4,
                       edges=2, rounds=2, hidden=[512, 448], testbed="[testbed]\nmtu = 9000\n")
     out = tmp_path / "run"
-    p = run_testbed(spec, out)
+    p = run_up(spec, out)
     assert len(read_csv(out / "rounds.csv")) == 2
     assert_distinct_addresses(out, 7)
     rows = assert_levels_reconciled(out, mtu=9000, big_bytes=1 << 20)
@@ -167,7 +167,7 @@ def test_focus_bernoulli_flat_over_namespaces(tmp_path: Path) -> None:
     spec = write_spec(tmp_path, "tb-focus", algorithm="focus", options=options, clients=4, edges=0, rounds=3,
                       hidden=[512, 448])
     out = tmp_path / "run"
-    run_testbed(spec, out)
+    run_up(spec, out)
     assert len(read_csv(out / "rounds.csv")) == 3
     assert_distinct_addresses(out, 5)
     rows = assert_levels_reconciled(out, mtu=1500, big_bytes=None)
@@ -182,7 +182,7 @@ def test_edge_to_edge_bandwidth_limit_shows_in_round_time(tmp_path: Path) -> Non
     spec = write_spec(tmp_path, "tb-bw", algorithm="fedchs", options={"K": 1, "batch_size": 16}, clients=2, edges=2,
                       rounds=2, hidden=[1024, 960], testbed="[testbed.mbit]\nedge_edge = 10\n")
     out = tmp_path / "run"
-    run_testbed(spec, out)
+    run_up(spec, out)
     handoff_bits = {}
     for r in read_csv(out / "links.csv"):
         if r["kind"] == "handoff" and r["phase"] == "request":
@@ -206,7 +206,7 @@ def _start_and_wait_for_round(tmp_path: Path) -> tuple[subprocess.Popen, Path, d
                       edges=2, rounds=50, hidden=[32])
     out = tmp_path / "run"
     before = root_links()
-    proc = subprocess.Popen(testbed_cmd(spec, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(up_cmd(spec, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 180
     while time.monotonic() < end:
         journal = out / "rounds.jsonl"
