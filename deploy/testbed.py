@@ -250,7 +250,7 @@ class Testbed:
         clock.poll()
         rc = ps.returncode
         children = [p for n, p in self.procs.items() if n != "ps" and not n.startswith("proxy-")]
-        stop = time.monotonic() + STOP_GRACE_S
+        stop = time.monotonic() + (STOP_GRACE_S if rc == 0 else 0.0)  # a failed PS: no Bye is coming
         for p in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(max(0.01, stop - time.monotonic()))
