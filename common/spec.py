@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedhop.common.data.spec import DataSpec
 from fedhop.common.models.spec import ModelSpec
+from fedhop.common.testbed_spec import TestbedSpec
 from fedhop.common.validation import flat_errors
 
 
@@ -85,6 +86,7 @@ class RunSpec(Strict):
     checkpoint_every: int = Field(1, ge=0, description="every node saves its state after every this many rounds "
                                   "(0 = never); a run resumes from the PS's last checkpoint")
     transport: TransportSpec = Field(default_factory=TransportSpec)
+    testbed: TestbedSpec | None = Field(None, description="link shaping of `fedhop testbed up` (network namespaces)")
 
     @model_validator(mode="after")
     def _algorithm_fits_topology(self) -> RunSpec:

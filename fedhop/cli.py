@@ -99,6 +99,18 @@ def cmd_spec(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_testbed_up(a: argparse.Namespace) -> int:
+    from fedhop.deploy.testbed import cmd_up
+
+    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet)
+
+
+def cmd_testbed_clean(a: argparse.Namespace) -> int:
+    from fedhop.deploy.testbed import cmd_clean
+
+    return cmd_clean()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedhop", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -124,6 +136,18 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("spec", help="print a spec, validated and with every default filled in")
     s.add_argument("spec", nargs="?")
     s.set_defaults(fn=cmd_spec)
+
+    s = sub.add_parser("testbed", help="network-namespace testbed (root): shaped links, kernel byte counts")
+    tb = s.add_subparsers(dest="testbed_cmd", required=True)
+    t = tb.add_parser("up", help="run SPEC with one network namespace per process; print bytes per link")
+    t.add_argument("spec", help="RunSpec TOML file; its [testbed] table shapes the links")
+    t.add_argument("--out", help="run folder (default: runs/<time>-<name>-testbed)")
+    t.add_argument("--device", help="override the spec's device for every process")
+    t.add_argument("--timeout", type=float, help="stop everything if the run has not finished after this many s")
+    t.add_argument("--quiet", action="store_true", help="no start-up line")
+    t.set_defaults(fn=cmd_testbed_up)
+    t = tb.add_parser("clean", help="remove namespaces left by testbeds whose owner died")
+    t.set_defaults(fn=cmd_testbed_clean)
 
     from fedhop import roles_cli
 

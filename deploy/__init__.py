@@ -1,0 +1,1 @@
+"""Deployments beyond one process tree: the network-namespace testbed (``fedhop testbed up``)."""

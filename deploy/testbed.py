@@ -1,0 +1,363 @@
+"""``fedhop testbed up``: a whole federation across network namespaces, with shaped links and kernel byte counts.
+
+One namespace per process (PS, each edge, each client) with its own address on a bridge (deploy/netns.py);
+per-link bandwidth with tc htb (deploy/shaping.py) and, when asked, per-link delay with a proxy
+(deploy/delay_proxy.py); the roles started with their own commands (``fedhop server|edge|client``) through
+``ip netns exec``; wire bytes per link from nftables counters (deploy/kernel_bytes.py). Everything created is
+removed at the end, also on failure, Ctrl-C or SIGTERM.
+
+Run folder (the PS's files plus): ``wire.csv`` (kernel counters per directed link), ``link_bytes.csv``
+(payload, message and wire per link, with ratios), ``round_times.csv`` (when each round's record reached the
+PS's journal), ``testbed.json`` (namespaces, addresses, link shapes, pids), ``tc.json`` (htb statistics per shaped
+link and direction), ``tcp.csv`` (TCP segments and retransmissions per node) and ``logs/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhop.common.engine.topology import Topology, build_topology
+from fedhop.common.spec import RunSpec
+from fedhop.common.testbed_spec import TestbedSpec, link_class, link_delay, link_rate
+from fedhop.deploy import kernel_bytes, shaping
+from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network
+
+log = logging.getLogger("fedhop.testbed")
+
+PS_PORT = 50051
+EDGE_PORT = 50061
+STOP_GRACE_S = 30.0
+POLL_S = 0.02
+
+
+class Interrupted(BaseException):  # noqa: N818  (like KeyboardInterrupt: not an error of the run)
+    """SIGINT or SIGTERM reached ``fedhop testbed up``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class Link:
+    """An undirected link of the run and its shape."""
+
+    a: str
+    b: str
+    cls: str
+    mbit: float | None
+    delay_ms: float
+
+
+def run_links(topo: Topology, tb: TestbedSpec) -> list[Link]:
+    """Every pair of nodes that talk: parent-child and neighbour edges."""
+    pairs = [(topo.parent[n], n) for n in (*topo.edges, *topo.clients)]
+    pairs += [(a, b) for a in topo.edges for b in topo.neighbours[a] if topo.sort([a, b])[0] == a]
+    out = []
+    for a, b in pairs:
+        cls = link_class(topo.role(a), topo.role(b))
+        out.append(Link(a, b, cls, link_rate(tb, cls, a, b), link_delay(tb, cls, a, b)))
+    return out
+
+
+def peers_of(links: list[Link]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for lk in links:
+        out.setdefault(lk.a, []).append(lk.b)
+        out.setdefault(lk.b, []).append(lk.a)
+    return out
+
+
+def check_host() -> None:
+    """Root and the tools, before anything is created."""
+    if os.geteuid() != 0:
+        raise TestbedError("fedhop testbed up needs root (network namespaces, veths, tc, nftables): "
+                           "run it with sudo or as root")
+    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
+    if missing:
+        raise TestbedError(f"missing tools: {missing} (Debian: apt-get install -y iproute2)")
+
+
+@dataclass
+class RoundClock:
+    """Round times from the PS's journal (``rounds.jsonl``): the file is created when the run starts and one
+    line is appended per round, so its modification times (polled) date the round ends."""
+
+    path: Path
+    start_ns: int | None = None
+    ends_ns: list[int] = field(default_factory=list)
+    _size: int = -1
+
+    def poll(self) -> None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return
+        if st.st_size == self._size:
+            return
+        if st.st_size == 0:
+            self.start_ns = st.st_mtime_ns
+        else:
+            lines = self.path.read_bytes().count(b"\n")
+            self.ends_ns += [st.st_mtime_ns] * (lines - len(self.ends_ns))  # several at once: same time
+        self._size = st.st_size
+
+    def rows(self) -> list[dict[str, Any]]:
+        out, prev = [], self.start_ns
+        for i, end in enumerate(self.ends_ns, start=1):
+            out.append({"round": i,
+                        "end_s": "" if self.start_ns is None else f"{(end - self.start_ns) / 1e9:.3f}",
+                        "round_s": "" if prev is None else f"{(end - prev) / 1e9:.3f}"})
+            prev = end
+        return out
+
+
+@dataclass
+class TestbedResult:
+    __test__ = False
+
+    rc: int
+    out: Path
+    levels: list[kernel_bytes.LinkLevels]
+    rounds: list[dict[str, Any]]
+    notes: list[str]
+
+
+class Testbed:
+    """One ``testbed up``: plan, create, run, collect, destroy."""
+
+    __test__ = False
+
+    def __init__(self, spec_path: Path, out: Path, *, device: str | None = None, timeout_s: float | None = None,
+                 quiet: bool = False) -> None:
+        self.spec_path = spec_path
+        self.spec = RunSpec.load(spec_path)  # SpecError names the field
+        self.tb = self.spec.testbed or TestbedSpec()
+        self.topo = build_topology(self.spec.topology, self.spec.seed)
+        try:
+            self.tb.check_nodes(self.topo.all_nodes())
+        except ValueError as e:
+            raise TestbedError(str(e)) from None
+        self.links = run_links(self.topo, self.tb)
+        self.out = out
+        self.device = device
+        self.timeout_s = timeout_s
+        self.quiet = quiet
+        nodes = [(n, self.topo.role(n)) for n in self.topo.all_nodes()]
+        self.net: Network = plan_network(nodes, self.tb.subnet, mtu=self.tb.mtu, offloads=self.tb.offloads)
+        self.counters = kernel_bytes.WireCounters(self.net, peers_of(self.links))
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._logs: list[Any] = []
+        self._tearing_down = False
+
+    # -- processes ------------------------------------------------------------------------------------------
+    def _start(self, name: str, ns: str, cmd: list[str]) -> None:
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        f = (self.out / "logs" / f"{name}.log").open("wb")
+        self._logs.append(f)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.procs[name] = subprocess.Popen(in_ns(ns, cmd), stdin=subprocess.DEVNULL, stdout=f,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _delays_into(self, node: str) -> dict[str, float]:
+        """Peer address -> one-way delay (ms) of the links into ``node``'s server."""
+        out = {}
+        for lk in self.links:
+            if lk.delay_ms and node in (lk.a, lk.b):
+                out[self.net.nodes[lk.b if lk.a == node else lk.a].address] = lk.delay_ms
+        return out
+
+    def _serve_addr(self, node: str, port: int) -> tuple[str, str]:
+        """(listen, public) addresses of a listening node: with delayed links a proxy takes the public one."""
+        public = f"{self.net.nodes[node].address}:{port}"
+        delays = self._delays_into(node)
+        if not delays:
+            return public, public
+        listen = f"127.0.0.1:{port}"
+        args = [sys.executable, "-m", "fedhop.deploy.delay_proxy", "--listen", public, "--target", listen]
+        for addr, ms in sorted(delays.items()):
+            args += ["--delay", f"{addr}={ms:g}"]
+        self._start(f"proxy-{node}", self.net.nodes[node].ns, args)
+        return listen, public
+
+    def start_roles(self) -> None:
+        py = [sys.executable, "-m", "fedhop"]
+        dev = ["--device", self.device] if self.device else []
+        topo = self.topo
+        listen, ps_public = self._serve_addr(topo.server, PS_PORT)
+        self._start("ps", self.net.nodes[topo.server].ns,
+                    [*py, "server", str(self.spec_path), "--listen", listen, "--out", str(self.out), *dev])
+        public = {topo.server: ps_public}
+        for e in topo.edges:
+            listen, public[e] = self._serve_addr(e, EDGE_PORT)
+            self._start(e, self.net.nodes[e].ns, [*py, "edge", "--id", e, "--connect", ps_public, "--listen", listen,
+                                                  "--advertise", public[e], *dev])
+        for c in topo.clients:
+            self._start(c, self.net.nodes[c].ns, [*py, "client", "--id", c, "--connect", public[topo.parent[c]], *dev])
+
+    def stop_roles(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        end = time.monotonic() + 5.0
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.01, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5.0)
+        for f in self._logs:
+            f.close()
+        self._logs.clear()
+
+    # -- the run --------------------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if not self._tearing_down:
+            raise Interrupted(signum)
+
+    def _write_plan(self) -> None:
+        plan = {
+            "tag": self.net.tag,
+            "bridge_namespace": self.net.bridge_ns,
+            "subnet": str(self.net.subnet),
+            "nodes": {n: asdict(nn) for n, nn in self.net.nodes.items()},
+            "links": [asdict(lk) for lk in self.links],
+            "wire_counters": self.counters.backend,
+            "pids": {n: p.pid for n, p in self.procs.items()},
+        }
+        (self.out / "testbed.json").write_text(json.dumps(plan, indent=1))
+
+    def _wait(self, clock: RoundClock) -> int:
+        ps = self.procs["ps"]
+        end = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while ps.poll() is None:
+            clock.poll()
+            if end is not None and time.monotonic() > end:
+                raise TestbedError(f"the run did not finish within --timeout {self.timeout_s:g}s")
+            time.sleep(POLL_S)
+        clock.poll()
+        rc = ps.returncode
+        children = [p for n, p in self.procs.items() if n != "ps" and not n.startswith("proxy-")]
+        stop = time.monotonic() + (STOP_GRACE_S if rc == 0 else 0.0)  # a failed PS: no Bye is coming
+        for p in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.01, stop - time.monotonic()))
+        return rc
+
+    def run(self) -> TestbedResult:
+        self.out.mkdir(parents=True, exist_ok=True)
+        saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        notes: list[str] = []
+        try:
+            self.net.create()
+            shapes = [shaping.LinkShape(lk.a, lk.b, lk.mbit) for lk in self.links if lk.mbit is not None]
+            shaping.apply_shaping(self.net, shapes)
+            self.counters.install()
+            self.start_roles()
+            self._write_plan()
+            if not self.quiet:
+                print(f"fedhop testbed: {len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
+                      f"{len(shapes)} shaped links, wire counters: {self.counters.backend}; logs in "
+                      f"{self.out / 'logs'}", file=sys.stderr)
+            clock = RoundClock(self.out / "rounds.jsonl")
+            rc = self._wait(clock)
+            rounds = clock.rows()
+            _write_csv(self.out / "round_times.csv", rounds, ["round", "end_s", "round_s"])
+            wire = self.counters.read()
+            notes += self.counters.notes
+            kernel_bytes.write_wire_csv(wire, self.out / "wire.csv")
+            tcp = kernel_bytes.tcp_stats(self.net)
+            _write_csv(self.out / "tcp.csv", [{"node": n, **v} for n, v in tcp.items()],
+                       ["node", "OutSegs", "RetransSegs"])
+            retrans = {n: v["RetransSegs"] for n, v in tcp.items() if v["RetransSegs"]}
+            if retrans:
+                notes.append(f"TCP retransmitted segments (counted in wire bytes): {retrans}")
+            (self.out / "tc.json").write_text(json.dumps(shaping.class_stats(self.net, shapes), indent=1))
+            levels: list[kernel_bytes.LinkLevels] = []
+            if (self.out / "links.csv").is_file():
+                meters = kernel_bytes.read_links_csv(self.out / "links.csv")
+                levels = kernel_bytes.reconcile(meters, wire, self.topo.all_nodes())
+                kernel_bytes.write_levels_csv(levels, self.out / "link_bytes.csv")
+            else:
+                notes.append(f"the PS wrote no links.csv (exit code {rc}): no per-link table")
+            return TestbedResult(rc=rc, out=self.out, levels=levels, rounds=rounds, notes=notes)
+        finally:
+            self._tearing_down = True
+            try:
+                self.stop_roles()
+            finally:
+                left = self.net.destroy()
+                for s, h in saved.items():
+                    signal.signal(s, h)
+                if left:
+                    log.error("could not remove namespaces %s; `fedhop testbed clean` retries", left)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]], header: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=header)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def cmd_up(spec: str, out: str | None, device: str | None, timeout_s: float | None, quiet: bool) -> int:
+    """``fedhop testbed up``: exit code 0 on a finished run, the PS's code when it failed, 2 for a bad spec or
+    host, 3 when the testbed could not be built, 130 on SIGINT/SIGTERM."""
+    from fedhop.cli import default_out
+
+    try:
+        check_host()
+    except TestbedError as e:
+        print(f"fedhop testbed: {e}", file=sys.stderr)
+        return 2
+    path = Path(spec)
+    try:
+        bed = Testbed(path, Path(out) if out else default_out(RunSpec.load(path).name, "testbed"), device=device,
+                      timeout_s=timeout_s, quiet=quiet)
+    except TestbedError as e:
+        print(f"fedhop testbed: {e}", file=sys.stderr)
+        return 2
+    try:
+        res = bed.run()
+    except Interrupted as e:
+        print(f"fedhop testbed: interrupted ({e}); every process, namespace and link was removed "
+              f"(logs in {bed.out / 'logs'})", file=sys.stderr)
+        return 130
+    except TestbedError as e:
+        print(f"fedhop testbed: {e}\n(everything it created was removed; logs in {bed.out / 'logs'})",
+              file=sys.stderr)
+        return 3
+    if res.levels:
+        print(kernel_bytes.format_table(res.levels))
+    for n in res.notes:
+        print(f"note: {n}")
+    if res.rc != 0:
+        print(f"fedhop testbed: the PS exited with code {res.rc} (logs in {res.out / 'logs'})", file=sys.stderr)
+    print(f"results in {res.out}")
+    return res.rc
+
+
+def cmd_clean() -> int:
+    """``fedhop testbed clean``: remove what testbeds whose owner died left behind."""
+    from fedhop.deploy.netns import clean_stale
+
+    try:
+        check_host()
+    except TestbedError as e:
+        print(f"fedhop testbed: {e}", file=sys.stderr)
+        return 2
+    removed = clean_stale()
+    print(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
+    return 0
