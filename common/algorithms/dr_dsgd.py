@@ -37,8 +37,9 @@ class DRDSGDOptions(BaseModel):
 def client_round(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: I local steps w -= eta/mu * exp(l/mu) * grad l from the server's model."""
     w = dict(bundle)
-    lr, mu, c = float(args["lr"]), float(args["mu"]), float(args["exp_shift"])
-    for loss, g in local_batches(ctx, w, int(args["local_steps"]), int(args["batch_size"]), "dr_dsgd"):
+    o: DRDSGDOptions = ctx.opts
+    lr, mu, c = o.lr, o.mu, o.exp_shift
+    for loss, g in local_batches(ctx, w, o.local_steps, o.batch_size, "dr_dsgd"):
         scale = lr / mu * math.exp((loss - c) / mu)
         for k in w:
             w[k] = w[k] - scale * g[k]
@@ -55,10 +56,7 @@ def init(ctx: NodeContext) -> ServerState:
 
 
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
-    o: DRDSGDOptions = ctx.opts
-    args: dict[str, Scalar] = {"lr": o.lr, "mu": o.mu, "exp_shift": o.exp_shift, "local_steps": o.local_steps,
-                               "batch_size": o.batch_size}
-    replies = ctx.comm.scatter(ctx.children, "dr_dsgd.round", s.model, args, expect=s.model)
+    replies = ctx.comm.scatter(ctx.children, "dr_dsgd.round", s.model, {}, expect=s.model)
     w = uniform_mean(replies) if replies else s.model
     if ctx.should_eval():
         ctx.report(**ctx.evaluate(w))

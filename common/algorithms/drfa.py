@@ -63,11 +63,12 @@ def project_simplex(y: np.ndarray) -> np.ndarray:
 @task("drfa.train")
 def drfa_train(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client in D: I local SGD steps from w; reply the final model and the snapshot after t' steps."""
-    steps, t_snap = int(args["local_steps"]), int(args["t_snap"])
+    o: DRFAOptions = ctx.opts
+    steps, t_snap = o.local_steps, int(args["t_snap"])
     gen = ctx.rng("drfa.train", ctx.round)
-    first = LocalSolver(steps=t_snap, lr=float(args["lr"]), batch_size=int(args["batch_size"]))
+    first = LocalSolver(steps=t_snap, lr=o.lr, batch_size=o.batch_size)
     snap, _ = local_train(ctx.ws, bundle, ctx.data, first, gen)
-    rest = LocalSolver(steps=steps - t_snap, lr=float(args["lr"]), batch_size=int(args["batch_size"]))
+    rest = LocalSolver(steps=steps - t_snap, lr=o.lr, batch_size=o.batch_size)
     final, _ = local_train(ctx.ws, snap, ctx.data, rest, gen) if steps > t_snap else (dict(snap), 0.0)
     return Reply({**prefixed(W, final), **prefixed(SNAP, snap)})
 
@@ -75,7 +76,7 @@ def drfa_train(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Rep
 @task("drfa.loss")
 def drfa_loss(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client in U: the minibatch loss f_i(w^(t'); z), one float up."""
-    x, y = sample_batch(ctx.data, int(args["batch_size"]), ctx.rng("drfa.loss", ctx.round))
+    x, y = sample_batch(ctx.data, ctx.opts.batch_size, ctx.rng("drfa.loss", ctx.round))
     loss, _ = loss_and_grad(ctx.ws, bundle, x, y)
     return Reply({"loss": scalar_tensor(loss, bundle)})
 
@@ -103,12 +104,11 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     n = len(clients)
     m = min(o.clients_per_round or n, n)
     w, lam, gamma = s.model, s.lam, s.gamma
-    base = {"lr": o.lr, "local_steps": o.local_steps, "batch_size": o.batch_size}
     rng = ctx.np_rng("drfa", ctx.round)
     draws = np.bincount(rng.choice(n, size=m, replace=True, p=lam), minlength=n)          # step 1
     t_snap = int(rng.integers(1, o.local_steps + 1))
     chosen = [clients[i] for i in range(n) if draws[i] > 0]
-    replies = ctx.comm.scatter(chosen, "drfa.train", w, {**base, "t_snap": t_snap},      # step 2
+    replies = ctx.comm.scatter(chosen, "drfa.train", w, {"t_snap": t_snap},            # step 2
                                expect={**prefixed(W, w), **prefixed(SNAP, w)})
     if replies:                                                                          # step 3
         idx = {c: i for i, c in enumerate(clients)}
@@ -116,7 +116,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
         avg = weighted_mean((wt[c], rep.bundle) for c, rep in replies.items())
         w, w_snap = unprefixed(W, avg), unprefixed(SNAP, avg)
         picked = sorted(rng.choice(n, size=m, replace=False).tolist())                   # step 4
-        losses = ctx.comm.scatter([clients[i] for i in picked], "drfa.loss", w_snap, base,
+        losses = ctx.comm.scatter([clients[i] for i in picked], "drfa.loss", w_snap, {},
                                   expect={"loss": scalar_tensor(0.0, w)})
         if losses:                                                                       # step 5
             v = np.zeros(n)

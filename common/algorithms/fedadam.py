@@ -15,11 +15,12 @@ Clients missing at the deadline are left out of the mean; with nobody present th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import Field
 
-from fedhop.common.algorithms.fedavg import FedAvgOptions, cluster_rounds, solver_of
+from fedhop.common.algorithms.fedavg import FedAvgOptions, cluster_rounds
+from fedhop.common.algorithms.participation import ParticipationState
 from fedhop.common.engine.api import Algorithm, NodeContext, register
 from fedhop.common.wire.bundle import Bundle, sub
 
@@ -36,6 +37,7 @@ class ServerState:
     model: Bundle  # w
     m: Bundle  # server first moment
     v: Bundle  # server second moment
+    participation: ParticipationState = field(default_factory=ParticipationState)
 
 
 def init(ctx: NodeContext) -> ServerState:
@@ -48,9 +50,8 @@ def init(ctx: NodeContext) -> ServerState:
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     """One FedAvg cycle; then Adam on the server with the mean update as the (negated) pseudo-gradient."""
     o: FedAdamOptions = ctx.opts
-    args = {**solver_of(o).to_args(), "participation": o.participation, "weighting": o.weighting}
     w, m, v2 = s.model, s.m, s.v
-    avg, weight = cluster_rounds(ctx, w, 1, args)
+    avg, weight = cluster_rounds(ctx, w, 1, s.participation)
     if weight > 0:
         delta = sub(avg, w)                                            # pseudo-gradient (negated)
         for k in w:
@@ -59,7 +60,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
             w[k] = w[k] + o.server_lr * m[k] / (v2[k].sqrt() + o.server_tau)
     if ctx.should_eval():
         ctx.report(**ctx.evaluate(w))
-    return ServerState(w, m, v2)
+    return ServerState(w, m, v2, s.participation)
 
 
 register(Algorithm("fedadam", FedAdamOptions, init, server_round,

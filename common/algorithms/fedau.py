@@ -31,7 +31,8 @@ from fedhop.common.algorithms.participation import (
     ParticipationState,
     participants,
 )
-from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
+from fedhop.common.engine.api import Algorithm, NodeContext, register
+from fedhop.common.engine.topology import Topology
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum
 
 
@@ -44,6 +45,10 @@ class FedAUOptions(BaseModel):
     k_cut: int = Field(10, ge=1, description="K: cap of a recorded participation interval")
     variant: Literal["original", "notebook"] = "original"
     participation: Participation = Field(default_factory=FullParticipation)
+
+    def local_solver(self, topology: Topology) -> LocalSolver:
+        """The clients' local SGD (tau steps), read from the RunSpec each client holds."""
+        return LocalSolver(steps=self.local_steps, lr=self.lr, batch_size=self.batch_size)
 
 
 @dataclass
@@ -87,9 +92,8 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     x, book = s.model, s.book
     clients = ctx.topology.sort(ctx.children)
     index = {c: i for i, c in enumerate(clients)}
-    args: dict[str, Scalar] = LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size).to_args()
     chosen = participants(ctx, o.participation, s.participation)
-    replies = ctx.comm.scatter(chosen, "local.train", x, args, expect=x)
+    replies = ctx.comm.scatter(chosen, "local.train", x, {}, expect=x)
     took = np.zeros(len(clients), dtype=bool)
     took[[index[c] for c in replies]] = True
     if o.variant == "original":

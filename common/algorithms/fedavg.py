@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedhop.common.algorithms.local import LocalSolver
 from fedhop.common.algorithms.participation import Participation, ParticipationState, participants
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.engine.topology import Topology
 from fedhop.common.wire.bundle import Bundle, weighted_mean
 
 
@@ -37,6 +38,10 @@ class FedAvgOptions(BaseModel):
                                "across its syncs) uses lr/(K*sqrt(k+1)) (Fed-CHS App. B.1)")
     syncs_per_round: int = Field(1, ge=1, description="server + clients only: local-train/average cycles per "
                                  "round (Fed-CHS spec sec. 5, FedAvg reading A: local_steps=1, syncs=20)")
+
+    def local_solver(self, topology: Topology) -> LocalSolver:
+        """The clients' local solver, read by each client from the RunSpec it holds (not sent per task)."""
+        return solver_of(self)
 
 
 class HierFAVGOptions(FedAvgOptions):
@@ -65,29 +70,31 @@ def average_replies(ctx: NodeContext, replies: dict[str, Reply], weighting: str)
     return avg, sum(weights.values())
 
 
-def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, args: dict[str, Scalar],
-                   model: BaseModel | None = None, process: ParticipationState | None = None) -> tuple[Bundle, int]:
+def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, process: ParticipationState | None = None
+                   ) -> tuple[Bundle, int]:
     """kappa2 times: the node's children train locally and the node averages them (HierFAVG inner loop).
 
-    ``model``: a participation model drawing S_r (its process kept in ``process``) instead of the uniform
-    fraction ``args["participation"]``.
+    S is a uniform fraction of the children (``participation`` a float), or drawn by a participation model
+    whose process is kept in ``process`` (server + clients only). Local step s * steps + j of the round uses
+    the step size of ``lr_schedule_K``'s schedule (task args ``stream``, ``step_offset``: what varies per call).
     """
+    o: FedAvgOptions = ctx.opts
+    steps = o.local_solver(ctx.topology).steps
     weight = 0
     for s in range(edge_rounds):
-        chosen = (participants(ctx, model, process) if model is not None
-                  else sample_participants(ctx, ctx.children, float(args["participation"]), s))
-        offset = s * int(args["solver.steps"])
-        replies = ctx.comm.scatter(chosen, "local.train", params,
-                                   {**args, "stream": s, "solver.step_offset": offset}, expect=params)
+        chosen = (sample_participants(ctx, ctx.children, o.participation, s) if isinstance(o.participation, float)
+                  else participants(ctx, o.participation, process))
+        replies = ctx.comm.scatter(chosen, "local.train", params, {"stream": s, "step_offset": s * steps},
+                                   expect=params)
         if replies:
-            params, weight = average_replies(ctx, replies, str(args["weighting"]))
+            params, weight = average_replies(ctx, replies, o.weighting)
     return params, weight
 
 
 @task("hier.edge_round")
 def edge_round(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
     """Edge: kappa2 client rounds from the cloud's model; replies with the edge model and its weight."""
-    w, n = cluster_rounds(ctx, params, int(args["edge_rounds"]), args)
+    w, n = cluster_rounds(ctx, params, getattr(ctx.opts, "edge_rounds", 1))
     return Reply(w, {"n": n})
 
 
@@ -104,24 +111,17 @@ def init(ctx: NodeContext) -> ServerState:
     return ServerState(ctx.initial_params())
 
 
-def round_args(o: FedAvgOptions) -> dict[str, Scalar]:
-    model = not isinstance(o.participation, float)
-    return {**solver_of(o).to_args(), "participation": 1.0 if model else o.participation,
-            "weighting": o.weighting, "edge_rounds": getattr(o, "edge_rounds", 1)}
-
-
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     """Round t: w^{t+1} = the weighted average of the participants' (or edges') models."""
     o: FedAvgOptions = ctx.opts
     w = s.model
     if ctx.topology.edges:
-        replies = ctx.comm.scatter(ctx.children, "hier.edge_round", w, round_args(o), expect=w)
+        replies = ctx.comm.scatter(ctx.children, "hier.edge_round", w, {}, expect=w)
         replies = {e: r for e, r in replies.items() if int(r.scalars["n"]) > 0}
         if replies:
             w, _ = average_replies(ctx, replies, "data_size")
     else:
-        model = None if isinstance(o.participation, float) else o.participation
-        w, _ = cluster_rounds(ctx, w, o.syncs_per_round, round_args(o), model, s.participation)
+        w, _ = cluster_rounds(ctx, w, o.syncs_per_round, s.participation)
     if ctx.should_eval():
         ctx.report(**ctx.evaluate(w))
     return ServerState(w, s.participation)

@@ -110,30 +110,29 @@ def _gammas(ctx: NodeContext, present: Sequence[NodeId], weighting: str) -> dict
 @task("fedchs.grad")
 def client_interaction(ctx: NodeContext, w: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client n, interaction k: grad f(w_k^t, xi_{n,k}) on one fresh mini-batch (E = 1), or the model delta of
-    E local SGD steps (spec 3.6)."""
-    gen = ctx.rng("fedchs.grad", ctx.round, int(args["k"]))
-    if "solver.steps" in args:
-        x, loss = local_train(ctx.ws, w, ctx.data, LocalSolver.from_args(args), gen)
+    E local SGD steps (spec 3.6). Only k travels; the rest is the RunSpec's."""
+    o: FedCHSOptions = ctx.opts
+    k = int(args["k"])
+    gen = ctx.rng("fedchs.grad", ctx.round, k)
+    if o.E > 1:
+        x, loss = local_train(ctx.ws, w, ctx.data, interaction_solver(o, k), gen)
         up = sub(x, w)
     else:
-        xb, yb = sample_batch(ctx.data, int(args["batch_size"]), gen)
+        xb, yb = sample_batch(ctx.data, o.batch_size, gen)
         loss, up = loss_and_grad(ctx.ws, w, xb, yb)
-    levels = int(args["upload_levels"])
-    if levels:
-        up = encode(up, levels, ctx.rng("fedchs.qsgd", ctx.round, int(args["k"])))
+    if o.upload_levels:
+        up = encode(up, o.upload_levels, ctx.rng("fedchs.qsgd", ctx.round, k))
     return Reply(up, {"loss": loss, "n": len(ctx.data)})
 
 
-def _interaction_args(o: FedCHSOptions, k: int) -> dict[str, Scalar]:
-    if o.E == 1:
-        return {"k": k, "batch_size": o.batch_size, "upload_levels": o.upload_levels}
+def interaction_solver(o: FedCHSOptions, k: int) -> LocalSolver:
+    """E > 1: the E local SGD steps of interaction k, at eta_k (``e_lr_index = "interaction"``) or at
+    eta_{kE+j} for local step j."""
     if o.e_lr_index == "interaction":
-        cfg = LocalSolver(steps=o.E, lr=step_size(k, o), batch_size=o.batch_size)
-    elif o.lr_schedule == "sqrt":
-        cfg = LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size, lr_K=o.K, step_offset=k * o.E)
-    else:
-        cfg = LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size)
-    return {"k": k, "upload_levels": o.upload_levels, **cfg.to_args()}
+        return LocalSolver(steps=o.E, lr=step_size(k, o), batch_size=o.batch_size)
+    if o.lr_schedule == "sqrt":
+        return LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size, lr_K=o.K, step_offset=k * o.E)
+    return LocalSolver(steps=o.E, lr=o.lr, batch_size=o.batch_size)
 
 
 def cluster_round(ctx: NodeContext, w: Bundle, o: FedCHSOptions) -> tuple[Bundle, float, int]:
@@ -142,7 +141,7 @@ def cluster_round(ctx: NodeContext, w: Bundle, o: FedCHSOptions) -> tuple[Bundle
     uploads = 0
     expect = encoded_template(w) if o.upload_levels else w
     for k in range(o.K // o.E):
-        replies = ctx.comm.scatter(ctx.children, "fedchs.grad", w, _interaction_args(o, k), expect=expect)
+        replies = ctx.comm.scatter(ctx.children, "fedchs.grad", w, {"k": k}, expect=expect)
         if not replies:
             continue
         gamma = _gammas(ctx, list(replies), o.weighting)

@@ -51,7 +51,7 @@ import torch
 from pydantic import Field
 
 from fedhop.common.algorithms.fedavg import FedAvgOptions, cluster_rounds, solver_of
-from fedhop.common.algorithms.local import full_gradient
+from fedhop.common.algorithms.local import LocalSolver, full_gradient
 from fedhop.common.data import Dataset
 from fedhop.common.engine.api import Algorithm, NodeContext, NodeId, Reply, Scalar, register, task
 from fedhop.common.engine.base import HandOffError
@@ -82,6 +82,11 @@ class FedClusterOptions(FedAvgOptions):
         "as_is", description="step size used: lr (as_is), lr / M (over_M: lr is FedAvg's rate; matches "
         "lr x sequential steps per round, parity under IID data, spec sec. 8.3), lr / 10 (fixed_over_10: the "
         "paper's rule 'one tenth of FedAvg's' for every M, sec. IV-A)")
+
+
+    def local_solver(self, topology: Topology) -> LocalSolver:
+        """FedAvg's solver at the step size ``lr_rule`` gives for M = topology.edges clusters."""
+        return solver_of(self.model_copy(update={"lr": step_size(self, len(topology.edges))}))
 
 
 def step_size(o: FedClusterOptions, m: int) -> float:
@@ -163,7 +168,7 @@ def cycle_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Rep
         w = _output(ctx)
     else:
         raise ValueError(f"unknown model source {source!r}")
-    w, n = cluster_rounds(ctx, w, 1, args)
+    w, n = cluster_rounds(ctx, w, 1)
     ctx.state.model = w
     return Reply({}, {"n": n})
 
@@ -242,8 +247,6 @@ def server_round(ctx: NodeContext, holders: Holders) -> Holders:
     """Learning round j of Algorithm 1: M cycles, the model moving edge -> edge (the PS is control plane)."""
     o: FedClusterOptions = ctx.opts
     topo = ctx.topology
-    solver = solver_of(o.model_copy(update={"lr": step_size(o, len(topo.edges))}))
-    args: dict[str, Scalar] = {**solver.to_args(), "participation": o.participation, "weighting": o.weighting}
     visited: list[NodeId] = []
     skipped = 0
     for c in cycle_order(ctx, ctx.round, o.order):
@@ -264,7 +267,7 @@ def server_round(ctx: NodeContext, holders: Holders) -> Holders:
                 continue
             else:
                 source, bundle = "inbox", {}
-        got = ctx.comm.scatter([c], "fedcluster.cycle", bundle, {**args, "source": source})
+        got = ctx.comm.scatter([c], "fedcluster.cycle", bundle, {"source": source})
         if c not in got:
             skipped += 1
             continue

@@ -228,9 +228,11 @@ def cvar_client_round(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar])
     """Client i, one round of Alg. 1: from (wbar, sbar) run I local steps; reply (w_{i,I}, s_{i,I})."""
     w = unprefixed(W, bundle)
     s = float(bundle["s"])
-    u = _client_u(ctx, float(args["u_init"]))   # erratum 1: u^r_{i,0} = u^{r-1}_{i,I}, this client's own
-    lr, lr_s, beta1, k_over_n = (float(args[k]) for k in ("lr", "lr_s", "beta1", "K_over_N"))
-    for loss, g in local_batches(ctx, w, int(args["local_steps"]), int(args["batch_size"]), "fgdro.cvar"):
+    o: FGDROCVaROptions = ctx.opts
+    u = _client_u(ctx, o.u_init)   # erratum 1: u^r_{i,0} = u^{r-1}_{i,I}, this client's own
+    lr, lr_s, beta1 = o.lr, o.lr_s if o.lr_s is not None else o.lr, o.beta1
+    k_over_n = o.K / len(ctx.topology.clients)
+    for loss, g in local_batches(ctx, w, o.local_steps, o.batch_size, "fgdro.cvar"):
         u = (1 - beta1) * u + beta1 * loss                       # line 6
         a = 1.0 if u > s else 0.0                                # a in df(u - s), strict at the kink (spec 9)
         s = s - lr_s * (-a + k_over_n)                           # line 7
@@ -239,13 +241,6 @@ def cvar_client_round(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar])
                 w[k] = w[k] - lr * g[k]                          # line 8: w -= eta1 * a * grad l
     ctx.state.u = u
     return Reply({**prefixed(W, w), "s": scalar_tensor(s, w)})
-
-
-def _cvar_args(ctx: NodeContext) -> dict[str, Scalar]:
-    o: FGDROCVaROptions = ctx.opts
-    n = len(ctx.children)
-    return {"lr": o.lr, "lr_s": o.lr_s if o.lr_s is not None else o.lr, "beta1": o.beta1, "K_over_N": o.K / n,
-            "u_init": o.u_init, "local_steps": o.local_steps, "batch_size": o.batch_size}
 
 
 def init_cvar(ctx: NodeContext) -> ServerState:
@@ -258,7 +253,7 @@ def init_cvar(ctx: NodeContext) -> ServerState:
 
 def round_cvar(ctx: NodeContext, st: ServerState) -> ServerState:
     """Alg. 1, one round: every client runs I local steps from (wbar, sbar); the server averages."""
-    replies = ctx.comm.scatter(ctx.children, "fgdro.cvar.round", st.avg, _cvar_args(ctx), expect=st.avg)
+    replies = ctx.comm.scatter(ctx.children, "fgdro.cvar.round", st.avg, {}, expect=st.avg)
     if replies:
         st = ServerState(uniform_mean(replies))                  # line 10: wbar, sbar
     if ctx.should_eval():
@@ -269,10 +264,6 @@ def round_cvar(ctx: NodeContext, st: ServerState) -> ServerState:
 # ----------------------------------------------------------------------------------------------------------
 # FGDRO-KL, FGDRO-KL-Adam (Algorithms 2, 3) and LocalAdam (Algorithm 4)
 # ----------------------------------------------------------------------------------------------------------
-def _kl_step(args: dict[str, Scalar]) -> KLStep:
-    return KLStep(**{k.removeprefix("kl."): v for k, v in args.items() if k.startswith("kl.")})  # type: ignore[arg-type]
-
-
 @task("fgdro.kl.init")
 def kl_client_init(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: u_i^0 = l(wbar^1; z) on a first minibatch (spec 9); reply v_i^0 = exp((u_i^0 - c)/lambda).
@@ -282,20 +273,21 @@ def kl_client_init(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) ->
     """
     w = ctx.initial_params()
     gen = ctx.rng("fgdro.kl.init")
-    x, y = sample_batch(ctx.data, int(args["batch_size"]), gen)
+    step = kl_step(ctx)
+    x, y = sample_batch(ctx.data, ctx.opts.batch_size, gen)
     u, _ = loss_and_grad(ctx.ws, w, x, y)
     ctx.state.u = u
-    return Reply({"v": scalar_tensor(math.exp((u - float(args["kl.shift"])) / float(args["kl.lam"])), w)})
+    return Reply({"v": scalar_tensor(math.exp((u - step.shift) / step.lam), w)})
 
 
 @task("fgdro.kl.round")
 def kl_client_round_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client i, one round of Alg. 2/3/4 from (wbar, mbar[, qbar], vbar); reply the same names."""
-    step = _kl_step(args)
+    step = kl_step(ctx)
     w, m, q = unprefixed(W, bundle), unprefixed(M, bundle), unprefixed(Q, bundle)
     v = float(bundle["v"]) if "v" in bundle else 0.0
     u = _client_u(ctx, 0.0)  # "zero" init; the "first_batch" init put u_i^0 in ctx.state already
-    v, u = kl_client_round(ctx, w, m, q, v, u, step, int(args["local_steps"]), int(args["batch_size"]))
+    v, u = kl_client_round(ctx, w, m, q, v, u, step, ctx.opts.local_steps, ctx.opts.batch_size)
     out: Bundle = {**prefixed(W, w), **prefixed(M, m)}
     if step.adam:
         out.update(prefixed(Q, q))
@@ -305,23 +297,21 @@ def kl_client_round_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scala
     return Reply(out)
 
 
-def _kl_setup(ctx: NodeContext) -> tuple[KLStep, dict[str, Scalar]]:
+def kl_step(ctx: NodeContext) -> KLStep:
+    """The local step's hyperparameters from the RunSpec (every node computes them; none is sent)."""
     o = ctx.opts
-    n = len(ctx.children)
+    n = len(ctx.topology.clients)
     weighted = not isinstance(o, LocalAdamOptions)
     adam = isinstance(o, FGDROKLAdamOptions | LocalAdamOptions)
-    step = KLStep(lr=o.lr, beta1=getattr(o, "beta1", 0.0), beta2=getattr(o, "beta2", 0.0), beta3=o.beta3,
+    return KLStep(lr=o.lr, beta1=getattr(o, "beta1", 0.0), beta2=getattr(o, "beta2", 0.0), beta3=o.beta3,
                   lam=getattr(o, "lam", 1.0), shift=getattr(o, "exp_shift", 0.0),
                   clip=(o.weight_clip * n) if weighted and o.weight_clip else 0.0, adam=adam,
                   beta4=getattr(o, "beta4", 0.0), tau=getattr(o, "tau", 0.0), weighted=weighted)
-    args: dict[str, Scalar] = {**{f"kl.{k}": v for k, v in step.__dict__.items()},
-                               "local_steps": o.local_steps, "batch_size": o.batch_size}
-    return step, args
 
 
 def init_kl(ctx: NodeContext) -> ServerState:
     """wbar^1 = w0, mbar^1 = qbar^1 = 0 (spec 9), vbar^1 = exp(0 / lambda) (v_init "one", shifted scale)."""
-    step, _ = _kl_setup(ctx)
+    step = kl_step(ctx)
     w = ctx.initial_params()
     zeros = {k: torch.zeros_like(t) for k, t in w.items()}
     avg: Bundle = {**prefixed(W, w), **prefixed(M, zeros)}
@@ -336,10 +326,9 @@ def setup_kl(ctx: NodeContext, st: ServerState) -> ServerState:
     """Set-up step, with ``u_init = "first_batch"``: every client sets u_i^0 on a first minibatch; with
     ``v_init = "mean_exp_u"`` vbar^1 = mean_i exp(u_i^0 / lambda)."""
     o = ctx.opts
-    step, args = _kl_setup(ctx)
-    if not step.weighted or o.u_init != "first_batch":
+    if not kl_step(ctx).weighted or o.u_init != "first_batch":
         return st
-    init = ctx.comm.scatter(ctx.children, "fgdro.kl.init", {}, args)
+    init = ctx.comm.scatter(ctx.children, "fgdro.kl.init", {}, {})
     if init and o.v_init == "mean_exp_u":
         return ServerState({**st.avg, "v": scalar_tensor(float(uniform_mean(init)["v"]), st.model)})
     return st
@@ -347,8 +336,8 @@ def setup_kl(ctx: NodeContext, st: ServerState) -> ServerState:
 
 def round_kl(ctx: NodeContext, st: ServerState) -> ServerState:
     """Alg. 2/3/4, one round: I local steps at every client from the averages; the server averages."""
-    step, args = _kl_setup(ctx)
-    replies = ctx.comm.scatter(ctx.children, "fgdro.kl.round", st.avg, args, expect=st.avg)
+    step = kl_step(ctx)
+    replies = ctx.comm.scatter(ctx.children, "fgdro.kl.round", st.avg, {}, expect=st.avg)
     if replies:
         st = ServerState(uniform_mean(replies))                  # line 10 (Alg.3 line 11, erratum 4)
     if ctx.should_eval():

@@ -106,8 +106,8 @@ def focus_local(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
     st: ClientState = ctx.state
     g_prev = st.g if st.g is not None else zeros_like(x)
     gen = ctx.rng("focus.local", ctx.round)
-    y, st.g = local_tracker(ctx, x, g_prev, int(args["local_steps"]), float(args["lr"]),
-                            int(args["batch_size"]), gen)
+    o: FocusOptions = ctx.opts
+    y, st.g = local_tracker(ctx, x, g_prev, int(args["local_steps"]), o.lr, o.batch_size, gen)
     return Reply(y)
 
 
@@ -149,8 +149,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 def _pull_push(ctx: NodeContext, chosen: list[str], s: ServerState, local_steps: int) -> ServerState:
     o: FocusOptions = ctx.opts
     x, y, eta = s.model, s.y, o.lr
-    args: dict[str, Scalar] = {"lr": eta, "local_steps": local_steps, "batch_size": o.batch_size,
-                               **s.ledger.args_for(chosen)}
+    args: dict[str, Scalar] = {"local_steps": local_steps, **s.ledger.args_for(chosen)}
     replies = ctx.comm.scatter(chosen, "focus.local", x, args, expect=x)
     s.ledger.settle(ctx.round, chosen, replies)
     if replies:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -70,13 +70,13 @@ class LocalSolver:
             return self.lr
         return self.lr / (self.lr_K * math.sqrt(self.step_offset + t + 1))
 
-    def to_args(self) -> dict[str, Scalar]:
-        return {f"solver.{k}": v for k, v in self.__dict__.items()}
 
-    @classmethod
-    def from_args(cls, args: Mapping[str, Scalar]) -> LocalSolver:
-        kw = {k.removeprefix("solver."): v for k, v in args.items() if k.startswith("solver.")}
-        return cls(**kw)  # type: ignore[arg-type]
+def solver_for(ctx: NodeContext, args: Mapping[str, Scalar]) -> LocalSolver:
+    """This client's local solver: its algorithm's options (``local_solver(topology)``, read from the RunSpec
+    the node holds) with what varies per call from the task's args: ``step_offset`` and ``lr_scale``."""
+    base: LocalSolver = ctx.opts.local_solver(ctx.topology)
+    lr = base.lr * float(args["lr_scale"]) if "lr_scale" in args else base.lr
+    return replace(base, lr=lr, step_offset=int(args.get("step_offset", 0)))
 
 
 def local_train(ws: Workspace, params: Bundle, data: Dataset, cfg: LocalSolver,
@@ -117,7 +117,7 @@ def local_train(ws: Workspace, params: Bundle, data: Dataset, cfg: LocalSolver,
 @task("local.train")
 def train_task(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: local training from the received model; replies with the local model and its data size."""
-    cfg = LocalSolver.from_args(args)
+    cfg = solver_for(ctx, args)
     gen = ctx.rng("local.train", ctx.round, args.get("stream", 0))
     w, loss = local_train(ctx.ws, params, ctx.data, cfg, gen)
     return Reply(w, {"loss": loss, "n": len(ctx.data)})

@@ -29,7 +29,8 @@ from fedhop.common.algorithms.participation import (
     ParticipationState,
     participants,
 )
-from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
+from fedhop.common.engine.api import Algorithm, NodeContext, register
+from fedhop.common.engine.topology import Topology
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum, zeros_like
 
 
@@ -41,6 +42,10 @@ class MifaOptions(BaseModel):
     batch_size: int = Field(0, ge=0, description="mini-batch size; 0 = full local batch")
     participation: Participation = Field(default_factory=FullParticipation)
     empty_round: Literal["skip", "step"] = "skip"
+
+    def local_solver(self, topology: Topology) -> LocalSolver:
+        """The clients' local SGD (tau steps), read from the RunSpec each client holds."""
+        return LocalSolver(steps=self.local_steps, lr=self.lr, batch_size=self.batch_size)
 
 
 @dataclass
@@ -59,10 +64,9 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     o: MifaOptions = ctx.opts
     x, updates = s.model, s.updates
     clients = ctx.topology.sort(ctx.children)
-    args: dict[str, Scalar] = LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size).to_args()
     chosen = participants(ctx, o.participation, s.participation)
     if chosen or o.empty_round == "step":
-        replies = ctx.comm.scatter(chosen, "local.train", x, args, expect=x)
+        replies = ctx.comm.scatter(chosen, "local.train", x, {}, expect=x)
         for c, r in replies.items():
             updates[c] = sub(x, r.bundle)  # U_i = x - x_tau,i
         total = weighted_sum((1.0, updates[c]) for c in clients)

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedhop.common.algorithms.local import LocalSolver, local_train
+from fedhop.common.algorithms.local import LocalSolver, local_train, solver_for
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.engine.topology import Topology
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum
 
 LEVEL_DTYPE = torch.int8
@@ -105,28 +106,32 @@ class HierLocalQSGDOptions(BaseModel):
     levels: int = Field(MAX_LEVELS, ge=1, le=MAX_LEVELS, description="s of Q1 (client -> edge) [UNSPECIFIED]")
     cloud_levels: int = Field(MAX_LEVELS, ge=1, le=MAX_LEVELS, description="s of Q2 (edge -> cloud)")
 
+    def local_solver(self, topology: Topology) -> LocalSolver:
+        """tau1 local SGD steps of eta_k = c / (K sqrt(k+1)), k counted across the round's edge aggregations."""
+        return LocalSolver(steps=self.local_steps, lr=self.lr, batch_size=self.batch_size, lr_K=self.K)
+
 
 @task("hlqsgd.local")
 def client_local(ctx: NodeContext, u: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: tau1 local steps from the edge model u; uploads Q1(x_n - u)."""
-    cfg = LocalSolver.from_args(args)
-    x, loss = local_train(ctx.ws, u, ctx.data, cfg, ctx.rng("hlqsgd.local", ctx.round, args["stream"]))
-    enc = encode(sub(x, u), int(args["levels"]), ctx.rng("hlqsgd.q1", ctx.round, args["stream"]))
+    x, loss = local_train(ctx.ws, u, ctx.data, solver_for(ctx, args),
+                          ctx.rng("hlqsgd.local", ctx.round, args["stream"]))
+    enc = encode(sub(x, u), ctx.opts.levels, ctx.rng("hlqsgd.q1", ctx.round, args["stream"]))
     return Reply(enc, {"loss": loss, "n": len(ctx.data)})
 
 
 @task("hlqsgd.edge_round")
 def edge_round(ctx: NodeContext, w: Bundle, args: dict[str, Scalar]) -> Reply:
     """Edge: tau2 quantised client aggregations from the cloud model; uploads Q2(u_m - w)."""
-    tau1, s1 = int(args["solver.steps"]), int(args["levels"])
+    o: HierLocalQSGDOptions = ctx.opts
     u = w
     expect = encoded_template(w)
-    for a in range(int(args["edge_rounds"])):
-        replies = ctx.comm.scatter(ctx.children, "hlqsgd.local", u,
-                                   {**args, "stream": a, "solver.step_offset": a * tau1}, expect=expect)
+    for a in range(o.edge_rounds):
+        replies = ctx.comm.scatter(ctx.children, "hlqsgd.local", u, {"stream": a, "step_offset": a * o.local_steps},
+                                   expect=expect)
         if replies:
-            u = add_quantized(u, replies, {n: float(ctx.data_size(n)) for n in replies}, s1)
-    enc = encode(sub(u, w), int(args["cloud_levels"]), ctx.rng("hlqsgd.q2", ctx.round))
+            u = add_quantized(u, replies, {n: float(ctx.data_size(n)) for n in replies}, o.levels)
+    enc = encode(sub(u, w), o.cloud_levels, ctx.rng("hlqsgd.q2", ctx.round))
     return Reply(enc, {"n": ctx.data_size()})
 
 
@@ -142,10 +147,8 @@ def init(ctx: NodeContext) -> ServerState:
 def cloud_round(ctx: NodeContext, s: ServerState) -> ServerState:
     """Every edge runs tau2 quantised aggregations from w; the cloud adds the D-weighted Q2 uploads."""
     o: HierLocalQSGDOptions = ctx.opts
-    cfg = LocalSolver(steps=o.local_steps, lr=o.lr, batch_size=o.batch_size, lr_K=o.K)
-    args = {**cfg.to_args(), "edge_rounds": o.edge_rounds, "levels": o.levels, "cloud_levels": o.cloud_levels}
     w = s.model
-    replies = ctx.comm.scatter(ctx.children, "hlqsgd.edge_round", w, args, expect=encoded_template(w))
+    replies = ctx.comm.scatter(ctx.children, "hlqsgd.edge_round", w, {}, expect=encoded_template(w))
     if replies:
         w = add_quantized(w, replies, {e: float(ctx.data_size(e)) for e in replies}, o.cloud_levels)
     if ctx.should_eval():

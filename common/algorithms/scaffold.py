@@ -64,11 +64,12 @@ def scaffold_local(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) ->
     st: ClientState = ctx.state
     x, c = unprefixed("x.", bundle), unprefixed("c.", bundle)
     ci = st.c if st.c is not None else zeros_like(c)
-    eta, tau, wd = float(args["lr"]), int(args["local_steps"]), float(args["weight_decay"])
+    o: ScaffoldOptions = ctx.opts
+    eta, tau, wd = o.lr, o.local_steps, o.weight_decay
     gen = ctx.rng("scaffold.local", ctx.round)
     y = {k: v.clone() for k, v in x.items()}
     for _ in range(tau):
-        xb, yb = sample_batch(ctx.data, int(args["batch_size"]), gen)
+        xb, yb = sample_batch(ctx.data, o.batch_size, gen)
         _, g = loss_and_grad(ctx.ws, y, xb, yb)
         y = {k: y[k] - eta * (g[k] + wd * y[k] - ci[k] + c[k]) for k in y}
     ci_new = {k: ci[k] - c[k] + (x[k] - y[k]) / (tau * eta) for k in ci}
@@ -95,12 +96,10 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     o: ScaffoldOptions = ctx.opts
     x, c = s.model, s.c
     n = len(ctx.children)
-    args: dict[str, Scalar] = {"lr": o.lr, "local_steps": o.local_steps, "batch_size": o.batch_size,
-                               "weight_decay": o.weight_decay}
     expect = {**prefixed("dy.", x), **prefixed("dc.", x)}
     chosen = participants(ctx, o.participation, s.participation)
     replies = ctx.comm.scatter(chosen, "scaffold.local", {**prefixed("x.", x), **prefixed("c.", c)},
-                               {**args, **s.ledger.args_for(chosen)}, expect=expect)
+                               s.ledger.args_for(chosen), expect=expect)
     s.ledger.settle(ctx.round, chosen, replies)
     if replies:
         dy = weighted_mean((1.0, unprefixed("dy.", r.bundle)) for r in replies.values())

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import LocalSolver
 from fedhop.common.engine.api import Algorithm, NodeContext, register
-from fedhop.common.engine.topology import edge_graph
+from fedhop.common.engine.topology import Topology, edge_graph
 from fedhop.common.engine.workspace import derive_seed
 from fedhop.common.wire.bundle import Bundle
 
@@ -45,6 +45,10 @@ class WRWGDOptions(BaseModel):
     stationary: Literal["data_size", "uniform"] = Field(
         "data_size", description="pi_i of the walk: proportional to D_i (L_i proxy) or uniform")
     importance_weighting: bool = Field(True, description="scale the steps at client i by gamma_i / pi_i")
+
+    def local_solver(self, topology: Topology) -> LocalSolver:
+        """K steps of eta_k = c / (K sqrt(k+1)); the visited client's importance weight comes per call."""
+        return LocalSolver(steps=self.K, lr=self.lr, batch_size=self.batch_size, lr_K=self.K)
 
 
 def client_graph(n: int, max_degree: int, seed: int) -> list[set[int]]:
@@ -91,8 +95,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     adj, gamma, pi = _walk_law(ctx)
     i, w = s.at, s.model
     scale = float(gamma[i] / pi[i]) if o.importance_weighting else 1.0
-    cfg = LocalSolver(steps=o.K, lr=o.lr * scale, batch_size=o.batch_size, lr_K=o.K)
-    replies = ctx.comm.scatter([clients[i]], "local.train", w, {**cfg.to_args(), "stream": 0}, expect=w)
+    replies = ctx.comm.scatter([clients[i]], "local.train", w, {"lr_scale": scale}, expect=w)
     if clients[i] in replies:
         w = replies[clients[i]].bundle
     metrics: dict[str, float | int | str] = {"client": clients[i]}
