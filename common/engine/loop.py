@@ -16,6 +16,7 @@ that did not train as specified never ends as if it had.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
+from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.state_io import from_tree, to_tree
 from fedhop.common.wire.bundle import Bundle
 
@@ -50,23 +52,37 @@ def _copy_state(state: Any) -> Any:
 
 
 def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Commit | None = None,
-          on_redo: Callable[[int, int], None] | None = None) -> tuple[Bundle, Any]:
-    """Run ``algo`` on the PS context ``ctx`` from ``start``; returns (final model, final state)."""
+          on_redo: Callable[[int, int], None] | None = None, events: RunEvents | None = None) -> tuple[Bundle, Any]:
+    """Run ``algo`` on the PS context ``ctx`` from ``start``; returns (final model, final state).
+
+    ``events`` gets round_started / round_ended around every round (see ``events.py``)."""
+    events = events or RunEvents()
     t0 = start.next_round
     state = start.state
     if state is None:
         t0 = 0
         state = ctx.state = algo.init(ctx)
         if algo.setup is not None:
-            state = ctx.state = _attempt(algo, ctx, SETUP_ROUND, state, algo.setup, on_redo)
+            state = ctx.state = _timed(events, ctx, SETUP_ROUND,
+                                       lambda: _attempt(algo, ctx, SETUP_ROUND, state, algo.setup, on_redo))
             if commit is not None:
                 commit(SETUP_ROUND, state)
     ctx.state = state
     for t in range(t0, ctx.spec.rounds):
-        state = ctx.state = _attempt(algo, ctx, t, state, algo.round, on_redo)
+        state = ctx.state = _timed(events, ctx, t, lambda t=t, s=state: _attempt(algo, ctx, t, s, algo.round, on_redo))
         if commit is not None:
             commit(t, state)
     return algo.final(ctx, state), state
+
+
+def _timed(events: RunEvents, ctx: NodeContext, t: int, step: Callable[[], Any]) -> Any:
+    events.emit("round_started", round=t)
+    t0 = time.perf_counter()
+    state = step()
+    records = getattr(ctx.reporter, "records", None) or [{}]
+    record = records[-1] if records[-1].get("round") == t + 1 else {}
+    events.emit("round_ended", round=t, record=record, duration_s=time.perf_counter() - t0)
+    return state
 
 
 def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callable[[NodeContext, Any], Any],
