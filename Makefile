@@ -33,7 +33,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --ignore=tests/testbed
 
 bench: $(STAMP)
 	$(PY) tests/bench/bench_codec.py
