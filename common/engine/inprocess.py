@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +15,11 @@ import torch
 
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm, get_task
 from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, check_bundle
-from fedhop.common.engine.checkpoint import CheckpointError, CheckpointStore
+from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.loop import Start, drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
-from fedhop.common.engine.snapshot import NodeSnapshot, restore, snapshot
+from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, load_latest, save
+from fedhop.common.engine.snapshot import restore, snapshot
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle, clone, payload_bytes
@@ -32,18 +32,6 @@ class FaultPlan:
 
     def __init__(self, dead: Callable[[NodeId, str, int], bool] | None = None) -> None:
         self.dead = dead or (lambda node, task, rnd: False)
-
-
-@dataclass
-class InProcessCheckpoint:
-    """Everything an in-process run needs to continue: the PS's S and every other node's snapshot."""
-
-    state: Any
-    nodes: dict[str, NodeSnapshot]
-    meter: list[dict[str, Any]]
-    missing: list[dict[str, Any]]
-    records: list[dict[str, Any]]
-    last_ok: dict[str, int]
 
 
 class InProcessEngine:
@@ -85,6 +73,7 @@ class InProcessEngine:
         after round t's commit."""
         ps = self.nodes[self.ws.topology.server]
         store = CheckpointStore(checkpoints) if checkpoints is not None else None
+        spec = self.spec
         start, records = Start(), []
         if resume:
             if store is None:
@@ -94,12 +83,11 @@ class InProcessEngine:
         ps.reporter = recorder
 
         def commit(t: int, state: Any) -> None:
-            every = self.spec.checkpoint_every
-            if store is not None and every and ((t + 1) % every == 0 or t + 1 == self.spec.rounds):
-                store.save(t, {"next_round": t + 1}, InProcessCheckpoint(
-                    state, {n: snapshot(c) for n, c in self.nodes.items() if n != ps.node_id},
-                    self.meter.rows(), list(self.missing.entries), list(recorder.records),
-                    dict(ps.comm.last_ok)))
+            if store is not None and commit_due(spec, t):
+                save(store, t, RunCheckpoint(state, self.meter.rows(), list(self.missing.entries),
+                                             list(recorder.records), dict(ps.comm.last_ok), nodes={
+                                                 n: snapshot(c) for n, c in self.nodes.items() if n != ps.node_id}),
+                     spec)
             if after_commit is not None:
                 after_commit(t)
 
@@ -111,11 +99,7 @@ class InProcessEngine:
                          wall_s=time.perf_counter() - t0)
 
     def _restore(self, store: CheckpointStore) -> tuple[Start, list[dict[str, Any]]]:
-        got = store.latest()
-        if got is None:
-            raise CheckpointError(f"no readable checkpoint in {store.folder}" +
-                                  (f" ({'; '.join(store.errors)})" if store.errors else ""))
-        ck: InProcessCheckpoint = got.state
+        got, ck = load_latest(store)
         for n, snap in ck.nodes.items():
             restore(self.nodes[n], snap)
         self.meter.merge(ck.meter)

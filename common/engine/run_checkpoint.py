@@ -1,0 +1,55 @@
+"""The PS's checkpoint of a run: everything needed to continue it from a round boundary.
+
+Both engines write one after every ``spec.checkpoint_every`` rounds (and after the last) into
+``<run folder>/checkpoints/ps/``: the algorithm's explicit state S, the byte meter rows and missing log so far,
+the round records, and the PS Comm's record of its children's last usable replies. The in-process engine also
+keeps every other node's snapshot in it (all nodes live in its process); over the network each node keeps its
+own (``node_store.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhop.common.engine.checkpoint import CheckpointError, CheckpointStore, Loaded
+from fedhop.common.engine.snapshot import NodeSnapshot
+from fedhop.common.spec import RunSpec
+
+
+@dataclass
+class RunCheckpoint:
+    state: Any
+    meter: list[dict[str, Any]]
+    missing: list[dict[str, Any]]
+    records: list[dict[str, Any]]
+    last_ok: dict[str, int]
+    run_id: str = ""
+    nodes: dict[str, NodeSnapshot] = field(default_factory=dict)
+
+
+def ps_store(run_dir: Path) -> CheckpointStore:
+    return CheckpointStore(Path(run_dir) / "checkpoints" / "ps")
+
+
+def commit_due(spec: RunSpec, t: int) -> bool:
+    """Whether round ``t`` (0-based; -1 = set-up) ends with a checkpoint."""
+    every = spec.checkpoint_every
+    return bool(every) and (t < 0 or (t + 1) % every == 0 or t + 1 == spec.rounds)
+
+
+def save(store: CheckpointStore, t: int, ck: RunCheckpoint, spec: RunSpec) -> int:
+    """Write round ``t``'s checkpoint; returns the bytes written."""
+    return store.save(t, {"next_round": t + 1, "spec": spec.model_dump(mode="json"), "run_id": ck.run_id}, ck)
+
+
+def load_latest(store: CheckpointStore) -> tuple[Loaded, RunCheckpoint]:
+    """The newest readable checkpoint (a corrupted newer one is reported and skipped)."""
+    got = store.latest()
+    if got is None:
+        why = f" ({'; '.join(store.errors)})" if store.errors else ""
+        raise CheckpointError(f"no readable checkpoint in {store.folder}{why}")
+    if not isinstance(got.state, RunCheckpoint):
+        raise CheckpointError(f"{got.path} is not a run checkpoint")
+    return got, got.state
