@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from fedhop.common.data.build import build_client_data
-from fedhop.common.data.source import check_consistent
+from fedhop.common.data.source import check_client
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec, SpecError
 from fedhop.common.user_code import UserCodeError, references
@@ -53,7 +53,7 @@ def _check(spec: RunSpec, clients: bool, data_path: str | None) -> None:
         n = spec.topology.clients
         for k in range(n):
             data, _ = build_client_data(ws.data_spec, n, spec.seed, k)
-            check_consistent(test, [data])
+            check_client(test, k, data)
             _check_batch(ws, params, data.x[:2], data.y[:2], f"client {k}'s partition", model_field)
 
 

@@ -119,13 +119,13 @@ class RunSpec(Strict):
     def _metrics(cls, v: list[str]) -> list[str]:
         seen: dict[str, str] = {}
         for i, ref in enumerate(v):
-            check_ref(ref, f"[{i}]")
+            check_ref(ref, f"entry {i}")
             name = metric_name(ref)
             if name in RESERVED_METRICS:
-                raise ValueError(f"[{i}]: {ref} would be reported as {name!r}, a column fedhop already writes; "
+                raise ValueError(f"entry {i}: {ref} would be reported as {name!r}, a column fedhop already writes; "
                                  "rename the function")
             if name in seen:
-                raise ValueError(f"[{i}]: {ref} and {seen[name]} would both be reported as {name!r}")
+                raise ValueError(f"entry {i}: {ref} and {seen[name]} would both be reported as {name!r}")
             seen[name] = ref
         return v
 

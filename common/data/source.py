@@ -128,18 +128,18 @@ def source_test(spec: DataSpec, n_clients: int, seed: int) -> tuple[Dataset, Dat
     return d, _meta(spec, d)
 
 
-def check_consistent(test: Dataset, clients: list[Dataset]) -> None:
-    """Every client's x has the test set's sample shape and dtype and its y the test set's dtype."""
-    for k, c in enumerate(clients):
-        for name, a, b in (("x", c.x, test.x), ("y", c.y, test.y)):
-            if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
-                raise UserCodeError(f"{FIELD}: client {k}'s {name} is {a.dtype} with samples of shape "
-                                    f"{tuple(a.shape[1:])}, the test set's {name} is {b.dtype} with samples of shape "
-                                    f"{tuple(b.shape[1:])}; every split must agree")
+def check_client(test: Dataset, k: int, data: Dataset) -> None:
+    """Client ``k``'s x has the test set's sample shape and dtype and its y the test set's dtype."""
+    for name, a, b in (("x", data.x, test.x), ("y", data.y, test.y)):
+        if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
+            raise UserCodeError(f"{FIELD}: client {k}'s {name} is {a.dtype} with samples of shape "
+                                f"{tuple(a.shape[1:])}, the test set's {name} is {b.dtype} with samples of shape "
+                                f"{tuple(b.shape[1:])}; every split must agree")
 
 
 def source_federated(spec: DataSpec, n_clients: int, seed: int) -> FederatedData:
     test, meta = source_test(spec, n_clients, seed)
     clients = [_call(spec, "train", k, n_clients, seed) for k in range(n_clients)]
-    check_consistent(test, clients)
+    for k, c in enumerate(clients):
+        check_client(test, k, c)
     return FederatedData(clients, test, meta.input_shape, meta.num_classes, meta.task)
