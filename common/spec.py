@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedhop.common.data.spec import DataSpec
 from fedhop.common.models.spec import ModelSpec
 from fedhop.common.testbed_spec import TestbedSpec
+from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, metric_name
 from fedhop.common.validation import flat_errors
 
 
@@ -85,6 +86,9 @@ class RunSpec(Strict):
     eval_every: int = Field(1, ge=1)
     checkpoint_every: int = Field(1, ge=0, description="every node saves its state after every this many rounds "
                                   "(0 = never); a run resumes from the PS's last checkpoint")
+    metrics: list[str] = Field(default_factory=list, description="user metrics 'package.module:function', "
+                               "metric(outputs, y) -> float on the test set, reported under the function's name "
+                               "every eval_every rounds")
     transport: TransportSpec = Field(default_factory=TransportSpec)
     testbed: TestbedSpec | None = Field(None, description="link shaping of `fedhop testbed up` (network namespaces)")
 
@@ -118,6 +122,31 @@ class RunSpec(Strict):
                              f"clusters {topo_sizes}")
         return self
 
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: list[str]) -> list[str]:
+        seen: dict[str, str] = {}
+        for i, ref in enumerate(v):
+            check_ref(ref, f"entry {i}")
+            name = metric_name(ref)
+            if name in RESERVED_METRICS:
+                raise ValueError(f"entry {i}: {ref} would be reported as {name!r}, a column fedhop already writes; "
+                                 "rename the function")
+            if name in seen:
+                raise ValueError(f"entry {i}: {ref} and {seen[name]} would both be reported as {name!r}")
+            seen[name] = ref
+        return v
+
+    @model_validator(mode="after")
+    def _traces_fit(self) -> RunSpec:
+        """A recorded participation trace has one column per client and (unless it wraps) a row per round."""
+        from fedhop.common.algorithms.participation import TraceParticipation
+
+        for key, value in self.options():
+            if isinstance(value, TraceParticipation):
+                value.check_fits(f"algorithm.options.{key}", self.topology.clients, self.rounds)
+        return self
+
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
@@ -144,10 +173,16 @@ class RunSpec(Strict):
 
     @classmethod
     def parse(cls, raw: dict[str, Any], source: str = "<spec>") -> RunSpec:
+        """Validate ``raw`` and import the user code it names (a process that runs it must be able to)."""
         try:
-            return cls.model_validate(raw)
+            spec = cls.model_validate(raw)
         except ValidationError as e:
             raise SpecError(f"{source}: invalid run spec: {flat_errors(e)}") from None
+        try:
+            check_imports(spec)
+        except UserCodeError as e:
+            raise SpecError(f"{source}: invalid run spec: {e}") from None
+        return spec
 
     @classmethod
     def load(cls, path: str | Path) -> RunSpec:

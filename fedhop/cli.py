@@ -38,8 +38,10 @@ def progress(total: int, label: str, quiet: bool = False):
 def cmd_simulate(a: argparse.Namespace) -> int:
     from fedhop.common.engine.inprocess import InProcessEngine
     from fedhop.common.engine.results import write_run_folder
+    from fedhop.common.preflight import check_user_code
 
     spec = load_spec(a.spec)
+    check_user_code(spec, source=a.spec or "<default spec>")
     engine = InProcessEngine(spec, device=a.device)
     bar, on_round = progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
     out = Path(a.out) if a.out else default_out(spec.name, "simulate")

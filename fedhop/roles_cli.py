@@ -27,11 +27,13 @@ def _exit_now(rc: int) -> int:
 
 def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import default_out, load_spec, print_summary, progress
+    from fedhop.common.preflight import check_user_code
     from fedhop.launch import launch
     from fedhop.server.main import JoinTimeout, StartupFailed
 
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     spec = load_spec(a.spec)
+    check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
     out = Path(a.out) if a.out else default_out(spec.name, "launch")
     if not a.quiet:
         n = spec.topology.edges + spec.topology.clients
@@ -55,10 +57,12 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
 def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli import default_out, load_spec, print_summary
+    from fedhop.common.preflight import check_user_code
     from fedhop.server.main import run_server
 
     _logging()
     spec = load_spec(a.spec)
+    check_user_code(spec, clients=False, source=a.spec or "<default spec>")  # clients check their own at join
     out = Path(a.out) if a.out else default_out(spec.name, "server")
     result = run_server(spec, a.listen, out=out, device=a.device)
     print_summary(result, out)

@@ -17,6 +17,7 @@ same on every engine. Models:
 - ``markov``: a two-state Markov chain per client, P(1 -> 1) = p_stay, P(0 -> 1) = p_join_i (not covered by
   the paper's theory, Sec. 5.3). Stationary participation frequency p_join / (1 - p_stay + p_join).
 - ``cyclic``: deterministic blocks of m consecutive clients in turn (spec 7.3).
+- ``trace``: a recorded rounds x clients 0/1 table (CSV or .npy) replayed row by row.
 
 A plain float f (FedAvg's historical option) means "uniform, m = max(1, round(f N))" and is drawn exactly as
 :func:`fedhop.common.algorithms.fedavg.sample_participants` draws it, so float specs keep their old streams.
@@ -32,6 +33,7 @@ y = sum_i g_i for good.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
@@ -119,9 +121,40 @@ class CyclicParticipation(_Strict):
     m: int = Field(4, ge=1, description="block size: round r takes clients (r*m .. r*m+m-1) mod N")
 
 
+class TraceParticipation(_Strict):
+    """A recorded rounds x clients 0/1 table replayed row by row (``common/data/trace.py`` reads it): round r
+    takes the clients marked 1 in row r. Past the last row the run fails at spec time unless ``wrap``, which
+    starts again at row 0 (row r mod rows). The table needs one column per client (spec check)."""
+
+    kind: Literal["trace"] = "trace"
+    path: Path = Field(description="the table: .npy (2-D bool or 0/1 integers) or CSV (0/1, one row per round)")
+    wrap: bool = Field(False, description="replay from row 0 after the last row; false: the trace must have a "
+                       "row for every round")
+
+    @model_validator(mode="after")
+    def _readable(self) -> TraceParticipation:
+        from fedhop.common.data.trace import load_trace
+
+        load_trace(self.path)  # a TraceError (ValueError) names the file and the problem
+        return self
+
+    def table(self) -> np.ndarray:
+        from fedhop.common.data.trace import load_trace
+
+        return load_trace(self.path)
+
+    def check_fits(self, field: str, clients: int, rounds: int) -> None:
+        rows, cols = self.table().shape
+        if cols != clients:
+            raise ValueError(f"{field}: trace {self.path} has {cols} columns, topology.clients is {clients}")
+        if rows < rounds and not self.wrap:
+            raise ValueError(f"{field}: trace {self.path} has {rows} rows for {rounds} rounds; record more rounds, "
+                             "lower rounds, or set wrap = true to replay it from the start")
+
+
 ParticipationModel = Annotated[
     FullParticipation | UniformParticipation | BernoulliParticipation | WeightedParticipation
-    | MarkovParticipation | CyclicParticipation,
+    | MarkovParticipation | CyclicParticipation | TraceParticipation,
     Field(discriminator="kind"),
 ]
 # A float in (0, 1] is FedAvg's "fraction of clients per round" (uniform m = max(1, round(f N))).
@@ -160,6 +193,7 @@ class ParticipationProcess:
     q: np.ndarray | None = None  # weighted q_i
     p_init: np.ndarray | None = None  # markov initial-state probabilities
     on: np.ndarray | None = None  # markov: who participated last round
+    table: np.ndarray | None = None  # trace: the recorded rounds x clients table
     rounds_drawn: int = 0
 
     @classmethod
@@ -176,6 +210,10 @@ class ParticipationProcess:
             proc.p = (_per_client(model.p_join, n, "p_join") if model.p_join is not None
                       else model.join_scale * group_probabilities(model.groups, n, rng))
             proc.p_init = rng.uniform(model.init_low, model.init_high, size=n)
+        elif isinstance(model, TraceParticipation):
+            proc.table = model.table()
+            if proc.table.shape[1] != n:
+                raise ValueError(f"trace {model.path} has {proc.table.shape[1]} columns for {n} clients")
         return proc
 
     def sample(self, round_idx: int, rng: np.random.Generator) -> np.ndarray:
@@ -201,6 +239,12 @@ class ParticipationProcess:
         elif isinstance(m, CyclicParticipation):
             mask = np.zeros(n, dtype=bool)
             mask[(round_idx * m.m + np.arange(min(m.m, n))) % n] = True
+        elif isinstance(m, TraceParticipation):
+            assert self.table is not None
+            rows = self.table.shape[0]
+            if round_idx >= rows and not m.wrap:
+                raise IndexError(f"trace {m.path} has {rows} rows; round {round_idx} is past its end")
+            mask = self.table[round_idx % rows]
         else:
             raise TypeError(f"unknown participation model {m!r}")
         self.rounds_drawn += 1
@@ -218,6 +262,9 @@ class ParticipationProcess:
         if isinstance(m, MarkovParticipation):
             assert self.p is not None
             return self.p / (1.0 - m.p_stay + self.p)
+        if isinstance(m, TraceParticipation):
+            assert self.table is not None
+            return self.table.mean(axis=0)  # the replayed frequency (exact over whole passes of the table)
         return None
 
 

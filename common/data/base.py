@@ -34,9 +34,9 @@ def _index(idx: torch.Tensor | Sequence[int] | np.ndarray) -> torch.Tensor:
 
 @dataclass(frozen=True, eq=False)  # tensors: identity equality, hash by id
 class Dataset:
-    """Features ``x`` (float32, ``[n, *input_shape]``) and labels ``y``.
+    """Features ``x`` (float32, or float64 from a user ``data.source``; ``[n, *input_shape]``) and labels ``y``.
 
-    ``y`` is int64 class ids ``[n]`` for classification and float32 targets ``[n]`` for regression.
+    ``y`` is int64 class ids ``[n]`` for classification and float targets ``[n]`` for regression.
     """
 
     x: torch.Tensor
@@ -45,10 +45,10 @@ class Dataset:
     def __post_init__(self) -> None:
         if self.x.shape[0] != self.y.shape[0]:
             raise ValueError(f"Dataset: x has {self.x.shape[0]} rows but y has {self.y.shape[0]}")
-        if self.x.dtype != torch.float32:
-            raise ValueError(f"Dataset: x must be float32, got {self.x.dtype}")
-        if self.y.dtype not in (torch.int64, torch.float32) or self.y.dim() != 1:
-            raise ValueError(f"Dataset: y must be a 1-D int64 or float32 tensor, got {self.y.dtype} "
+        if self.x.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"Dataset: x must be float32 or float64, got {self.x.dtype}")
+        if self.y.dtype not in (torch.int64, torch.float32, torch.float64) or self.y.dim() != 1:
+            raise ValueError(f"Dataset: y must be a 1-D int64, float32 or float64 tensor, got {self.y.dtype} "
                              f"with shape {tuple(self.y.shape)}")
 
     def __len__(self) -> int:

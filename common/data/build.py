@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fedhop.common.data import partition as P
-from fedhop.common.data.base import CentralData, Dataset, FederatedData, make_rng
+from fedhop.common.data.base import CentralData, Dataset, FederatedData, Task, make_rng
 from fedhop.common.data.registry import get_dataset
+from fedhop.common.data.source import source_client, source_federated, source_test
 from fedhop.common.data.spec import DataSpec
 
 
@@ -33,7 +35,8 @@ def _limit(ds: Dataset, limit: int | None, rng: np.random.Generator) -> Dataset:
     return ds.subset(np.sort(rng.choice(len(ds), size=limit, replace=False)))
 
 
-def _standardize(train: Dataset, others: Sequence[Dataset]) -> tuple[Dataset, list[Dataset]]:
+def _standardizer(train: Dataset) -> Callable[[Dataset], Dataset]:
+    """Zero mean, unit variance with ``train``'s statistics: an elementwise map, applied to any rows."""
     x = train.x.double()
     dims = [0, *range(2, x.dim())] if x.dim() >= 3 else [0]  # per channel for images, per feature if flat
     mean = x.mean(dim=dims, keepdim=True)
@@ -43,7 +46,7 @@ def _standardize(train: Dataset, others: Sequence[Dataset]) -> tuple[Dataset, li
     def f(d: Dataset) -> Dataset:
         return Dataset(((d.x.double() - mean[0]) / std[0]).float(), d.y)
 
-    return f(train), [f(d) for d in others]
+    return f
 
 
 def partition_indices(spec: DataSpec, labels: torch.Tensor, n_clients: int, num_classes: int,
@@ -79,12 +82,37 @@ def partition_indices(spec: DataSpec, labels: torch.Tensor, n_clients: int, num_
     return inner(y, n_clients, rng)
 
 
-def build_federated_data(spec: DataSpec, n_clients: int, seed: int) -> FederatedData:
-    """Load or generate ``spec.dataset`` and split it over ``n_clients`` clients.
+@dataclass(frozen=True)
+class DataMeta:
+    """What a node needs to build the model: the shape of one sample, the classes (0: regression), the task."""
 
-    A pure function of ``(spec, n_clients, seed)``: every process of a run calls it and gets identical
-    tensors. ``spec.split_seed``, when set, replaces ``seed`` (same data and partition across run seeds).
-    """
+    input_shape: tuple[int, ...]
+    num_classes: int
+    task: Task
+
+
+@dataclass(frozen=True, eq=False)
+class _Prepared:
+    """A built dataset before any client's samples are materialised: either a training pool with every
+    client's row indices (a global assignment, computed from the labels) or the clients a dataset built itself.
+    ``scale`` is the standardisation (elementwise, so applying it before or after taking rows is the same)."""
+
+    meta: DataMeta
+    test: Dataset
+    pool: Dataset | None = None
+    parts: list[torch.Tensor] | None = None
+    clients: list[Dataset] | None = None
+    scale: Callable[[Dataset], Dataset] | None = None
+
+    def client(self, k: int) -> Dataset:
+        d = self.pool.subset(self.parts[k]) if self.pool is not None else self.clients[k]
+        return self.scale(d) if self.scale is not None else d
+
+    def test_set(self) -> Dataset:
+        return self.scale(self.test) if self.scale is not None else self.test
+
+
+def _prepare(spec: DataSpec, n_clients: int, seed: int) -> _Prepared:
     if n_clients < 1:
         raise ValueError(f"n_clients must be >= 1, got {n_clients}")
     s = spec.effective_seed(seed)
@@ -95,21 +123,57 @@ def build_federated_data(spec: DataSpec, n_clients: int, seed: int) -> Federated
         clients = [_limit(c, spec.train_limit, make_rng(s, "train_limit", k))
                    for k, c in enumerate(out.clients)]
         test = _limit(out.test, spec.test_limit, make_rng(s, "test_limit"))
-        if spec.standardize:
-            _, rest = _standardize(Dataset.concat(clients), [test, *clients])
-            test, clients = rest[0], rest[1:]
-        return FederatedData(clients, test, out.input_shape, out.num_classes, out.task)
+        scale = _standardizer(Dataset.concat(clients)) if spec.standardize else None
+        return _Prepared(DataMeta(out.input_shape, out.num_classes, out.task), test, clients=clients, scale=scale)
     if not isinstance(out, CentralData):
         raise TypeError(f"dataset {spec.dataset!r} returned {type(out).__name__}, "
                         "not CentralData or FederatedData")
     train = _limit(out.train, spec.train_limit, make_rng(s, "train_limit"))
     test = _limit(out.test, spec.test_limit, make_rng(s, "test_limit"))
-    if spec.standardize:
-        train, (test,) = _standardize(train, [test])
+    scale = _standardizer(train) if spec.standardize else None
     parts = partition_indices(spec, train.y, n_clients, out.num_classes, make_rng(s, "partition",
                                                                                      spec.partition))
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise ValueError(f"partition {spec.partition!r} left clients {empty[:10]} without data; "
                          f"use fewer clients or a larger dataset")
-    return FederatedData([train.subset(p) for p in parts], test, out.input_shape, out.num_classes, out.task)
+    return _Prepared(DataMeta(out.input_shape, out.num_classes, out.task), test, pool=train, parts=parts,
+                     scale=scale)
+
+
+def build_federated_data(spec: DataSpec, n_clients: int, seed: int) -> FederatedData:
+    """Load or generate the data and split it over ``n_clients`` clients: every client's partition and the
+    test set (the in-process engine's view; a networked node asks for its own part only, see
+    :func:`build_client_data` and :func:`build_test_data`).
+
+    A pure function of ``(spec, n_clients, seed)``: every process of a run calls it and gets identical
+    tensors. ``spec.split_seed``, when set, replaces ``seed`` (same data and partition across run seeds).
+    """
+    if spec.source is not None:
+        return source_federated(spec, n_clients, seed)
+    p = _prepare(spec, n_clients, seed)
+    m = p.meta
+    return FederatedData([p.client(k) for k in range(n_clients)], p.test_set(), m.input_shape, m.num_classes,
+                         m.task)
+
+
+def build_client_data(spec: DataSpec, n_clients: int, seed: int, k: int) -> tuple[Dataset, DataMeta]:
+    """Client ``k``'s partition alone, bit-identical to ``build_federated_data(...).clients[k]``.
+
+    A partitioner's assignment is global, so the dataset is still built and every client's row indices
+    computed (from the labels), but only client ``k``'s samples are copied out and kept; with a
+    ``data.source``, only client ``k``'s request is made."""
+    if not 0 <= k < n_clients:
+        raise ValueError(f"client index {k} out of range for {n_clients} clients")
+    if spec.source is not None:
+        return source_client(spec, n_clients, seed, k)
+    p = _prepare(spec, n_clients, seed)
+    return p.client(k), p.meta
+
+
+def build_test_data(spec: DataSpec, n_clients: int, seed: int) -> tuple[Dataset, DataMeta]:
+    """The test set alone (what the parameter server evaluates on), as ``build_federated_data`` gives it."""
+    if spec.source is not None:
+        return source_test(spec, n_clients, seed)
+    p = _prepare(spec, n_clients, seed)
+    return p.test_set(), p.meta

@@ -15,7 +15,11 @@ from pydantic import (
 )
 
 from fedhop.common.data.registry import DATASETS, get_dataset
+from fedhop.common.user_code import check_ref
 from fedhop.common.validation import check_options
+
+# the fields that apply to a user data.source (every other one configures a built-in dataset)
+SOURCE_FIELDS = frozenset({"source", "num_classes", "path", "options", "split_seed"})
 
 Partition = Literal["iid", "dirichlet", "shards", "major_class", "imbalanced"]
 
@@ -44,6 +48,10 @@ class DataSpec(BaseModel):
     (contiguous client ranges of ``cluster_sizes``), then the partition runs inside each cluster: Fed-CHS's
     "IID among clusters, non-IID within a cluster" (Fig. 4).
 
+    ``source`` replaces all of the above with the user's own function (``common/data/source.py``): it returns
+    each client's partition and the test set, ``num_classes`` says what ``y`` holds; only ``path``,
+    ``options`` and ``split_seed`` apply besides.
+
     ``test_fraction`` applies to datasets without their own test split (digits, synthetic, LEAF); MNIST
     and CIFAR use their standard test files.
     """
@@ -51,6 +59,11 @@ class DataSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dataset: str = Field("digits", description="registered dataset name")
+    source: str | None = Field(None, description="user data instead of `dataset`: 'package.module:function' "
+                               "returning (x, y) for one client's partition or the test set "
+                               "(common/data/source.py)")
+    num_classes: int | None = Field(None, ge=0, description="with `source`: the number of classes "
+                                    "(0 = regression)")
     path: Path | None = Field(None, description="directory or file for file-backed datasets")
     options: dict[str, Any] = Field(default_factory=dict, description="the dataset's own options")
     test_fraction: float = Field(0.2, gt=0.0, lt=1.0)
@@ -86,9 +99,16 @@ class DataSpec(BaseModel):
         get_dataset(v)  # raises with the list of valid names
         return v
 
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str | None) -> str | None:
+        return v if v is None else check_ref(v, "")
+
     @field_validator("options")
     @classmethod
     def _options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        if info.data.get("source") is not None:
+            return v  # the source's own options: passed to it as request.options
         name = info.data.get("dataset")
         if name is None or name not in DATASETS:
             return v
@@ -110,7 +130,27 @@ class DataSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
+    def _source_alone(self) -> DataSpec:
+        """With ``source`` the user's function is the partition: the built-in dataset's fields do not apply."""
+        if self.source is None:
+            if self.num_classes is not None:
+                raise ValueError("num_classes applies to a data.source only (a built-in dataset knows its classes)")
+            return self
+        if self.num_classes is None:
+            raise ValueError("num_classes: required with data.source (the number of classes; 0 = regression)")
+        if self.num_classes == 1:
+            raise ValueError("num_classes: 1 class cannot be classified; use 0 for regression or >= 2")
+        stray = [f for f, info in type(self).model_fields.items()
+                 if f not in SOURCE_FIELDS and getattr(self, f) != info.get_default(call_default_factory=True)]
+        if stray:
+            raise ValueError(f"{', '.join(stray)}: built-in dataset/partition fields do not apply with data.source "
+                             "(the source returns each client's partition itself)")
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> DataSpec:
+        if self.source is not None:
+            return self
         entry = get_dataset(self.dataset)
         if entry.file_backed and self.path is None:
             raise ValueError(f"path: dataset {self.dataset!r} is read from files; set data.path to the "

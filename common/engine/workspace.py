@@ -7,6 +7,7 @@ everything here is a pure function of the spec, all processes agree on it withou
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from functools import cached_property
 from typing import Any
 
@@ -14,10 +15,12 @@ import numpy as np
 import torch
 from torch.func import functional_call
 
-from fedhop.common.data import Dataset, FederatedData, build_federated_data
+from fedhop.common.data import Dataset, DataSpec, FederatedData, build_federated_data
+from fedhop.common.data.build import DataMeta, build_client_data, build_test_data
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.models import build_model
 from fedhop.common.spec import RunSpec
+from fedhop.common.user_code import UserCodeError, load_callable, metric_name
 from fedhop.common.wire.bundle import Bundle
 
 
@@ -45,31 +48,66 @@ class Workspace:
         self.topology: Topology = build_topology(spec.topology, spec.seed)
         self.device = resolve_device(device or spec.device)
         self._data_path_override = data_path_override
+        self._own: tuple[int, Dataset] | None = None  # (ordinal, partition) of the one client loaded alone
+        self._meta: DataMeta | None = None
 
     # -- data ---------------------------------------------------------------------------------------------
+    # A Workspace loads only what its process asks for: a client process its own partition, the PS (and an
+    # edge that evaluates) the test set. Asking for a second client's partition, as the in-process engine and
+    # the tests do, builds every partition at once (``fed``); all three paths give bit-identical tensors.
+    @cached_property
+    def data_spec(self) -> DataSpec:
+        """``spec.data`` with this node's ``--data-path`` in place of ``data.path``."""
+        if not self._data_path_override:
+            return self.spec.data
+        # re-validated, not model_copy(update=...): the override must become a Path like the spec's own
+        return type(self.spec.data).model_validate({**self.spec.data.model_dump(),
+                                                     "path": self._data_path_override})
+
     @cached_property
     def fed(self) -> FederatedData:
-        data_spec = self.spec.data
-        if self._data_path_override:
-            # re-validated, not model_copy(update=...): the override must become a Path like the spec's own
-            data_spec = type(data_spec).model_validate({**data_spec.model_dump(), "path": self._data_path_override})
-        return build_federated_data(data_spec, self.spec.topology.clients, self.spec.seed)
+        """Every client's partition and the test set."""
+        fed = build_federated_data(self.data_spec, self.spec.topology.clients, self.spec.seed)
+        self._meta = DataMeta(fed.input_shape, fed.num_classes, fed.task)
+        return fed
 
     def client_data(self, node: str) -> Dataset:
-        return self.fed.clients[self.topology.ordinal(node)]
+        k = self.topology.ordinal(node)
+        if "fed" in self.__dict__:
+            return self.fed.clients[k]
+        if self._own is None:
+            data, self._meta = build_client_data(self.data_spec, self.spec.topology.clients, self.spec.seed, k)
+            self._own = (k, data)
+            return data
+        if self._own[0] == k:
+            return self._own[1]
+        self._own = None
+        return self.fed.clients[k]
 
     def client_sizes(self) -> dict[str, int]:
-        return {c: len(self.client_data(c)) for c in self.topology.clients}
+        return {c: len(self.fed.clients[self.topology.ordinal(c)]) for c in self.topology.clients}
 
     @cached_property
     def test(self) -> Dataset:
-        return self.fed.test
+        if "fed" in self.__dict__:
+            return self.fed.test
+        data, self._meta = build_test_data(self.data_spec, self.spec.topology.clients, self.spec.seed)
+        return data
+
+    @property
+    def meta(self) -> DataMeta:
+        """Sample shape, classes and task: from whatever data this process loaded (the test set if none)."""
+        if self._meta is None:
+            self.test  # noqa: B018
+        assert self._meta is not None
+        return self._meta
 
     # -- model --------------------------------------------------------------------------------------------
     @cached_property
     def model(self) -> torch.nn.Module:
         """The architecture (a template: algorithms pass parameters explicitly via functional_call)."""
-        return build_model(self.spec.model, self.fed.input_shape, self.fed.num_classes, self.spec.seed).to(
+        m = self.meta
+        return build_model(self.spec.model, m.input_shape, m.num_classes, self.spec.seed).to(
             device=self.device, dtype=getattr(torch, self.spec.model.dtype))
 
     def initial_params(self) -> Bundle:
@@ -81,26 +119,47 @@ class Workspace:
             x = x.to(getattr(torch, self.spec.model.dtype))
         return functional_call(self.model, params, (x,))
 
+    @cached_property
+    def _user_loss(self) -> Callable[..., Any] | None:
+        ref = self.spec.model.loss
+        return None if ref is None else load_callable(ref, "model.loss")
+
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         y = y.to(self.device)
-        if self.fed.task == "classification":
+        if self._user_loss is not None:
+            return self._user_loss(out, y)
+        if self.meta.task == "classification":
             return torch.nn.functional.cross_entropy(out, y)
         return 0.5 * torch.mean((out - y) ** 2)
 
+    @cached_property
+    def _user_metrics(self) -> dict[str, Callable[..., Any]]:
+        return {metric_name(ref): load_callable(ref, f"metrics[{i}]") for i, ref in enumerate(self.spec.metrics)}
+
     @torch.no_grad()
     def evaluate(self, params: Bundle, data: Dataset | None = None, batch: int = 4096) -> dict[str, float]:
+        """Loss (and accuracy for classification) of ``params`` on ``data`` (default: the test set), plus every
+        user metric of ``spec.metrics``, each called once with the outputs and labels of the whole set."""
         data = data or self.test
         n = len(data)
         total_loss, correct = 0.0, 0
+        outs: list[torch.Tensor] = []
+        classification = self.meta.task == "classification"
         for i in range(0, n, batch):
             x, y = data.x[i:i + batch], data.y[i:i + batch].to(self.device)
             out = self.forward(params, x)
             total_loss += float(self.loss(out, y)) * len(y)
-            if self.fed.task == "classification":
+            if classification:
                 correct += int((out.argmax(1) == y).sum())
+            if self._user_metrics:
+                outs.append(out)
         out_d = {"loss": total_loss / max(n, 1)}
-        if self.fed.task == "classification":
+        if classification:
             out_d["accuracy"] = correct / max(n, 1)
+        if self._user_metrics:
+            everything, labels = torch.cat(outs), data.y.to(self.device)
+            for name, fn in self._user_metrics.items():
+                out_d[name] = _metric_value(name, fn(everything, labels))
         return out_d
 
     # -- randomness ---------------------------------------------------------------------------------------
@@ -111,3 +170,11 @@ class Workspace:
 
     def np_rng(self, node: str, *keys: int | str) -> np.random.Generator:
         return np.random.default_rng(derive_seed(self.spec.seed, node, *keys))
+
+
+def _metric_value(name: str, v: Any) -> float:
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, int | float | np.floating | np.integer):
+        raise UserCodeError(f"metrics: {name} returned {type(v).__name__}; a metric returns one number")
+    return float(v)

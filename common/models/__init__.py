@@ -10,6 +10,7 @@ from torch import nn
 from fedhop.common.models import nets  # noqa: F401  (registers the built-in models)
 from fedhop.common.models.registry import MODELS, get_model, register_model
 from fedhop.common.models.spec import ModelSpec
+from fedhop.common.user_code import is_ref
 
 __all__ = ["MODELS", "ModelSpec", "build_model", "get_model", "init_parameters", "register_model"]
 
@@ -62,6 +63,10 @@ def build_model(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int,
     """Build ``spec.name`` for ``input_shape`` / ``num_classes`` (0 = regression, output ``[n]``), with
     parameters drawn from a local generator seeded by ``seed``: same arguments, bit-identical model.
     The global RNG state is neither read nor changed (the architecture is built on the meta device)."""
+    if is_ref(spec.name):
+        from fedhop.common.models.user import build_user_model
+
+        return build_user_model(spec, tuple(int(d) for d in input_shape), int(num_classes), seed)
     entry = get_model(spec.name)
     with torch.device("meta"):
         model = entry.make(spec, tuple(int(d) for d in input_shape), int(num_classes))

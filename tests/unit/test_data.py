@@ -257,8 +257,9 @@ def test_register_dataset_extension() -> None:
 def test_dataset_container_checks() -> None:
     with pytest.raises(ValueError, match="rows"):
         Dataset(torch.zeros(3, 2), torch.zeros(2, dtype=torch.int64))
-    with pytest.raises(ValueError, match="float32"):
-        Dataset(torch.zeros(3, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="float32 or float64"):
+        Dataset(torch.zeros(3, 2, dtype=torch.float16), torch.zeros(3, dtype=torch.int64))
+    assert Dataset(torch.zeros(3, 2, dtype=torch.float64), torch.zeros(3, dtype=torch.int64)).x.dtype == torch.float64
     d = Dataset(torch.arange(6, dtype=torch.float32).reshape(3, 2), torch.tensor([0, 1, 2]))
     assert len(d) == 3
     s = d.subset([2, 0])

@@ -1,0 +1,85 @@
+"""Checks of a spec's user code before any process starts (``fedhop simulate | launch | server``).
+
+:meth:`RunSpec.parse` already imports every reference; :func:`check_user_code` runs the code once on the
+data, so that the errors a user will hit surface as one message naming the spec field, before a federation is
+started: a builder that returns the wrong type, a source whose clients disagree on shapes or dtypes, a model
+that does not fit the data, a loss or metric that does not return a number.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedhop.common.data.build import build_client_data
+from fedhop.common.data.source import check_client
+from fedhop.common.engine.workspace import Workspace
+from fedhop.common.spec import RunSpec, SpecError
+from fedhop.common.user_code import UserCodeError, references
+
+
+def check_user_code(spec: RunSpec, *, clients: bool = True, data_path: str | None = None,
+                    source: str = "<spec>") -> None:
+    """Run the spec's user code once (nothing happens for a spec that names none); a SpecError names the field.
+
+    ``clients``: also load every client's partition, one at a time, and check it against the test set and the
+    model (where the data lives on this machine: ``simulate``, ``launch``); the PS of a federation on separate
+    machines checks its test set and the model only.
+    """
+    if not references(spec):
+        return
+    try:
+        _check(spec, clients, data_path)
+    except UserCodeError as e:
+        raise SpecError(f"{source}: {e}") from None
+
+
+def _check(spec: RunSpec, clients: bool, data_path: str | None) -> None:
+    ws = Workspace(spec, "cpu", data_path)
+    test = ws.test
+    model_field = "model.name" if ":" in spec.model.name else "data"
+    try:
+        params = ws.initial_params()
+    except UserCodeError:
+        raise
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise UserCodeError(f"{model_field}: the model cannot be built for samples of shape "
+                            f"{tuple(test.x.shape[1:])}: {e}") from None
+    _check_batch(ws, params, test.x[:2], test.y[:2], "the test set", model_field)
+    if spec.model.loss is not None:
+        _check_loss(ws, params, test.x[:2], test.y[:2])
+    if spec.metrics:
+        ws.evaluate(params, test)  # a metric that does not return one number raises, naming it
+    if clients and spec.data.source is not None:
+        n = spec.topology.clients
+        for k in range(n):
+            data, _ = build_client_data(ws.data_spec, n, spec.seed, k)
+            check_client(test, k, data)
+            _check_batch(ws, params, data.x[:2], data.y[:2], f"client {k}'s partition", model_field)
+
+
+def _check_batch(ws: Workspace, params: dict, x: torch.Tensor, y: torch.Tensor, what: str, field: str) -> None:
+    try:
+        out = ws.forward(params, x)
+    except Exception as e:
+        raise UserCodeError(f"{field}: the model fails on a batch of {what} (x of shape {tuple(x.shape)}, "
+                            f"{x.dtype}): {type(e).__name__}: {e}") from None
+    c = ws.meta.num_classes
+    want = (len(x), c) if c > 0 else (len(x),)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != want:
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UserCodeError(f"{field}: on a batch of {what} the model outputs {got}, expected {want} "
+                            f"({'logits for ' + str(c) + ' classes' if c else 'one value per sample: regression'})")
+
+
+def _check_loss(ws: Workspace, params: dict, x: torch.Tensor, y: torch.Tensor) -> None:
+    out = ws.forward({k: v.detach().requires_grad_(True) for k, v in params.items()}, x)
+    try:
+        loss = ws.loss(out, y)
+    except Exception as e:
+        raise UserCodeError(f"model.loss: fails on a batch of the test set: {type(e).__name__}: {e}") from None
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        got = f"a tensor of shape {tuple(loss.shape)} ({loss.dtype})" if isinstance(loss, torch.Tensor) else \
+            type(loss).__name__
+        raise UserCodeError(f"model.loss: returned {got}; a loss returns a 0-dim floating tensor (the batch mean)")
+    if not loss.requires_grad:
+        raise UserCodeError("model.loss: the returned loss does not depend on the model outputs (no gradient)")

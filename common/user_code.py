@@ -1,0 +1,140 @@
+"""User code named in a RunSpec: importing ``pkg.module:function`` references, and a digest of their source.
+
+A run spec may name Python callables instead of built-in registry entries (README "Bring your own"):
+
+===================  ================================================================================
+spec field           contract (see the module that calls it)
+===================  ================================================================================
+``model.name``       ``build(input_shape, num_classes, seed, **model.options) -> nn.Module``
+                     (``fedhop.common.models.user``)
+``model.loss``       ``loss(outputs, y) -> 0-dim tensor`` (the training objective, a batch mean)
+``data.source``      ``source(request) -> (x, y)`` for one client's partition or the test set
+                     (``fedhop.common.data.source``)
+``metrics[i]``       ``metric(outputs, y) -> float`` over the whole test set, reported under the
+                     function's name every ``eval_every`` rounds
+===================  ================================================================================
+
+A reference is ``module.path:attribute`` (the attribute may be dotted: ``pkg.mod:Class.method``). Modules are
+imported with the current working directory on ``sys.path`` (as uvicorn and gunicorn do for ``module:app``),
+besides ``PYTHONPATH``; every node of a networked run must be able to import the same modules, and
+:func:`code_digest` lets the parameter server check that every node runs the same version of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fedhop.common.spec import RunSpec
+
+REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# names a metric may not take: they are already columns of rounds.csv
+RESERVED_METRICS = frozenset({"round", "loss", "accuracy", "payload_bytes", "message_bytes", "participants",
+                              "present"})
+
+
+class UserCodeError(ValueError):
+    """User code named in a spec cannot be imported or does not keep its contract; the message names the field."""
+
+
+def is_ref(value: str) -> bool:
+    """Whether ``value`` is a ``module:attribute`` reference (registry names never contain a colon)."""
+    return ":" in value
+
+
+def check_ref(value: str, field: str) -> str:
+    """``value`` if it is a well-formed reference, else a UserCodeError naming ``field``."""
+    if not REF.fullmatch(value):
+        where = f"{field}: " if field else ""
+        raise UserCodeError(f"{where}{value!r} is not a Python reference of the form 'package.module:function'")
+    return value
+
+
+def _import(module: str, field: str) -> Any:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module == e.name or module.startswith(e.name + ".")):
+            raise UserCodeError(f"{field}: cannot import module {module!r} ({e}); put the folder that holds it on "
+                                f"PYTHONPATH or run from that folder (working directory: {cwd})") from None
+        raise UserCodeError(f"{field}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+    except Exception as e:  # any error inside the user's module body
+        raise UserCodeError(f"{field}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+
+
+def load_callable(ref: str, field: str) -> Callable[..., Any]:
+    """Import ``module:attribute`` and return the attribute, which must be callable."""
+    module, attr = check_ref(ref, field).split(":")
+    obj: Any = _import(module, field)
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UserCodeError(f"{field}: module {module!r} has no attribute {attr!r}") from None
+    if not callable(obj):
+        raise UserCodeError(f"{field}: {ref} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def metric_name(ref: str) -> str:
+    """The column a metric is reported under: the last part of its attribute (``pkg.m:f1_score`` -> ``f1_score``)."""
+    return ref.split(":")[1].split(".")[-1]
+
+
+def references(spec: RunSpec) -> dict[str, str]:
+    """Every user reference in ``spec``, keyed by the spec field that names it."""
+    out: dict[str, str] = {}
+    if is_ref(spec.model.name):
+        out["model.name"] = spec.model.name
+    if spec.model.loss is not None:
+        out["model.loss"] = spec.model.loss
+    if spec.data.source is not None:
+        out["data.source"] = spec.data.source
+    for i, m in enumerate(spec.metrics):
+        out[f"metrics[{i}]"] = m
+    return out
+
+
+def check_imports(spec: RunSpec) -> None:
+    """Import every reference of ``spec`` (a UserCodeError names the first that fails)."""
+    for field, ref in references(spec).items():
+        load_callable(ref, field)
+
+
+def code_digest(spec: RunSpec) -> str:
+    """SHA-256 over the source files of the modules the spec names ("" when it names none).
+
+    Each named module contributes its name and the bytes of its file (for a package, its ``__init__.py``);
+    helpers those modules import are not covered. Two nodes with equal digests run the same version of the
+    user's code; the parameter server compares the digest each node reports when it joins with its own.
+    """
+    modules = sorted({ref.split(":")[0] for ref in references(spec).values()})
+    if not modules:
+        return ""
+    h = hashlib.sha256()
+    for name in modules:
+        mod = _import(name, f"module {name}")
+        path = getattr(mod, "__file__", None)
+        h.update(name.encode() + b"\0")
+        if path is not None and Path(path).is_file():
+            h.update(Path(path).read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def check_same_code(own: str, reported: str, node: str) -> None:
+    """The parameter server's check of a joining node's digest (raise = refuse the node)."""
+    if own != reported:
+        raise UserCodeError(f"{node} runs different user code than the parameter server (code digest "
+                            f"{reported[:12] or 'none'} != {own[:12] or 'none'}): deploy the same version of the "
+                            "modules the spec names (model.name, model.loss, data.source, metrics) on every node")
