@@ -60,7 +60,7 @@ class InProcessEngine:
         """Run the algorithm's driver; ``journal``: a JSON-lines file that gets each round as it ends."""
         algo = get_algorithm(self.spec.algorithm.name)
         ps = self.nodes[self.ws.topology.server]
-        recorder = RoundRecorder(on_round=on_round, journal=journal)
+        recorder = RoundRecorder(on_round=on_round, journal=journal, name=self.spec.name, total=self.spec.rounds)
         ps.reporter = recorder
         t0 = time.perf_counter()
         final = algo.run(ps)
