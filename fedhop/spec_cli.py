@@ -68,7 +68,10 @@ def _check_key(raw: dict[str, Any], parts: list[str], item: str) -> None:
             except ValueError as e:
                 raise SpecError(f"--set {item}: {e}") from None
             continue
-        model = _model_of(model.model_fields[part].annotation)
+        annotation = model.model_fields[part].annotation
+        model = _model_of(annotation)
+        if model is None and i < len(parts) - 1 and typing.get_origin(annotation) is not dict:
+            raise SpecError(f"--set {item}: {'.'.join(parts[:i + 1])} is a value, not a table")
 
 
 def apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
