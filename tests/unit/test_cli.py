@@ -171,3 +171,57 @@ def test_readme_lists_every_exit_code():
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     for code in ExitCode:
         assert f"| {int(code)} | `{code.name}` | {DESCRIPTIONS[code]} |" in readme
+
+
+def test_end_of_run_prints_links_largest_first_and_the_route(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["simulate", "--out", str(out), "--set", "algorithm.name=fedchs", "--set", "algorithm.options={K = 2}",
+                 "--set", "topology.clients=4", "--set", "topology.edge_graph=ring", "--set", "rounds=3",
+                 *SMALL[6:]]) == 0
+    text = capsys.readouterr().out
+    table = text.split("bytes per link")[1].split("\n\n")[0].splitlines()[3:]
+    shown = [(line.split()[0], line.split()[2], int(line.split()[4].replace(",", ""))) for line in table]
+    with (out / "links.csv").open() as f:
+        links = list(csv.DictReader(f))
+    per_link: dict[tuple[str, str], int] = {}
+    for r in links:
+        per_link[(r["src"], r["dst"])] = per_link.get((r["src"], r["dst"]), 0) + int(r["payload_bytes"])
+    assert {(s, d): b for s, d, b in shown} == per_link
+    assert [b for _, _, b in shown] == sorted(per_link.values(), reverse=True)
+    with (out / "rounds.csv").open() as f:
+        edges = [r["edge"] for r in csv.DictReader(f)]
+    route = text.split("route: ")[1].splitlines()[1].strip()
+    assert route == " -> ".join(f"{e} (r{t})" for t, e in enumerate(edges, 1))
+
+
+def test_progress_counts_clients_joining_then_rounds():
+    from fedhop.cli import Progress
+
+    bar = Progress(rounds=5, label="launch fedavg", quiet=True, clients=6)
+    assert bar.bar.total == 6 and bar.bar.n == 0
+    bar.on_join("edge-0", {"client-0": 10, "client-1": 12, "client-2": 9})
+    assert bar.bar.n == 3
+    bar.on_join("edge-1", {"client-3": 10, "client-4": 12, "client-5": 9})
+    assert bar.bar.n == 6
+    bar.on_round({"round": 1, "accuracy": 0.5})
+    assert bar.bar.total == 5 and bar.bar.n == 1
+    bar.close()
+
+
+def test_round_observers_see_every_run_and_round():
+    """The hook `fedhop reproduce` draws its progress from."""
+    from fedhop.common.engine import results
+    from fedhop.common.engine.inprocess import InProcessEngine
+
+    seen: list[tuple[str, object]] = []
+
+    def hook(event: str, payload: dict) -> None:
+        seen.append((event, payload["rounds"] if event == "start" else payload["round"]))
+
+    results.round_observers.append(hook)
+    try:
+        InProcessEngine(load_spec(None, ["rounds=3", "topology.clients=3", "topology.edges=0",
+                                         "model.hidden=[8]"])).run()
+    finally:
+        results.round_observers.remove(hook)
+    assert seen == [("start", 3), ("round", 1), ("round", 2), ("round", 3)]
