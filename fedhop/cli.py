@@ -64,9 +64,12 @@ def check_device(device: str) -> None:
 
 
 class Progress:
-    """A tqdm bar: nodes joining (n of N) before round 1, then rounds with the latest metrics.
+    """A tqdm bar: clients joining (n of N) before round 1, then rounds with the latest metrics.
 
-    The bar's clock restarts at round 1, so its ETA counts training only (not the joining)."""
+    The bar switches to rounds (and its clock restarts, so the ETA counts training only, not the joining)
+    once every client is ready, or at the first round when some never joined."""
+
+    JOIN_FORMAT = "{desc}: {n}/{total} clients ready [{elapsed}]"
 
     def __init__(self, rounds: int, label: str, quiet: bool = False, clients: int | None = None) -> None:
         from tqdm import tqdm
@@ -75,7 +78,8 @@ class Progress:
         self.joined: dict[str, int] = {}
         self.started = False
         if clients:
-            self.bar = tqdm(total=clients, desc=f"{label}: joining", unit="client", file=sys.stderr, disable=quiet)
+            self.bar = tqdm(total=clients, desc=f"{label}: joining", file=sys.stderr, disable=quiet,
+                            bar_format=self.JOIN_FORMAT)
         else:
             self.bar = tqdm(total=rounds, desc=label, unit="round", file=sys.stderr, disable=quiet)
             self.started = True
@@ -86,15 +90,20 @@ class Progress:
             return
         self.joined[child] = len(data_sizes)
         self.bar.n = sum(self.joined.values())
-        self.bar.set_postfix_str(f"{self.bar.n} of {self.clients} clients ready")
         self.bar.refresh()
+        if self.bar.n >= (self.clients or 0):
+            self._start_rounds()
+
+    def _start_rounds(self) -> None:
+        self.started = True
+        self.bar.bar_format = None
+        self.bar.unit = "round"
+        self.bar.set_description(self.label, refresh=False)
+        self.bar.reset(total=self.rounds)
 
     def on_round(self, rec: dict[str, Any]) -> None:
         if not self.started:
-            self.started = True
-            self.bar.reset(total=self.rounds)
-            self.bar.set_description(self.label)
-            self.bar.unit = "round"
+            self._start_rounds()
         self.bar.n = rec["round"]
         shown = {k: rec[k] for k in ("accuracy", "loss") if k in rec}
         self.bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})

@@ -202,10 +202,15 @@ def test_progress_counts_clients_joining_then_rounds():
     bar.on_join("edge-0", {"client-0": 10, "client-1": 12, "client-2": 9})
     assert bar.bar.n == 3
     bar.on_join("edge-1", {"client-3": 10, "client-4": 12, "client-5": 9})
-    assert bar.bar.n == 6
+    assert bar.bar.total == 5 and bar.bar.n == 0  # everyone is in: the bar counts rounds from now on
     bar.on_round({"round": 1, "accuracy": 0.5})
     assert bar.bar.total == 5 and bar.bar.n == 1
     bar.close()
+    partial = Progress(rounds=5, label="launch fedavg", quiet=True, clients=6)
+    partial.on_join("edge-0", {"client-0": 10, "client-1": 12, "client-2": 9})
+    partial.on_round({"round": 1})  # edge-1 never joined; the run started without it
+    assert partial.bar.total == 5 and partial.bar.n == 1
+    partial.close()
 
 
 def test_round_observers_see_every_run_and_round():
