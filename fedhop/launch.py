@@ -126,8 +126,11 @@ class Processes:
 
 
 def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
-           on_round: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Run ``spec`` with the PS in this process and every edge and client in its own process."""
+           on_round: Callable[[dict[str, Any]], None] | None = None,
+           on_join: Callable[[str, dict[str, int]], None] | None = None) -> RunResult:
+    """Run ``spec`` with the PS in this process and every edge and client in its own process.
+
+    ``on_join(child, data sizes)``: a child of the PS said Ready (for a progress display)."""
     from fedhop.server.main import run_server
 
     topo = build_topology(spec.topology, spec.seed)
@@ -149,7 +152,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
 
     try:
         result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
-                            on_listening=spawn, startup_failure=procs.startup_failure)
+                            on_listening=spawn, startup_failure=procs.startup_failure, on_join=on_join)
         codes = procs.wait(30)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:

@@ -6,9 +6,13 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
+import time
+from collections.abc import Callable
+
+from fedhop.exit_codes import ExitCode, Fatal
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+log = logging.getLogger("fedhop.cli")
 
 
 def _logging(verbose: bool = True) -> None:
@@ -26,94 +30,152 @@ def _exit_now(rc: int) -> int:
 
 
 def cmd_launch(a: argparse.Namespace) -> int:
-    from fedhop.cli import default_out, load_spec, print_summary, progress
+    from fedhop.cli import Progress, check_device, load_spec, print_summary, run_folder
     from fedhop.common.preflight import check_user_code
     from fedhop.launch import launch
-    from fedhop.server.main import JoinTimeout, StartupFailed
+    from fedhop.server.main import Interrupted, JoinTimeout, StartupFailed
 
+    started = time.perf_counter()
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
-    spec = load_spec(a.spec)
+    spec = load_spec(a.spec, a.set)
     check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
-    out = Path(a.out) if a.out else default_out(spec.name, "launch")
+    if a.device != "auto":
+        check_device(a.device)
+    out = run_folder(a, spec.name, "launch")
+    logs = out / "logs"
     if not a.quiet:
         n = spec.topology.edges + spec.topology.clients
         print(f"fedhop launch: starting {n} processes ({spec.topology.edges} edges, {spec.topology.clients} "
-              f"clients) beside the PS; logs in {out / 'logs'}", file=sys.stderr)
-    bar, on_round = progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet)
+              f"clients) beside the PS; logs in {logs}", file=sys.stderr)
+    bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
     try:
-        result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=on_round)
+        result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
+                        on_join=bar.on_join)
+    except Interrupted as e:
+        raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
+                    f"every process was stopped; the rounds done are in {out} (logs in {logs})") from None
     except KeyboardInterrupt:
+        raise Fatal(ExitCode.INTERRUPTED, f"interrupted before round 1; every process was stopped (logs in "
+                    f"{logs})") from None
+    except StartupFailed as e:
+        raise Fatal(ExitCode.STARTUP, f"{e}\n(every process was stopped; logs in {logs})") from None
+    except JoinTimeout as e:
+        raise Fatal(ExitCode.JOIN_TIMEOUT, f"{e}; every process was stopped (logs in {logs})") from None
+    finally:
         bar.close()
-        print(f"fedhop launch: interrupted; every process was stopped (logs in {out / 'logs'})", file=sys.stderr)
-        return 130
-    except (StartupFailed, JoinTimeout) as e:
-        bar.close()
-        print(f"fedhop launch: {e}\n(every process was stopped; logs in {out / 'logs'})", file=sys.stderr)
-        return 3
-    bar.close()
-    print_summary(result, out)
+    print_summary(result, out, time.perf_counter() - started)
     return 0
 
 
 def cmd_server(a: argparse.Namespace) -> int:
-    from fedhop.cli import default_out, load_spec, print_summary
+    from fedhop.cli import check_device, load_spec, print_summary, run_folder
     from fedhop.common.preflight import check_user_code
-    from fedhop.server.main import run_server
+    from fedhop.netcheck import check_listen
+    from fedhop.server.main import Interrupted, JoinTimeout, run_server
 
+    started = time.perf_counter()
     _logging()
-    spec = load_spec(a.spec)
+    spec = load_spec(a.spec, a.set)
     check_user_code(spec, clients=False, source=a.spec or "<default spec>")  # clients check their own at join
-    out = Path(a.out) if a.out else default_out(spec.name, "server")
-    result = run_server(spec, a.listen, out=out, device=a.device)
-    print_summary(result, out)
+    check_listen(a.listen)
+    check_device(a.device or spec.device)
+    out = run_folder(a, spec.name, "server")
+    try:
+        result = run_server(spec, a.listen, out=out, device=a.device)
+    except Interrupted as e:
+        raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
+                    f"the rounds done are in {out}") from None
+    except KeyboardInterrupt:
+        raise Fatal(ExitCode.INTERRUPTED, "interrupted before round 1; nothing written") from None
+    except JoinTimeout as e:
+        raise Fatal(ExitCode.JOIN_TIMEOUT, str(e)) from None
+    print_summary(result, out, time.perf_counter() - started)
     return 0
+
+
+def _role(name: str, body: Callable[[], int]) -> int:
+    """Run one child role and leave with its code; a Fatal, a missing device or Ctrl-C end in one line."""
+    from fedhop.common.engine.workspace import DeviceError
+
+    try:
+        rc = body()
+    except Fatal as e:
+        print(f"fedhop {name}: {e.message}", file=sys.stderr)
+        rc = e.code
+    except DeviceError as e:
+        print(f"fedhop {name}: {e}", file=sys.stderr)
+        rc = ExitCode.NO_DEVICE
+    except KeyboardInterrupt:
+        print(f"fedhop {name}: interrupted", file=sys.stderr)
+        rc = ExitCode.INTERRUPTED
+    return _exit_now(int(rc))
 
 
 def cmd_edge(a: argparse.Namespace) -> int:
     from fedhop.edge.node import run_edge
+    from fedhop.netcheck import check_listen, wait_for_parent
 
     _logging()
-    return _exit_now(run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
-                              connect_timeout_s=a.connect_timeout))
+
+    def body() -> int:
+        check_listen(a.listen)
+        wait_for_parent(a.connect, a.connect_timeout, log.warning)
+        return run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
+                        connect_timeout_s=a.connect_timeout)
+
+    return _role("edge", body)
 
 
 def cmd_client(a: argparse.Namespace) -> int:
     from fedhop.client.main import run_client
+    from fedhop.netcheck import wait_for_parent
 
     _logging()
-    return _exit_now(run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
-                                connect_timeout_s=a.connect_timeout))
+
+    def body() -> int:
+        wait_for_parent(a.connect, a.connect_timeout, log.warning)
+        return run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
+                          connect_timeout_s=a.connect_timeout)
+
+    return _role("client", body)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("launch", help="run a spec as real local processes: PS, edges and clients over gRPC")
+def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter],
+                 add_run_options: Callable[[argparse.ArgumentParser, str], None]) -> None:
+    s = sub.add_parser("launch", help="run a spec as real local processes: PS, edges and clients over gRPC",
+                       formatter_class=formatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
-    s.add_argument("--out", help="run folder (default: runs/<time>-<name>-launch)")
+    add_run_options(s, "launch")
     s.add_argument("--device", default="auto", help="auto | cpu | cuda:N (auto spreads over visible GPUs)")
     s.add_argument("--data-path", help="data path every client uses (default: the spec's)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_launch)
 
-    s = sub.add_parser("server", help="the parameter server: owns the spec, waits for every node, runs it")
+    s = sub.add_parser("server", help="the parameter server: owns the spec, waits for every node, runs it",
+                       formatter_class=formatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
     s.add_argument("--listen", default="0.0.0.0:50051", help="HOST:PORT to serve on")
-    s.add_argument("--out", help="run folder (default: runs/<time>-<name>-server)")
+    add_run_options(s, "server")
     s.add_argument("--device", help="override the spec's device for this process")
     s.set_defaults(fn=cmd_server)
 
-    s = sub.add_parser("edge", help="an edge server: dials the PS, serves its clients and neighbour edges")
+    s = sub.add_parser("edge", help="an edge server: dials the PS, serves its clients and neighbour edges",
+                       formatter_class=formatter)
     s.add_argument("--id", required=True, help="this edge's id, e.g. edge-0")
     s.add_argument("--connect", required=True, help="the PS's HOST:PORT")
-    s.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for clients and neighbour edges")
+    s.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for clients and neighbour edges (port 0: any)")
     s.add_argument("--advertise", help="HOST:PORT neighbour edges dial (default: the listen address)")
     s.add_argument("--device", help="override the spec's device for this process")
-    s.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the PS")
+    s.add_argument("--connect-timeout", type=float, default=60.0,
+                   help="seconds to keep retrying the PS (each retry is logged)")
     s.set_defaults(fn=cmd_edge)
 
-    s = sub.add_parser("client", help="a client: dials its parent (edge or PS) and serves its tasks")
+    s = sub.add_parser("client", help="a client: dials its parent (edge or PS) and serves its tasks",
+                       formatter_class=formatter)
     s.add_argument("--id", required=True, help="this client's id, e.g. client-3")
     s.add_argument("--connect", required=True, help="the parent's HOST:PORT")
     s.add_argument("--data-path", help="where this client's data lives (default: the spec's data.path)")
     s.add_argument("--device", help="override the spec's device for this process")
-    s.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the parent")
+    s.add_argument("--connect-timeout", type=float, default=60.0,
+                   help="seconds to keep retrying the parent (each retry is logged)")
     s.set_defaults(fn=cmd_client)

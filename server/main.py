@@ -38,19 +38,30 @@ class StartupFailed(RuntimeError):
     """A node of the federation died before the run started (reported by ``startup_failure``)."""
 
 
+class Interrupted(Exception):
+    """Ctrl-C during the run: ``result`` holds the rounds done (already written to the run folder)."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(f"interrupted after {len(result.rounds)} of {result.spec.rounds} rounds")
+        self.result = result
+
+
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,
                on_round: Callable[[dict[str, Any]], None] | None = None,
                on_listening: Callable[[int], None] | None = None,
-               startup_failure: Callable[[], str | None] | None = None) -> RunResult:
+               startup_failure: Callable[[], str | None] | None = None,
+               on_join: Callable[[str, dict[str, int]], None] | None = None) -> RunResult:
     """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
 
     ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
-    waiting at once instead of at the join deadline."""
+    waiting at once instead of at the join deadline. ``on_join(child, its clients' data sizes)``: a child
+    said Ready. Ctrl-C during the rounds writes the rounds done and raises :class:`Interrupted`."""
     torch.set_num_threads(1)
     ws = Workspace(spec, device)
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
     hub = ParentHub(topo.server, meter)
+    hub.on_ready = on_join
     run_id = f"{spec.name}-{secrets.token_hex(4)}"
     hub.configure(spec, topo, run_id)
     server = make_server(len(hub.children) + 16)
@@ -88,18 +99,25 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         ctx.reporter = recorder
         hub.start_run(hub.edge_addresses())
         t0 = time.perf_counter()
-        final, _ = drive(get_algorithm(spec.algorithm.name), ctx)
+        interrupted = False
+        try:
+            final, _ = drive(get_algorithm(spec.algorithm.name), ctx)
+        except KeyboardInterrupt:  # collect the children's byte meters and write the rounds done
+            final, interrupted = {}, True
         wall = time.perf_counter() - t0
-        rows, child_missing = hub.shutdown(spec.transport.rpc_timeout_s)
+        rows, child_missing = hub.shutdown(min(10.0, spec.transport.rpc_timeout_s) if interrupted
+                                           else spec.transport.rpc_timeout_s)
         meter.merge(rows)
         links = meter.rows()
         order = {n: i for i, n in enumerate(topo.all_nodes())}
         entries = sorted(missing.entries + child_missing,
                          key=lambda e: (e["round"], order.get(e["by"], -1), order.get(e["node"], -1)))
         result = RunResult(spec=spec, engine="network", rounds=attach_cumulative_bytes(recorder.records, links),
-                           links=links, missing=entries, final=clone(final), wall_s=wall)
+                           links=links, missing=entries, final=clone(final), wall_s=wall, interrupted=interrupted)
         if out is not None:
             write_run_folder(result, out)
+        if interrupted:
+            raise Interrupted(result)
         return result
     finally:
         server.stop(grace=2.0)

@@ -162,6 +162,7 @@ class ParentHub:
         self._calls: dict[int, Call] = {}
         self._expired: dict[int, Call] = {}
         self._ids = itertools.count(CALL_ID_BASE)
+        self.on_ready: Callable[[NodeId, dict[NodeId, int]], None] | None = None  # e.g. a progress bar's
 
     # -- set-up -------------------------------------------------------------------------------------------
     def configure(self, spec: RunSpec, topology: Topology, run_id: str) -> None:
@@ -355,6 +356,8 @@ class ParentHub:
             self._changed.notify_all()
         log.info("%s: %s is ready (%d clients, %d samples)", self.node, link.name, len(link.data_sizes),
                  sum(link.data_sizes.values()))
+        if self.on_ready is not None:
+            self.on_ready(link.name, dict(link.data_sizes))
 
     def _lost(self, link: ChildLink, why: str) -> None:
         link.alive = False

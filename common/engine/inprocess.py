@@ -79,7 +79,8 @@ class InProcessEngine:
             if store is None:
                 raise ValueError("resume needs the checkpoints folder")
             start, records = self._restore(store)
-        recorder = RoundRecorder(records=records, on_round=on_round, journal=journal)
+        recorder = RoundRecorder(records=records, on_round=on_round, journal=journal, name=self.spec.name,
+                                 total=self.spec.rounds)
         ps.reporter = recorder
 
         def commit(t: int, state: Any) -> None:

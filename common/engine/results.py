@@ -1,9 +1,17 @@
-"""Run results: per-round metrics with cumulative bytes, per-link byte table, who was missing."""
+"""Run results: per-round metrics with cumulative bytes, per-link byte table, who was missing.
+
+Rounds are numbered from 1 in every file of a run folder (``rounds.*``, ``links.csv``, ``missing.csv``,
+``results.json``); in ``links.csv`` round 0 holds the messages of set-up and tear-down (e.g. collecting the
+final model). In memory, :attr:`RunResult.links` keeps the byte meter's driver rounds (0-based, -1 for set-up);
+:func:`file_links` converts. Per-round wall-clock columns (``elapsed_s``: seconds since the driver started,
+``round_s``: that round's own duration) are metadata, read beside the math, never in it.
+"""
 
 from __future__ import annotations
 
 import csv
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +21,10 @@ import torch
 
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
+
+# Process-wide progress hooks, called as hook(event, payload): ("start", {"name", "rounds"}) when a recorder is
+# made, ("round", round_record) on every report. For progress displays only (``fedhop reproduce``).
+round_observers: list[Any] = []
 
 
 @dataclass
@@ -26,20 +38,33 @@ class RoundRecorder:
     records: list[dict[str, Any]] = field(default_factory=list)
     on_round: Any = None  # optional callback(round_record) for progress bars
     journal: Path | None = None
+    started: float = field(default_factory=time.perf_counter)  # the driver's start (perf_counter seconds)
+    name: str = ""  # the run's name and length, for round_observers
+    total: int = 0
 
     def __post_init__(self) -> None:
         if self.journal is not None:  # a resumed run starts its journal over from the rounds it restored
             self.journal.parent.mkdir(parents=True, exist_ok=True)
             self.journal.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        if self.records:  # resumed: the clock goes on from the last restored round
+            self.started -= float(self.records[-1].get("elapsed_s", 0.0))
+        self._last = self.started
+        for hook in round_observers:
+            hook("start", {"name": self.name, "rounds": self.total})
 
     def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None:
-        rec = {"round": round_idx + 1, **{k: _plain(v) for k, v in metrics.items()}}
+        now = time.perf_counter()
+        rec = {"round": round_idx + 1, **{k: _plain(v) for k, v in metrics.items()},
+               "elapsed_s": round(now - self.started, 6), "round_s": round(now - self._last, 6)}
+        self._last = now
         self.records.append(rec)
         if self.journal is not None:
             with self.journal.open("a") as f:
                 f.write(json.dumps(rec) + "\n")
         if self.on_round is not None:
             self.on_round(rec)
+        for hook in round_observers:
+            hook("round", rec)
 
 
 def _plain(v: Any) -> Any:
@@ -56,7 +81,8 @@ class RunResult:
     links: list[dict[str, Any]]
     missing: list[dict[str, Any]]
     final: Bundle
-    wall_s: float
+    wall_s: float  # the driver's time: from round 1's start to the final model
+    interrupted: bool = False  # stopped (Ctrl-C) before the last round: the rounds done, no final model
 
     def payload_by_link(self, kinds: set[str] | None = None) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
@@ -70,8 +96,9 @@ class RunResult:
             "spec": self.spec.model_dump(mode="json"),
             "engine": self.engine,
             "wall_s": self.wall_s,
+            "interrupted": self.interrupted,
             "rounds": self.rounds,
-            "links": self.links,
+            "links": file_links(self.links),
             "missing": self.missing,
             "totals": totals(self.links),
         }
@@ -81,28 +108,61 @@ def totals(links: list[dict[str, Any]]) -> dict[str, int]:
     return {k: sum(r[k] for r in links) for k in ("messages", "payload_bytes", "message_bytes")}
 
 
+def file_links(links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Meter rows with the files' round numbers: 1-based like ``rounds.csv``; 0 = set-up and tear-down."""
+    return [{**r, "round": r["round"] + 1} for r in links]
+
+
 def attach_cumulative_bytes(records: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each round record gets the bytes of every message sent up to and including that round."""
+    """Each round record gets ``cum_payload_bytes`` / ``cum_message_bytes``: the bytes of every message sent up
+    to and including that round (set-up included)."""
     out = []
     for rec in records:
         upto = rec["round"] - 1
         sel = [r for r in links if r["round"] <= upto]
-        out.append({**rec, "payload_bytes": sum(r["payload_bytes"] for r in sel),
-                    "message_bytes": sum(r["message_bytes"] for r in sel)})
+        out.append({**rec, "cum_payload_bytes": sum(r["payload_bytes"] for r in sel),
+                    "cum_message_bytes": sum(r["message_bytes"] for r in sel)})
     return out
 
 
+RUN_FILES = ("spec.toml", "results.json", "rounds.csv", "rounds.jsonl", "links.csv", "missing.csv", "model.pt",
+             "plots.png")
+
+
+class RunFolderExists(FileExistsError):
+    """``--out`` names a folder that already holds files (and ``--force`` was not given)."""
+
+
+def prepare_run_folder(folder: Path, force: bool = False) -> Path:
+    """Check that ``folder`` may receive a run: refuse a non-empty one unless ``force``, which removes the
+    files a run writes there (and ``logs/*.log``), never anything else."""
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderExists(f"--out {folder} is a file, not a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not force:
+            raise RunFolderExists(f"run folder {folder} already exists and is not empty; choose another --out, "
+                                  "or add --force to overwrite its run files")
+        for name in RUN_FILES:
+            (folder / name).unlink(missing_ok=True)
+        for f in (folder / "logs").glob("*.log") if (folder / "logs").is_dir() else []:
+            f.unlink()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def write_run_folder(result: RunResult, folder: Path) -> Path:
-    """results.json, rounds.csv, links.csv, missing.csv, model.pt and plots.png."""
+    """results.json, rounds.csv, links.csv, missing.csv, model.pt (not for an interrupted run) and plots.png."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spec.toml").write_text(result.spec.to_toml())
     tmp = folder / "results.json.tmp"
     tmp.write_text(json.dumps(result.to_json(), indent=1))
     tmp.replace(folder / "results.json")
     _csv(folder / "rounds.csv", result.rounds)
-    _csv(folder / "links.csv", result.links)
+    _csv(folder / "links.csv", file_links(result.links),
+         ["src", "dst", "kind", "phase", "round", "messages", "payload_bytes", "message_bytes"])
     _csv(folder / "missing.csv", result.missing, ["round", "by", "node", "task", "reason"])
-    torch.save({k: v.cpu() for k, v in result.final.items()}, folder / "model.pt")
+    if not result.interrupted:
+        torch.save({k: v.cpu() for k, v in result.final.items()}, folder / "model.pt")
     plot_rounds(result.rounds, folder / "plots.png", title=f"{result.spec.name}: {result.spec.algorithm.name}")
     return folder
 
@@ -127,7 +187,7 @@ def plot_rounds(rounds: list[dict[str, Any]], path: Path, title: str = "") -> No
     for row, metric in enumerate(("accuracy", "loss")):
         pts = [r for r in rounds if metric in r]
         xs_r = [r["round"] for r in pts]
-        xs_b = [r.get("payload_bytes", 0) / 1e6 for r in pts]
+        xs_b = [r.get("cum_payload_bytes", 0) / 1e6 for r in pts]
         ys = [r[metric] for r in pts]
         axes[row][0].plot(xs_r, ys, marker=".")
         axes[row][0].set_xlabel("round")

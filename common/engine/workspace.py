@@ -30,14 +30,18 @@ def derive_seed(*parts: Any) -> int:
     return int.from_bytes(h, "little") >> 1
 
 
+class DeviceError(RuntimeError):
+    """The requested device is not there (no CUDA, or fewer GPUs than the index)."""
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} requested but CUDA is not available (torch {torch.__version__})")
+        raise DeviceError(f"device {name!r} requested but CUDA is not available (torch {torch.__version__})")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise RuntimeError(f"device {name!r} requested but only {torch.cuda.device_count()} GPU(s) are visible")
+        raise DeviceError(f"device {name!r} requested but only {torch.cuda.device_count()} GPU(s) are visible")
     return dev
 
 

@@ -163,7 +163,7 @@ def _toy_one(m: Method, rounds: int) -> tuple[dict[str, Any], list[dict[str, Any
                "F_cvar": cvar_objective(L, K_TOY), "F_kl": kl_objective(L, LAM_TOY), "max": float(L.max()),
                "mean": float(L.mean()), "Kth": float(srt[int(K_TOY) - 1]), "K1th": float(srt[int(K_TOY)]),
                "s_bar": res.rounds[-1].get("s_bar", float("nan")),
-               "payload_MB": res.rounds[-1]["payload_bytes"] / 1e6, "missing": len(res.missing),
+               "payload_MB": res.rounds[-1]["cum_payload_bytes"] / 1e6, "missing": len(res.missing),
                "wall_s": time.perf_counter() - t0}
     return row, res.rounds
 
@@ -300,7 +300,7 @@ def _plots(out: Path, refs: dict[str, float], toy: list[dict[str, Any]], toy_run
         ax.grid(alpha=0.3, axis="x")
     for label, recs in toy_runs.items():
         pts = [r for r in recs if "loss" in r]
-        axes[2].plot([r["payload_bytes"] / 1e6 for r in pts], [r["loss"] for r in pts], label=label)
+        axes[2].plot([r["cum_payload_bytes"] / 1e6 for r in pts], [r["loss"] for r in pts], label=label)
     axes[2].set_xlabel("cumulative payload (MB)")
     axes[2].set_ylabel("average test loss (ERM metric, traded for the worst clients)")
     axes[2].set_yscale("log")

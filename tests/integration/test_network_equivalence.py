@@ -39,8 +39,9 @@ def test_network_matches_inprocess(case: str, tmp_path) -> None:
     for k, v in oracle.final.items():
         assert torch.equal(final[k], v), f"{case}: tensor {k} differs between engines"
     # identical per-link tables: same keys (src, dst, kind, phase, round), same payload and message bytes
+    # (the run folder numbers rounds from 1, set-up 0; the in-memory meter rows from 0, set-up -1)
     net_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): r for r in res["links"]}
-    ora_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): r for r in oracle.links}
+    ora_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"] + 1): r for r in oracle.links}
     assert set(net_rows) == set(ora_rows)
     assert rows_by_key(res["links"], "payload_bytes") == rows_by_key(oracle.links, "payload_bytes")
     for k, r in ora_rows.items():
@@ -63,9 +64,9 @@ def test_fedavg_flat_payload_formula(tmp_path) -> None:
     per_round: dict[int, int] = {}
     for r in res["links"]:
         per_round[r["round"]] = per_round.get(r["round"], 0) + r["payload_bytes"]
-    assert per_round == {t: 2 * d * 4 * spec.topology.clients for t in range(spec.rounds)}
+    assert per_round == {t: 2 * d * 4 * spec.topology.clients for t in range(1, spec.rounds + 1)}
     for r in res["links"]:
         assert r["payload_bytes"] == d * 4 * r["messages"]
         assert {r["src"], r["dst"]} & {"ps"}
-    cumulative = [r["payload_bytes"] for r in res["rounds"]]
+    cumulative = [r["cum_payload_bytes"] for r in res["rounds"]]
     assert cumulative == [2 * d * 4 * spec.topology.clients * (t + 1) for t in range(spec.rounds)]

@@ -29,7 +29,7 @@ def test_fedavg_payload_per_round_is_2d4_per_client():
     for r in range(3):
         per_round = sum(x["payload_bytes"] for x in res.links if x["round"] == r)
         assert per_round == 5 * 2 * d * 4
-    assert res.rounds[-1]["payload_bytes"] == 3 * 5 * 2 * d * 4
+    assert res.rounds[-1]["cum_payload_bytes"] == 3 * 5 * 2 * d * 4
     assert {x["kind"] for x in res.links} == {"local.train"}
 
 

@@ -1,0 +1,88 @@
+"""What a run's end prints, and what ``fedhop compare`` reads: bytes per link and per link class, the route.
+
+Works on meter rows (``results.json``'s ``links`` or :attr:`RunResult.links`): dicts with ``src``, ``dst``,
+``messages``, ``payload_bytes`` and ``message_bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+LINK_CLASSES = ("client-edge", "edge-edge", "edge-ps", "client-ps")
+CLASS_TITLES = {"client-edge": "client<->edge", "edge-edge": "edge<->edge", "edge-ps": "edge<->PS",
+                "client-ps": "client<->PS"}
+
+
+def role_of(node: str) -> str:
+    """``ps``, ``edge`` or ``client``, from the node id (``ps``, ``edge-N``, ``client-N``)."""
+    if node == "ps":
+        return "ps"
+    head = node.split("-", 1)[0]
+    if head not in ("edge", "client"):
+        raise ValueError(f"cannot tell the role of node {node!r} (expected ps, edge-N or client-N)")
+    return head
+
+
+def link_class(src: str, dst: str) -> str:
+    """The undirected class of a link: one of :data:`LINK_CLASSES`."""
+    roles = sorted((role_of(src), role_of(dst)), key=("client", "edge", "ps").index)
+    name = "-".join(roles)
+    if name not in LINK_CLASSES:
+        raise ValueError(f"link {src} -> {dst} is of no known class ({name})")
+    return name
+
+
+def bytes_by_class(links: Iterable[Mapping[str, Any]], level: str = "payload_bytes") -> dict[str, int]:
+    """Bytes of every class (both directions), zero for classes the run did not use."""
+    out = dict.fromkeys(LINK_CLASSES, 0)
+    for r in links:
+        out[link_class(r["src"], r["dst"])] += int(r[level])
+    return out
+
+
+def per_link(links: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per directed link (src -> dst), summed over kinds, phases and rounds; largest payload first
+    (then message bytes, then names)."""
+    acc: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in links:
+        row = acc.setdefault((r["src"], r["dst"]), {"src": r["src"], "dst": r["dst"], "messages": 0,
+                                                    "payload_bytes": 0, "message_bytes": 0})
+        for k in ("messages", "payload_bytes", "message_bytes"):
+            row[k] += int(r[k])
+    return sorted(acc.values(), key=lambda x: (-x["payload_bytes"], -x["message_bytes"], x["src"], x["dst"]))
+
+
+def link_table(links: Iterable[Mapping[str, Any]], top: int = 20) -> str:
+    """The per-link table, largest links first, at most ``top`` rows (the rest summed in one line)."""
+    rows = per_link(links)
+    head = f"{'link':<28} {'messages':>9} {'payload B':>14} {'message B':>14}"
+    lines = [head, "-" * len(head)]
+    for r in rows[:top]:
+        lines.append(f"{r['src'] + ' -> ' + r['dst']:<28} {r['messages']:>9,} {r['payload_bytes']:>14,} "
+                     f"{r['message_bytes']:>14,}")
+    rest = rows[top:]
+    if rest:
+        lines.append(f"{f'... {len(rest)} more links':<28} {sum(r['messages'] for r in rest):>9,} "
+                     f"{sum(r['payload_bytes'] for r in rest):>14,} {sum(r['message_bytes'] for r in rest):>14,}")
+    return "\n".join(lines)
+
+
+ROUTE_KEYS = {"edge": "the active edge server of each round (Fed-CHS)",
+              "order": "the clusters each round visited, in order (FedCluster)",
+              "client": "the client holding the model in each round (random walk)"}
+
+
+def route(rounds: Iterable[Mapping[str, Any]], limit: int = 30) -> str | None:
+    """The model's route for edge-walk algorithms (a round metric named in :data:`ROUTE_KEYS`), or None."""
+    rounds = list(rounds)
+    key = next((k for k in ROUTE_KEYS if any(k in r for r in rounds)), None)
+    if key is None:
+        return None
+    steps = [(int(r["round"]), str(r[key])) for r in rounds if key in r]
+    if key == "order":
+        body = [f"  round {t}: {' -> '.join(v.split(','))}" for t, v in steps[:limit]]
+    else:
+        body = ["  " + " -> ".join(f"{v} (r{t})" for t, v in steps[:limit])]
+    more = f"\n  ... {len(steps) - limit} more rounds (rounds.csv, column {key!r})" if len(steps) > limit else ""
+    return f"route: {ROUTE_KEYS[key]}\n" + "\n".join(body) + more

@@ -1,0 +1,157 @@
+"""Runtime failures of real ``fedhop`` processes end in one clear line and the documented exit code
+(fedhop/exit_codes.py), never a traceback: a port in use, the PS's join timeout, an unreachable parent or one
+that is not a fedhop node, Ctrl-C on a client, and Ctrl-C on launch, which writes the rounds done."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fedhop.exit_codes import ExitCode
+from fedhop.launch import free_port
+from tests.integration.netutil import small_spec
+
+FEDHOP = [sys.executable, "-m", "fedhop"]
+
+
+def run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*FEDHOP, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def last_line(proc: subprocess.CompletedProcess | tuple[int, str]) -> str:
+    err = proc.stderr if isinstance(proc, subprocess.CompletedProcess) else proc[1]
+    assert "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def busy_port():
+    """A port some other process-like listener holds (a plain socket, not SO_REUSEPORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_server_on_a_port_in_use(tmp_path, busy_port):
+    p = run(["server", "--listen", f"127.0.0.1:{busy_port}", "--out", str(tmp_path / "run")])
+    assert p.returncode == ExitCode.ADDRESS_IN_USE, p.stderr
+    assert last_line(p) == (f"fedhop server: cannot listen on 127.0.0.1:{busy_port}: port {busy_port} is already "
+                            "in use by another process")
+    assert not (tmp_path / "run").exists()
+
+
+def test_edge_on_a_port_in_use(busy_port):
+    p = run(["edge", "--id", "edge-0", "--connect", f"127.0.0.1:{free_port()}", "--listen",
+             f"127.0.0.1:{busy_port}"])
+    assert p.returncode == ExitCode.ADDRESS_IN_USE, p.stderr
+    assert "already in use" in last_line(p)
+
+
+def test_join_timeout(tmp_path):
+    p = run(["server", "--listen", f"127.0.0.1:{free_port()}", "--out", str(tmp_path / "run"),
+             "--set", "transport.join_timeout_s=1.5", "--set", 'device="cpu"'])
+    assert p.returncode == ExitCode.JOIN_TIMEOUT, p.stderr
+    assert last_line(p).startswith("fedhop server: no node joined within 1.5s (expected ['edge-0', 'edge-1'])")
+
+
+def test_unreachable_parent_is_retried_visibly_then_given_up():
+    p = run(["client", "--id", "client-0", "--connect", f"127.0.0.1:{free_port()}", "--connect-timeout", "3"])
+    assert p.returncode == ExitCode.UNREACHABLE, p.stderr
+    retries = [line for line in p.stderr.splitlines() if "connection refused" in line and "retry" in line]
+    assert len(retries) >= 2, p.stderr
+    assert "unreachable after" in last_line(p) and "connection refused" in last_line(p)
+
+
+def test_a_listener_that_is_not_grpc_is_reported_before_the_connect_timeout(tmp_path):
+    with socket.socket() as s:  # accepts connections, never answers
+        s.bind(("127.0.0.1", 0))
+        s.listen(16)
+        port = s.getsockname()[1]
+        # a connect timeout far beyond the subprocess timeout: waiting for it would fail the test
+        p = run(["client", "--id", "client-0", "--connect", f"127.0.0.1:{port}", "--connect-timeout", "600"],
+                timeout=60)
+    assert p.returncode == ExitCode.UNREACHABLE, p.stderr
+    assert "does not speak gRPC" in last_line(p)
+
+
+def test_a_grpc_server_that_is_not_fedhop_is_reported():
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        p = run(["edge", "--id", "edge-0", "--connect", f"127.0.0.1:{port}", "--connect-timeout", "600"],
+                timeout=60)
+    finally:
+        server.stop(0)
+    assert p.returncode == ExitCode.UNREACHABLE, p.stderr
+    assert "without the fedhop.v1.Parent service" in last_line(p)
+
+
+def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{proc.stderr.read()}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ctrl_c_on_a_waiting_client():
+    proc = subprocess.Popen([*FEDHOP, "client", "--id", "client-0", "--connect", f"127.0.0.1:{free_port()}",
+                             "--connect-timeout", "600"], stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+
+    def retried() -> bool:
+        lines.append(proc.stderr.readline())
+        return "retry" in lines[-1]
+
+    _wait_for(retried, 60, "a retry line", proc)
+    proc.send_signal(signal.SIGINT)
+    rc = proc.wait(30)
+    err = "".join(lines) + proc.stderr.read()
+    assert rc == ExitCode.INTERRUPTED, err
+    assert last_line((rc, err)) == "fedhop client: interrupted"
+
+
+def test_ctrl_c_on_launch_writes_the_rounds_done(tmp_path):
+    spec = small_spec("fedavg", clients=4, edges=2, rounds=400, options={"local_steps": 20})
+    (tmp_path / "spec.toml").write_text(spec.to_toml())
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*FEDHOP, "launch", str(tmp_path / "spec.toml"), "--out", str(out), "--device", "cpu",
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = out / "rounds.jsonl"
+    _wait_for(lambda: journal.is_file() and len(journal.read_text().splitlines()) >= 2, 180, "round 2", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    line = last_line((proc.returncode, err))
+    assert line.startswith("fedhop launch: interrupted after ") and "of 400 rounds" in line and str(out) in line
+    res = json.loads((out / "results.json").read_text())
+    done = len(res["rounds"])
+    assert res["interrupted"] is True and 2 <= done < 400
+    assert f"interrupted after {done} of 400 rounds" in line
+    assert [r["round"] for r in res["rounds"]] == list(range(1, done + 1))
+    with (out / "rounds.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == done
+    with (out / "links.csv").open() as f:
+        links = list(csv.DictReader(f))
+    # the edges reported their clients' links on the way out: every client trained in the rounds done
+    for c in ("client-0", "client-1", "client-2", "client-3"):
+        assert {int(r["round"]) for r in links if r["src"] == c and r["phase"] == "reply"} >= set(range(1, done + 1))
+    assert (out / "plots.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "model.pt").exists()
+    assert sorted(p.name for p in Path(out / "logs").glob("*.log")) == sorted(
+        ["ps.log", "edge-0.log", "edge-1.log", "client-0.log", "client-1.log", "client-2.log", "client-3.log"])
