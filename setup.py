@@ -14,6 +14,7 @@ ROOTS = {
     "fedhop.edge": "edge",
     "fedhop.client": "client",
     "fedhop.transport": "transport",
+    "fedhop.deploy": "deploy",
     "fedhop.v1": "proto/fedhop/v1",
 }
 
