@@ -23,6 +23,7 @@ import datetime as dt
 import ipaddress
 import os
 import re
+import secrets
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -130,7 +131,9 @@ class CA:
         key = ec.generate_private_key(ec.SECP256R1())
         start, end = _window(days, None, None)
         subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "fedhop"),
-                             x509.NameAttribute(NameOID.COMMON_NAME, f"fedhop CA ({name})"[:64])])
+                             # a random tag keeps two federations' CAs apart even with the same name
+                             x509.NameAttribute(NameOID.COMMON_NAME,
+                                                f"fedhop CA {secrets.token_hex(4)} ({name})"[:64])])
         ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
         cert = (
             x509.CertificateBuilder()

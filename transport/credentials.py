@@ -20,6 +20,7 @@ dialed address is accepted, and the parent's identity is then only as strong as 
 
 from __future__ import annotations
 
+import datetime as dt
 import ipaddress
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Literal
 
 import grpc
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from fedhop.deploy.certs import CA_CERT, node_files, node_id_of
 from fedhop.deploy.tokens import TOKEN_HEADER, TokenError, check_token, load_tokens, token_value
@@ -119,11 +121,9 @@ def _load_cert(path: Path, pem: bytes) -> x509.Certificate:
 
 
 def _check_own_cert(cert: x509.Certificate, ca: x509.Certificate, node_id: str, path: Path, ca_path: Path) -> None:
-    import datetime as dt
-
     try:
         cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, Exception) as e:  # InvalidSignature is not a ValueError
+    except (InvalidSignature, ValueError, TypeError) as e:
         raise CredentialsError(f"{path} was not issued by the CA in {ca_path} ({type(e).__name__}: {e})") from e
     named = node_id_of(cert)
     if named != node_id:

@@ -328,7 +328,7 @@ def hostile_streams(draw) -> tuple[list[bytes], list[bytes], int]:
     for i in order:
         frames.append(wires[i][pos[i]])
         pos[i] += 1
-    for op in draw(st.lists(st.sampled_from(MUTATIONS), max_size=4)):
+    for op in draw(st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=4)):
         if not frames:
             break
         i = draw(st.integers(0, len(frames) - 1))
