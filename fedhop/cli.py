@@ -125,9 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("spec", nargs="?")
     s.set_defaults(fn=cmd_spec)
 
-    from fedhop import identity_cli, roles_cli
+    from fedhop import roles_cli
 
     roles_cli.add_commands(sub)
+    from fedhop import identity_cli
+
     identity_cli.add_commands(sub)
     return p
 
