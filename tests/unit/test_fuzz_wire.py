@@ -459,9 +459,10 @@ def _decoding(max_bytes: int, specs: list[tuple[str, list[int]]]) -> int:
     return total
 
 
-@pytest.mark.xfail(strict=True, reason="codec.py _layout checks max_bytes against the payload (stream) size, "
-                   "but allocates the aligned buffer (at), which can be larger: uint8[1] + float64[1] is 9 payload "
-                   "bytes in a 16-byte buffer, so max_bytes=9 allocates 16")
+@pytest.mark.xfail(strict=True, reason="codec.py:288 (_layout) compares max_bytes with the payload size (stream), "
+                   "but codec.py:326 allocates the aligned buffer (at, padded per tensor at codec.py:281), which is "
+                   "larger: header [uint8[1], float64[1]] is 9 payload bytes in a 16-byte buffer, so max_bytes=9 "
+                   "allocates 16 (at most 63 bytes per tensor; fix: compare `at` with max_bytes)")
 def test_decode_buffer_never_exceeds_max_bytes(allocations):
     total = _decoding(9, [("uint8", [1]), ("float64", [1])])
     assert total == 9
