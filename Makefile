@@ -9,12 +9,13 @@ TORCH_SPEC ?= torch
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedhop-installed
 
-.PHONY: demo test lint bench reproduce reproduce-quick proto clean help
+.PHONY: demo test lint bench reproduce reproduce-quick proto clean help fuzz
 
 help:
 	@echo "make demo   - run the default job (PS, edges, clients as separate processes) on bundled data"
 	@echo "make test   - ruff + the whole test suite"
 	@echo "make bench  - benchmarks (printed tables)"
+	@echo "make fuzz   - fuzz the wire long: FEDHOP_FUZZ_EXAMPLES per property (default 5000), then atheris if installed"
 	@echo "make reproduce / reproduce-quick - the paper reproductions (full / CI size)"
 
 $(STAMP): pyproject.toml setup.py
@@ -38,6 +39,16 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) tests/bench/bench_codec.py
 	$(PY) tests/bench/bench_transfer.py
+
+# The wire's property tests with many examples (CI runs them with a few dozen), then coverage-guided fuzzing
+# with atheris where it is installed (pip install atheris; FEDHOP_FUZZ_RUNS inputs).
+FEDHOP_FUZZ_EXAMPLES ?= 5000
+FEDHOP_FUZZ_RUNS ?= 200000
+fuzz: $(STAMP)
+	FEDHOP_FUZZ_EXAMPLES=$(FEDHOP_FUZZ_EXAMPLES) $(PY) -m pytest tests/unit/test_fuzz_wire.py --hypothesis-show-statistics
+	@if $(PY) -c "import atheris" 2>/dev/null; then $(PY) tests/fuzz/atheris_wire.py --seeds build/fuzz-corpus && \
+	  $(PY) tests/fuzz/atheris_wire.py build/fuzz-corpus -runs=$(FEDHOP_FUZZ_RUNS); \
+	else echo "make fuzz: atheris is not installed, so coverage-guided fuzzing was skipped (pip install atheris)"; fi
 
 reproduce: $(STAMP)
 	$(VENV)/bin/fedhop reproduce all

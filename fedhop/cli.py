@@ -322,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fedhop import roles_cli
 
     roles_cli.add_commands(sub, HelpFormatter, add_run_options)
+    from fedhop import identity_cli
+
+    identity_cli.add_commands(sub)
     return p
 
 
