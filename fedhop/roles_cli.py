@@ -28,11 +28,17 @@ def _exit_now(rc: int) -> int:
 def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import default_out, load_spec, print_summary, progress
     from fedhop.launch import launch
-    from fedhop.server.main import JoinTimeout, StartupFailed
+    from fedhop.server.main import JoinTimeout, RunFolderError, StartupFailed, check_run_folder
+    from fedhop.transport.exit_codes import ExitCode
 
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     spec = load_spec(a.spec)
     out = Path(a.out) if a.out else default_out(spec.name, "launch")
+    try:
+        check_run_folder(out)
+    except RunFolderError as e:
+        print(f"fedhop launch: {e}", file=sys.stderr)
+        return ExitCode.RUN_FOLDER
     if not a.quiet:
         n = spec.topology.edges + spec.topology.clients
         print(f"fedhop launch: starting {n} processes ({spec.topology.edges} edges, {spec.topology.clients} "
@@ -47,22 +53,27 @@ def cmd_launch(a: argparse.Namespace) -> int:
     except (StartupFailed, JoinTimeout) as e:
         bar.close()
         print(f"fedhop launch: {e}\n(every process was stopped; logs in {out / 'logs'})", file=sys.stderr)
-        return 3
+        return ExitCode.JOIN_FAILED
     bar.close()
     print_summary(result, out)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli import default_out, load_spec, print_summary
-    from fedhop.server.main import run_server
+    from fedhop.server.main import RunFolderError, run_server
+    from fedhop.transport.exit_codes import ExitCode
 
     _logging()
     spec = load_spec(a.spec)
     out = Path(a.out) if a.out else default_out(spec.name, "server")
-    result = run_server(spec, a.listen, out=out, device=a.device)
+    try:
+        result = run_server(spec, a.listen, out=out, device=a.device)
+    except RunFolderError as e:
+        logging.getLogger("fedhop.server").error("%s", e)
+        return ExitCode.RUN_FOLDER
     print_summary(result, out)
-    return 0
+    return ExitCode.OK
 
 
 def cmd_edge(a: argparse.Namespace) -> int:

@@ -2,13 +2,14 @@
 
 The PS owns the RunSpec. It serves ``Parent.Session``, waits until every node of the topology has joined
 (edges report when their clients have joined, with data sizes), runs the algorithm's driver with a
-:class:`~fedhop.transport.parent.NetComm`, tells everyone to stop, merges every process's byte meter and missing
+:class:`~fedhop.transport.netcomm.NetComm`, tells everyone to stop, merges every process's byte meter and missing
 log, and writes the run folder.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -24,7 +25,10 @@ from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import clone
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.transport.parent import NetComm, ParentHub, make_server
+from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.netcomm import NetComm
+from fedhop.transport.parent import serve_parent
+from fedhop.transport.session import ParentHub
 
 log = logging.getLogger("fedhop.server")
 
@@ -37,6 +41,26 @@ class StartupFailed(RuntimeError):
     """A node of the federation died before the run started (reported by ``startup_failure``)."""
 
 
+class RunFolderError(OSError):
+    """The run folder cannot be written; found before the port opens, so no node joins a run that would lose
+    its results."""
+
+
+def check_run_folder(out: Path) -> None:
+    """Create ``out`` and write, sync and remove a probe file in it; a RunFolderError names the problem."""
+    probe = out / f".fedhop-write-probe-{secrets.token_hex(4)}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with probe.open("wb") as f:
+            f.write(b"fedhop")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise RunFolderError(f"the run folder {out} cannot be written ({e.strerror or e}); "
+                             "choose another --out") from None
+
+
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,
                on_round: Callable[[dict[str, Any]], None] | None = None,
                on_listening: Callable[[int], None] | None = None,
@@ -46,15 +70,17 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
     waiting at once instead of at the join deadline."""
     torch.set_num_threads(1)
+    if out is not None:
+        check_run_folder(out)
     ws = Workspace(spec, device)
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
-    hub = ParentHub(topo.server, meter)
+    hub = ParentHub(topo.server, meter, missing)
     run_id = f"{spec.name}-{secrets.token_hex(4)}"
     hub.configure(spec, topo, run_id)
     server = make_server(len(hub.children) + 16)
-    hub.register(server)
-    port = server.add_insecure_port(listen)
+    serve_parent(hub, server)
+    port = add_port(server, listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()
@@ -72,9 +98,8 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                               f"(expected {list(hub.children)})")
         if absent:
             log.warning("ps: starting without %s (not ready within %gs)", absent, spec.transport.join_timeout_s)
-        sizes = topo.subtree_sizes(hub.data_sizes())
         comm = NetComm(topo.server, topo, missing, hub, spec)
-        ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm, sizes=sizes)
+        ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm)
         comm.ctx = ctx
 
         def report(rec: dict[str, Any]) -> None:
@@ -85,15 +110,14 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
 
         recorder = RoundRecorder(on_round=report, journal=out / "rounds.jsonl" if out is not None else None)
         ctx.reporter = recorder
-        hub.start_run(hub.edge_addresses())
+        ctx.sizes = topo.subtree_sizes(hub.start(hub.edge_addresses()))
         t0 = time.perf_counter()
         final = get_algorithm(spec.algorithm.name).run(ctx)
         wall = time.perf_counter() - t0
-        rows, child_missing = hub.shutdown(spec.transport.rpc_timeout_s)
-        meter.merge(rows)
+        hub.shutdown(spec.transport.rpc_timeout_s, finished=True)  # children's last rows merge into meter
         links = meter.rows()
         order = {n: i for i, n in enumerate(topo.all_nodes())}
-        entries = sorted(missing.entries + child_missing,
+        entries = sorted(missing.entries,
                          key=lambda e: (e["round"], order.get(e["by"], -1), order.get(e["node"], -1)))
         result = RunResult(spec=spec, engine="network", rounds=attach_cumulative_bytes(recorder.records, links),
                            links=links, missing=entries, final=clone(final), wall_s=wall)

@@ -63,6 +63,11 @@ class BaseComm(ABC):
     @abstractmethod
     def current_round(self) -> int: ...
 
+    def begin_round(self, round_idx: int) -> None:
+        """A round starts (the engine calls this first): the networked engine admits late joiners here and
+        refreshes the node's data sizes. Nothing to do in the in-process engine."""
+        return None
+
     @abstractmethod
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                   deadline_s: float | None) -> dict[NodeId, Reply | Failure]: ...
