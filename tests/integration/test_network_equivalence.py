@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.wire.control import CONTROL_KINDS
 from fedhop.common.wire.bundle import payload_bytes
+from fedhop.common.wire.control import CONTROL_KINDS
 from tests.integration.netutil import launch_run, load_result, rows_by_key, small_spec
 
 CASES = {
