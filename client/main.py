@@ -4,38 +4,54 @@ data path; the RunSpec comes from the parent's Welcome."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
+from fedhop.common.engine.node_store import NodeStore
+from fedhop.common.exit_codes import ExitCode
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 
 log = logging.getLogger("fedhop.client")
 
 
 def run_client(node_id: str, parent: str, *, data_path: str | None = None, device: str | None = None,
-               connect_timeout_s: float = 60.0) -> int:
-    """Join the run at ``parent``, serve its tasks until Bye; 0 on a clean end."""
+               connect_timeout_s: float = 60.0, state_dir: Path | None = None) -> int:
+    """Join the run at ``parent``, serve its tasks until Bye; returns the exit code
+    (:class:`~fedhop.common.exit_codes.ExitCode`: 0 only when the run finished). ``state_dir``: where this
+    client saves its state after every task (restored when it restarts); without it, in memory."""
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
-    session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s)
+    store = NodeStore(node_id, state_dir)
+    session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s,
+                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1})
     try:
         welcome, ws = session.join(device, data_path)
     except JoinError as e:
         log.error("%s", e)
-        return 3
+        session.close()
+        return e.code
     try:
         n = len(ws.client_data(node_id))
         ws.model  # noqa: B018  (build the architecture now, not inside the first round)
     except (ValueError, OSError) as e:  # bad/missing data files, a model that does not fit the data
         log.error("%s: cannot load its data or model: %s", node_id, e)
         session.close()
-        return 4
+        return ExitCode.NODE_SETUP
     ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=LeafComm(node_id, ws.topology, MissingLog()),
                       sizes={node_id: n})
+    try:
+        got = session.keep_state(ctx, store)
+    except (RuntimeError, OSError) as e:  # state of another run, or an unreadable state folder
+        log.error("%s: %s", node_id, e)
+        session.close()
+        return ExitCode.RUN_MISMATCH
+    if got.tag is not None:
+        log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
     session.send_ready({node_id: n})
     log.info("%s: joined run %s under %s with %d samples on %s", node_id, welcome.run_id, welcome.parent_id, n,
              ws.device)
-    ok = session.serve(ctx, on_bye=lambda: ([], []))
+    code = session.serve(ctx)
     session.close()
-    return 0 if ok else 1
+    return code

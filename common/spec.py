@@ -72,6 +72,33 @@ class TransportSpec(Strict):
                                   "replies than this (or than the tasks sent, if fewer) is redone; 0 = never")
     round_retries: int = Field(2, ge=0, description="how often a round with too few participants is redone "
                                "before the run ends with an error")
+    late_join: Literal["admit", "refuse"] = Field(
+        "admit", description="a node that joins after the run started: admitted at the next round boundary, "
+                             "or refused (it exits with code 7)")
+    keepalive_s: float = Field(5.0, gt=0, description="a parent sends a keep-alive frame on a quiet session this "
+                                                      "often")
+    keepalive_timeout_s: float = Field(30.0, gt=0, description="a child that hears nothing from its parent this "
+                                                               "long dials it again and re-joins")
+    reconnect_s: float = Field(120.0, ge=0, description="a child whose parent is lost tries to re-join this long "
+                                                        "before it gives up (exit code 5)")
+    deadline_margin_s: float = Field(1.0, ge=0, description="an edge closes its clients' round this long (plus "
+                                                            "deadline_margin_fraction of the budget) before the "
+                                                            "deadline its parent gave it")
+    deadline_margin_fraction: float = Field(0.1, ge=0, lt=1)
+    rejoin_grace_s: float = Field(0.0, ge=0, description="a task for a child that was admitted and is away "
+                                  "(restarting, re-joining) waits this long for it to come back before it fails")
+
+    @model_validator(mode="after")
+    def _keepalive_fits(self) -> TransportSpec:
+        if self.keepalive_timeout_s <= self.keepalive_s:
+            raise ValueError(f"transport.keepalive_timeout_s ({self.keepalive_timeout_s:g}) must exceed "
+                             f"transport.keepalive_s ({self.keepalive_s:g})")
+        return self
+
+    def nested_deadline(self, budget_s: float) -> float:
+        """What a node given ``budget_s`` by its parent leaves for its own children: the budget less the
+        margin it needs to aggregate and answer in time."""
+        return budget_s * (1.0 - self.deadline_margin_fraction) - self.deadline_margin_s
 
 
 class RunSpec(Strict):

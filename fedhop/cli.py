@@ -1,6 +1,6 @@
 """The ``fedhop`` command line: launch, simulate, one role per process, reproduce, compare.
 
-Exit codes: fedhop/exit_codes.py (and the README).
+Exit codes: common/exit_codes.py (and the README).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedhop.exit_codes import ExitCode, Fatal
+from fedhop.common.exit_codes import ExitCode, Fatal
 
 DEFAULT_SPEC = Path(__file__).with_name("default_spec.toml")
 

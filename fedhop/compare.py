@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhop.exit_codes import ExitCode, Fatal
+from fedhop.common.exit_codes import ExitCode, Fatal
 from fedhop.report import CLASS_TITLES, LINK_CLASSES, bytes_by_class
 
 

@@ -42,8 +42,10 @@ def pick_devices(choice: str, n: int) -> list[str]:
 
 
 def role_cmd(role: str, node: str, connect: str, *, listen: str | None = None, device: str | None = None,
-             data_path: str | None = None) -> list[str]:
+             data_path: str | None = None, state_dir: Path | None = None) -> list[str]:
     cmd = [sys.executable, "-m", "fedhop", role, "--id", node, "--connect", connect]
+    if state_dir is not None:
+        cmd += ["--state-dir", str(state_dir)]
     if listen:
         cmd += ["--listen", listen]
     if device:
@@ -72,15 +74,17 @@ class Processes:
         return p
 
     def start_nodes(self, topo: Topology, ps_addr: str, devices: dict[str, str] | None = None,
-                    data_path: str | None = None) -> dict[str, str]:
-        """Every edge and client of ``topo``; returns the edges' addresses."""
+                    data_path: str | None = None, state_dir: Path | None = None) -> dict[str, str]:
+        """Every edge and client of ``topo`` (each saving its state under ``state_dir``, if given); returns the
+        edges' addresses."""
         devices = devices or {}
         addr = {topo.server: ps_addr}
         for e in topo.edges:
             addr[e] = f"127.0.0.1:{free_port()}"
-            self.start(e, role_cmd("edge", e, ps_addr, listen=addr[e], device=devices.get(e)))
+            self.start(e, role_cmd("edge", e, ps_addr, listen=addr[e], device=devices.get(e), state_dir=state_dir))
         for c in topo.clients:
-            self.start(c, role_cmd("client", c, addr[topo.parent[c]], device=devices.get(c), data_path=data_path))
+            self.start(c, role_cmd("client", c, addr[topo.parent[c]], device=devices.get(c), data_path=data_path,
+                                   state_dir=state_dir))
         return {e: addr[e] for e in topo.edges}
 
     def wait(self, timeout_s: float) -> dict[str, int | None]:
@@ -127,10 +131,13 @@ class Processes:
 
 def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
            on_round: Callable[[dict[str, Any]], None] | None = None,
-           on_join: Callable[[str, dict[str, int]], None] | None = None) -> RunResult:
+           on_join: Callable[[str, dict[str, int]], None] | None = None, resume: Any = None,
+           events: Any = None) -> RunResult:
     """Run ``spec`` with the PS in this process and every edge and client in its own process.
 
-    ``on_join(child, data sizes)``: a child of the PS said Ready (for a progress display)."""
+    Every child saves its state after each task under ``out/state/<node>`` (the PS checkpoints into
+    ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
+    run with every node restored. ``on_join(child, data sizes)``: a child of the PS said Ready."""
     from fedhop.server.main import run_server
 
     topo = build_topology(spec.topology, spec.seed)
@@ -148,11 +155,12 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
     root.propagate = False  # the PS's log goes to logs/ps.log; the terminal shows the progress bar
 
     def spawn(port: int) -> None:
-        procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path)
+        procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path, out / "state")
 
     try:
         result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
-                            on_listening=spawn, startup_failure=procs.startup_failure, on_join=on_join)
+                            on_listening=spawn, startup_failure=procs.startup_failure, on_join=on_join,
+                            resume=resume, events=events)
         codes = procs.wait(30)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:

@@ -3,7 +3,7 @@
 - :func:`check_listen`: the HOST:PORT a PS or edge is to serve on is free (a plain bind, without
   SO_REUSEPORT, so a port held by any listener, gRPC servers included, is reported).
 - :func:`wait_for_parent`: the parent accepts TCP connections (retrying, each retry said), answers as a gRPC
-  server, and serves ``fedhop.v1.Parent``; otherwise :class:`~fedhop.exit_codes.Fatal` with ``UNREACHABLE``.
+  server, and serves ``fedhop.v1.Parent``; otherwise :class:`~fedhop.common.exit_codes.Fatal` with ``UNREACHABLE``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import socket
 import time
 from collections.abc import Callable
 
-from fedhop.exit_codes import ExitCode, Fatal
+from fedhop.common.exit_codes import ExitCode, Fatal
 
 SESSION_METHOD = "/fedhop.v1.Parent/Session"
 

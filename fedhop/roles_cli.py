@@ -8,8 +8,10 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
-from fedhop.exit_codes import ExitCode, Fatal
+from fedhop.common.exit_codes import ExitCode, Fatal
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("fedhop.cli")
@@ -31,17 +33,30 @@ def _exit_now(rc: int) -> int:
 
 def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import Progress, check_device, load_spec, print_summary, run_folder
+    from fedhop.common.engine.loop import RoundFailed
     from fedhop.common.preflight import check_user_code
     from fedhop.launch import launch
-    from fedhop.server.main import Interrupted, JoinTimeout, StartupFailed
+    from fedhop.server.main import (
+        Interrupted,
+        JoinTimeout,
+        ResultsNotWritten,
+        RunFolderError,
+        StartupFailed,
+        check_run_folder,
+    )
 
     started = time.perf_counter()
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
-    spec = load_spec(a.spec, a.set)
+    resume = _resume(a)
+    spec = resume.spec if resume is not None else load_spec(a.spec, a.set)
     check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
     if a.device != "auto":
         check_device(a.device)
-    out = run_folder(a, spec.name, "launch")
+    out = Path(a.resume) if resume is not None else run_folder(a, spec.name, "launch")
+    try:
+        check_run_folder(out)
+    except RunFolderError as e:
+        raise Fatal(ExitCode.RUN_FOLDER, str(e)) from None
     logs = out / "logs"
     if not a.quiet:
         n = spec.topology.edges + spec.topology.clients
@@ -50,7 +65,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
     bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
     try:
         result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
-                        on_join=bar.on_join)
+                        on_join=bar.on_join, resume=resume)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"every process was stopped; the rounds done are in {out} (logs in {logs})") from None
@@ -61,6 +76,10 @@ def cmd_launch(a: argparse.Namespace) -> int:
         raise Fatal(ExitCode.STARTUP, f"{e}\n(every process was stopped; logs in {logs})") from None
     except JoinTimeout as e:
         raise Fatal(ExitCode.JOIN_TIMEOUT, f"{e}; every process was stopped (logs in {logs})") from None
+    except RoundFailed as e:
+        raise Fatal(ExitCode.FAILED, f"{e}; the rounds done are in {out} (logs in {logs})") from None
+    except ResultsNotWritten as e:
+        raise Fatal(ExitCode.RUN_FOLDER, str(e)) from None
     finally:
         bar.close()
     print_summary(result, out, time.perf_counter() - started)
@@ -69,19 +88,21 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
 def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli import check_device, load_spec, print_summary, run_folder
+    from fedhop.common.engine.loop import RoundFailed
     from fedhop.common.preflight import check_user_code
     from fedhop.netcheck import check_listen
-    from fedhop.server.main import Interrupted, JoinTimeout, run_server
+    from fedhop.server.main import Interrupted, JoinTimeout, ResultsNotWritten, RunFolderError, run_server
 
     started = time.perf_counter()
     _logging()
-    spec = load_spec(a.spec, a.set)
+    resume = _resume(a)
+    spec = resume.spec if resume is not None else load_spec(a.spec, a.set)
     check_user_code(spec, clients=False, source=a.spec or "<default spec>")  # clients check their own at join
     check_listen(a.listen)
     check_device(a.device or spec.device)
-    out = run_folder(a, spec.name, "server")
+    out = Path(a.resume) if resume is not None else run_folder(a, spec.name, "server")
     try:
-        result = run_server(spec, a.listen, out=out, device=a.device)
+        result = run_server(spec, a.listen, out=out, device=a.device, resume=resume)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"the rounds done are in {out}") from None
@@ -89,8 +110,32 @@ def cmd_server(a: argparse.Namespace) -> int:
         raise Fatal(ExitCode.INTERRUPTED, "interrupted before round 1; nothing written") from None
     except JoinTimeout as e:
         raise Fatal(ExitCode.JOIN_TIMEOUT, str(e)) from None
+    except (RunFolderError, ResultsNotWritten) as e:
+        raise Fatal(ExitCode.RUN_FOLDER, str(e)) from None
+    except RoundFailed as e:
+        raise Fatal(ExitCode.FAILED, f"{e}; the rounds done are in {out}") from None
     print_summary(result, out, time.perf_counter() - started)
     return 0
+
+
+def _resume(a: argparse.Namespace) -> Any:
+    """``--resume RUN_DIR``: the run's spec and newest readable PS checkpoint (a spec file or --set may not
+    be given with it: the run's own spec is the truth)."""
+    if not getattr(a, "resume", None):
+        return None
+    from fedhop.common.engine.checkpoint import CheckpointError
+    from fedhop.server.main import load_resume
+
+    if a.spec or a.set:
+        raise Fatal(ExitCode.USAGE, "--resume continues a run with its own spec; give no spec file or --set")
+    try:
+        r = load_resume(Path(a.resume))
+    except CheckpointError as e:
+        raise Fatal(ExitCode.USAGE, f"cannot resume {a.resume}: {e}") from None
+    for why in r.skipped:
+        print(f"warning: {why}; resuming from the previous checkpoint", file=sys.stderr)
+    print(f"resuming run {r.run_id} at round {r.next_round + 1} of {r.spec.rounds} from {r.path}", file=sys.stderr)
+    return r
 
 
 def _role(name: str, body: Callable[[], int]) -> int:
@@ -121,7 +166,7 @@ def cmd_edge(a: argparse.Namespace) -> int:
         check_listen(a.listen)
         wait_for_parent(a.connect, a.connect_timeout, log.warning)
         return run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
-                        connect_timeout_s=a.connect_timeout)
+                        connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
 
     return _role("edge", body)
 
@@ -135,7 +180,7 @@ def cmd_client(a: argparse.Namespace) -> int:
     def body() -> int:
         wait_for_parent(a.connect, a.connect_timeout, log.warning)
         return run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
-                          connect_timeout_s=a.connect_timeout)
+                          connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
 
     return _role("client", body)
 
@@ -149,6 +194,8 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--device", default="auto", help="auto | cpu | cuda:N (auto spreads over visible GPUs)")
     s.add_argument("--data-path", help="data path every client uses (default: the spec's)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
+                   "(every process is started again and restores its state)")
     s.set_defaults(fn=cmd_launch)
 
     s = sub.add_parser("server", help="the parameter server: owns the spec, waits for every node, runs it",
@@ -157,6 +204,8 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--listen", default="0.0.0.0:50051", help="HOST:PORT to serve on")
     add_run_options(s, "server")
     s.add_argument("--device", help="override the spec's device for this process")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from the PS's last checkpoint; "
+                   "nodes still up re-join it and roll back to it, restarted ones restore from their --state-dir")
     s.set_defaults(fn=cmd_server)
 
     s = sub.add_parser("edge", help="an edge server: dials the PS, serves its clients and neighbour edges",
@@ -168,6 +217,8 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to keep retrying the PS (each retry is logged)")
+    s.add_argument("--state-dir", help="save this node's state here after every task; restart with the same "
+                   "--id and --state-dir to restore it (default: kept in memory only)")
     s.set_defaults(fn=cmd_edge)
 
     s = sub.add_parser("client", help="a client: dials its parent (edge or PS) and serves its tasks",
@@ -178,4 +229,6 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to keep retrying the parent (each retry is logged)")
+    s.add_argument("--state-dir", help="save this client's state here after every task; restart with the same "
+                   "--id and --state-dir to restore it (default: kept in memory only)")
     s.set_defaults(fn=cmd_client)

@@ -2,16 +2,18 @@
 
 The PS owns the RunSpec. It serves ``Parent.Session``, waits until every node of the topology has joined
 (edges report when their clients have joined, with data sizes), runs the algorithm's driver with a
-:class:`~fedhop.transport.parent.NetComm`, tells everyone to stop, merges every process's byte meter and missing
+:class:`~fedhop.transport.netcomm.NetComm`, tells everyone to stop, merges every process's byte meter and missing
 log, and writes the run folder.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,19 @@ import torch
 
 from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.base import MissingLog
-from fedhop.common.engine.loop import drive
+from fedhop.common.engine.checkpoint import CheckpointStore
+from fedhop.common.engine.events import RunEvents
+from fedhop.common.engine.loop import RoundFailed, Start, drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes, write_run_folder
+from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, load_latest, ps_store, save
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
-from fedhop.common.wire.bundle import clone
+from fedhop.common.wire.bundle import Bundle, clone
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.transport.parent import NetComm, ParentHub, make_server
+from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.netcomm import NetComm
+from fedhop.transport.parent import serve_parent
+from fedhop.transport.session import ParentHub
 
 log = logging.getLogger("fedhop.server")
 
@@ -46,30 +54,104 @@ class Interrupted(Exception):
         self.result = result
 
 
+class RunFolderError(OSError):
+    """The run folder cannot be written; found before the port opens, so no node joins a run that would lose
+    its results."""
+
+
+def check_run_folder(out: Path) -> None:
+    """Create ``out`` and write, sync and remove a probe file in it; a RunFolderError names the problem."""
+    probe = out / f".fedhop-write-probe-{secrets.token_hex(4)}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with probe.open("wb") as f:
+            f.write(b"fedhop")
+            f.flush()
+            os.fsync(f.fileno())
+        probe.unlink()
+    except OSError as e:
+        raise RunFolderError(f"the run folder {out} cannot be written ({e.strerror or e}); "
+                             "choose another --out") from None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What ``--resume RUN_DIR`` found: the spec, the run id and the PS checkpoint to continue from."""
+
+    spec: RunSpec
+    run_id: str
+    next_round: int
+    checkpoint: RunCheckpoint
+    path: Path
+    skipped: tuple[str, ...]  # newer checkpoints that could not be read
+
+
+def load_resume(run_dir: Path) -> Resume:
+    """The newest readable PS checkpoint of ``run_dir`` (a truncated or corrupted newer one is named and
+    skipped); CheckpointError when there is none."""
+    store = ps_store(run_dir)
+    got, ck = load_latest(store)
+    spec = RunSpec.model_validate(got.meta["spec"])
+    return Resume(spec, ck.run_id, int(got.meta["next_round"]), ck, got.path, tuple(store.errors))
+
+
+def _gate(t: int) -> None:
+    """Test hook (FEDHOP_TEST_GATE=DIR): before round t >= 1, say so (DIR/at-<t>) and wait for DIR/go-<t>."""
+    folder = os.environ.get("FEDHOP_TEST_GATE")
+    if not folder or t < 1:
+        return
+    (Path(folder) / f"at-{t}").touch()
+    while not (Path(folder) / f"go-{t}").exists():
+        time.sleep(0.05)
+
+
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,
                on_round: Callable[[dict[str, Any]], None] | None = None,
                on_listening: Callable[[int], None] | None = None,
                startup_failure: Callable[[], str | None] | None = None,
-               on_join: Callable[[str, dict[str, int]], None] | None = None) -> RunResult:
+               on_join: Callable[[str, dict[str, int]], None] | None = None,
+               resume: Resume | None = None, events: RunEvents | None = None) -> RunResult:
     """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
 
     ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
     waiting at once instead of at the join deadline. ``on_join(child, its clients' data sizes)``: a child
-    said Ready. Ctrl-C during the rounds writes the rounds done and raises :class:`Interrupted`."""
+    said Ready. Ctrl-C during the rounds writes the rounds done and raises :class:`Interrupted`.
+
+    Checkpoints: after every ``spec.checkpoint_every`` rounds the PS writes its state (the algorithm's S, the
+    byte rows, the missing log, the rounds) to ``out/checkpoints/ps``. ``resume``: continue such a run from its
+    last checkpoint; the run keeps its id, so nodes that stayed up re-join it, and every node is told the
+    round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own)."""
     torch.set_num_threads(1)
+    events = events or RunEvents()
+    if out is not None:
+        check_run_folder(out)
     ws = Workspace(spec, device)
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
-    hub = ParentHub(topo.server, meter)
+    hub = ParentHub(topo.server, meter, missing)
     hub.on_ready = on_join
-    run_id = f"{spec.name}-{secrets.token_hex(4)}"
+    hub.on_join = lambda node, role: events.emit("node_joined", node=node, role=role)
+    hub.on_lost = lambda node, why: events.emit("node_lost", node=node, reason=why)
+    run_id = resume.run_id if resume is not None else f"{spec.name}-{secrets.token_hex(4)}"
+    start, records = Start(), []
+    if resume is not None:
+        ck = resume.checkpoint
+        meter.merge(ck.meter)
+        missing.entries[:] = ck.missing
+        records = list(ck.records)
+        start = Start(resume.next_round, ck.state)
+        hub.welcome_info = {"resume_round": resume.next_round}
+        log.info("ps: resuming run %s at round %d from %s", run_id, resume.next_round + 1, resume.path)
     hub.configure(spec, topo, run_id)
+    events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
+                resumed_at=start.next_round)
     server = make_server(len(hub.children) + 16)
-    hub.register(server)
-    port = server.add_insecure_port(listen)
+    serve_parent(hub, server)
+    port = add_port(server, listen)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()
+    store = ps_store(out) if out is not None else None
     try:
         log.info("ps: run %s listening on port %d; waiting for %d children", run_id, port, len(hub.children))
         if on_listening is not None:
@@ -84,10 +166,11 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                               f"(expected {list(hub.children)})")
         if absent:
             log.warning("ps: starting without %s (not ready within %gs)", absent, spec.transport.join_timeout_s)
-        sizes = topo.subtree_sizes(hub.data_sizes())
         comm = NetComm(topo.server, topo, missing, hub, spec)
-        ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm, sizes=sizes)
+        ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm)
         comm.ctx = ctx
+        if resume is not None:
+            comm.last_ok = dict(resume.checkpoint.last_ok)
 
         def report(rec: dict[str, Any]) -> None:
             shown = " ".join(f"{k} {rec[k]:.4f}" for k in ("accuracy", "loss") if k in rec)
@@ -95,29 +178,70 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
             if on_round is not None:
                 on_round(rec)
 
-        recorder = RoundRecorder(on_round=report, journal=out / "rounds.jsonl" if out is not None else None)
+        recorder = RoundRecorder(records=records, on_round=report,
+                                 journal=out / "rounds.jsonl" if out is not None else None,
+                                 name=spec.name, total=spec.rounds)
         ctx.reporter = recorder
-        hub.start_run(hub.edge_addresses())
+        ctx.sizes = topo.subtree_sizes(hub.start(hub.edge_addresses()))
+        sent_missing = [len(missing.entries)]
+
+        def commit(t: int, state: Any) -> None:
+            if store is not None and commit_due(spec, t):
+                save(store, t, RunCheckpoint(state, meter.rows(), list(missing.entries), list(recorder.records),
+                                             dict(comm.last_ok), run_id), spec)
+            events.emit("links", rows=meter.rows())
+            for entry in missing.entries[sent_missing[0]:]:
+                events.emit("missing", entry=entry)
+            sent_missing[0] = len(missing.entries)
+            _gate(t + 1)
+
         t0 = time.perf_counter()
-        interrupted = False
+        interrupted, failed = False, None
+        final: Bundle = {}
         try:
-            final, _ = drive(get_algorithm(spec.algorithm.name), ctx)
+            final, _ = drive(get_algorithm(spec.algorithm.name), ctx, start, commit, events=events)
         except KeyboardInterrupt:  # collect the children's byte meters and write the rounds done
-            final, interrupted = {}, True
+            interrupted = True
+        except RoundFailed as e:
+            failed = e
         wall = time.perf_counter() - t0
-        rows, child_missing = hub.shutdown(min(10.0, spec.transport.rpc_timeout_s) if interrupted
-                                           else spec.transport.rpc_timeout_s)
-        meter.merge(rows)
+        finished = not interrupted and failed is None
+        reason = "run finished" if finished else f"the run did not finish: {failed or 'interrupted'}"
+        hub.shutdown(min(10.0, spec.transport.rpc_timeout_s) if not finished else spec.transport.rpc_timeout_s,
+                     finished=finished, reason=reason)  # children's last rows merge into meter
         links = meter.rows()
+        events.emit("links", rows=links)
+        for entry in missing.entries[sent_missing[0]:]:
+            events.emit("missing", entry=entry)
         order = {n: i for i, n in enumerate(topo.all_nodes())}
-        entries = sorted(missing.entries + child_missing,
+        entries = sorted(missing.entries,
                          key=lambda e: (e["round"], order.get(e["by"], -1), order.get(e["node"], -1)))
         result = RunResult(spec=spec, engine="network", rounds=attach_cumulative_bytes(recorder.records, links),
-                           links=links, missing=entries, final=clone(final), wall_s=wall, interrupted=interrupted)
+                           links=links, missing=entries, final=clone(final), wall_s=wall,
+                           interrupted=not finished)
+        events.emit("run_finished", ok=finished, wall_s=wall, error=str(failed) if failed else None)
         if out is not None:
-            write_run_folder(result, out)
+            _write(result, out, store)
         if interrupted:
             raise Interrupted(result)
+        if failed is not None:
+            raise failed
         return result
     finally:
         server.stop(grace=2.0)
+
+
+def _write(result: RunResult, out: Path, store: CheckpointStore | None) -> None:
+    """Write the run folder; if that fails (a full or read-only disk), say what is saved and where."""
+    try:
+        write_run_folder(result, out)
+    except OSError as e:
+        saved = [f"the rounds so far in {out / 'rounds.jsonl'}"]
+        if store is not None and store.tags():
+            saved.insert(0, f"the trained state (the model) in {store.folder} (round {store.tags()[-1] + 1})")
+        raise ResultsNotWritten(f"the results could not be written to {out} ({e.strerror or e}); saved: "
+                                f"{'; '.join(saved)}") from None
+
+
+class ResultsNotWritten(OSError):
+    """The run trained but its run folder could not be written; the message says what was saved and where."""

@@ -1,6 +1,12 @@
-"""The gRPC session runtime every role shares (DESIGN.md section 4).
+"""The gRPC session runtime every role shares (DESIGN.md section 4), split by concern:
 
-``parent.py`` is the parent side of ``Parent.Session`` (served by the PS and by every edge) plus the
-networked Comm; ``child.py`` is the child side (run by every edge and client). Roles import this package
-and ``common``, never each other; ``common`` stays free of sockets.
+* ``channels.py``: the one place that makes gRPC servers and channels (options, limits, credentials);
+* ``session.py``: the ``Parent.Session`` protocol (Hello/Welcome/Ready/Task/Result/Report/Bye), both sides,
+  free of gRPC; ``parent.py`` and ``child.py`` are its gRPC halves (the servicer; dialing, streams, re-joins);
+* ``inbound.py``: the one validation path for inbound tasks, hand-offs and results;
+* ``peer.py``: the edge-to-edge protocol, both halves (``Edge.HandOff`` / ``Edge.Describe``);
+* ``netcomm.py``: the networked Comm (scatter, hand-off, describe; round boundaries; nested deadlines);
+* exit codes: ``common/exit_codes.py`` (one module for every command and role).
+
+Roles import this package and ``common``, never each other; ``common`` stays free of sockets.
 """

@@ -1,66 +1,65 @@
-"""The child side of ``Parent.Session`` (DESIGN.md section 4), used by clients and by edges.
+"""The gRPC half of the child side of ``Parent.Session`` (DESIGN.md section 4), used by clients and edges.
 
 The child dials its parent (outbound only, NAT-friendly), says Hello, receives Welcome with the RunSpec,
-reports Ready with its data sizes, and then serves the Task messages its parent pushes: each runs the
-registered handler (``get_task(name)``) in a worker thread with this node's :class:`NodeContext`, whose
-state persists in this process. Every request is validated before it touches state; a malformed frame, a
-bad bundle or an unknown task is answered with an error naming the problem, and the node keeps serving.
+reports Ready with its data sizes, and then serves what its parent pushes (the protocol:
+:class:`~fedhop.transport.session.ChildProtocol`). This module owns the streams:
+
+* joining: "nothing listens" at the parent's address is retried with backoff (logged) for
+  ``connect_timeout_s``; something that listens but does not complete a gRPC handshake, or answers without
+  the fedhop Parent service, fails within seconds (:data:`~fedhop.common.exit_codes.ExitCode.NOT_FEDHOP`);
+* staying: a parent whose stream breaks, or that sends nothing (not even its keep-alive) for
+  ``transport.keepalive_timeout_s``, is dialed again with backoff for ``transport.reconnect_s``; the child
+  re-joins the same run (Hello with its run_id) and moves what it had not sent yet to the new stream. The
+  old stream stays open until the new one works, so a parent that was only stalled still gets what the
+  child sent before.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
 
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_task
-from fedhop.common.engine.base import BaseComm, Failure, check_bundle
+from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
+from fedhop.common.engine.base import BaseComm, Failure
+from fedhop.common.engine.node_store import NodeStore, Restored
 from fedhop.common.engine.workspace import Workspace
-from fedhop.common.spec import RunSpec
+from fedhop.common.exit_codes import ExitCode
+from fedhop.common.spec import RunSpec, TransportSpec
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
-from fedhop.common.wire.frames import (
-    MAX_MESSAGE,
-    PROTOCOL_VERSION,
-    ROUND_ARG,
-    BadFrame,
-    FrameError,
-    Message,
-    MessageAssembler,
-    error_frame,
-    error_result_frame,
-    get_scalars,
-    message_frames,
-    meter_rows_to_pb,
-    missing_to_pb,
-    on_host,
-    parse_frame_lenient,
-    put_scalars,
-    result_frame,
-    serialize_frame,
-    to_device,
-)
+from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.messages import MessageAssembler
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.common.wire.scalars import get_scalars
+from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
+from fedhop.transport.session import CLOSE, ChildProtocol, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.child")
 
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE),
-    ("grpc.max_send_message_length", MAX_MESSAGE),
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-]
-ROLES = {"client": pb.ROLE_CLIENT, "edge": pb.ROLE_EDGE}
-_CLOSE = object()
+_FRAME, _END = "frame", "end"
+_REFUSALS = {pb.ERROR_CODE_LATE_JOIN_REFUSED: ExitCode.LATE_JOIN_REFUSED,
+             pb.ERROR_CODE_RUN_MISMATCH: ExitCode.RUN_MISMATCH}
 
 
 class JoinError(RuntimeError):
-    """The parent refused this node, or could not be reached."""
+    """The parent refused this node, could not be reached, or is not a fedhop parent; ``code`` is the exit
+    code the node's process ends with."""
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.JOIN_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _Retry(Exception):
+    """This attempt failed in a way worth retrying (nobody answers yet)."""
 
 
 class LeafComm(BaseComm):
@@ -80,8 +79,59 @@ class LeafComm(BaseComm):
         raise RuntimeError(f"{self.node} is a client; describe is edge -> edge")
 
 
+class _Stream:
+    """One ``Parent/Session`` call: its channel, its outbound queue and the thread reading its answers."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.sid = next(self._ids)
+        self.channel = channel
+        self.out: queue.Queue = queue.Queue()
+        rpc = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
+                                    response_deserializer=parse_frame_lenient)
+        self.responses: Any = rpc(self._outgoing())
+
+    def _outgoing(self) -> Iterator[pb.Frame | bytes]:
+        while True:
+            item = self.out.get()
+            if item is CLOSE:
+                return
+            try:
+                yield from item
+            except CodecError as e:
+                log.error("cannot send a message: %s", e)
+
+    def read_into(self, events: queue.Queue) -> None:
+        def run() -> None:
+            why = "the parent closed the stream"
+            try:
+                for frame in self.responses:
+                    events.put((self.sid, _FRAME, frame))
+            except grpc.RpcError as e:
+                why = f"{e.code().name}: {e.details()}"
+            events.put((self.sid, _END, why))
+
+        threading.Thread(target=run, daemon=True, name=f"parent-stream-{self.sid}").start()
+
+    def hand_over(self, other: _Stream) -> None:
+        """Move the messages not yet taken by this stream to ``other``; end this stream's requests."""
+        while True:
+            try:
+                item = self.out.get_nowait()
+            except queue.Empty:
+                break
+            if item is not CLOSE:
+                other.out.put(item)
+        self.out.put(CLOSE)
+
+    def close(self) -> None:
+        self.out.put(CLOSE)
+        self.channel.close()
+
+
 class ChildSession:
-    """This node's one stream to its parent."""
+    """This node's session with its parent, across re-joins."""
 
     def __init__(self, node_id: NodeId, role: str, parent: str, *, address: str = "",
                  info: Mapping[str, Scalar] | None = None, connect_timeout_s: float = 60.0) -> None:
@@ -92,63 +142,98 @@ class ChildSession:
         self.info = dict(info or {})
         self.connect_timeout_s = connect_timeout_s
         self.peers: dict[NodeId, str] = {}  # edge id -> Edge service address, from the parent's Ready
-        self.started = threading.Event()
         self.welcome: pb.Welcome | None = None
-        self.chunk_bytes = 1 << 20
+        self.run_id = ""
+        self.transport = TransportSpec()
         self.max_bytes: int | None = None
-        self._q: queue.Queue = queue.Queue()
-        self._channel: grpc.Channel | None = None
-        self._responses: Any = None
-        # A node runs its tasks one at a time, in arrival order, as in the in-process engine: handlers share
-        # the node's state and model template (functional_call is not thread-safe), and a task that arrives
-        # while a stale one runs (its parent stopped waiting) must wait for it, not race it.
-        self._tasks: queue.Queue = queue.Queue()
-        self._worker: threading.Thread | None = None
+        self.protocol: ChildProtocol | None = None
+        self._stream: _Stream | None = None
+        self._streams: list[_Stream] = []
+        self._events: queue.Queue = queue.Queue()
+        self._ready_sizes: dict[NodeId, int] | None = None
+        self._lock = threading.Lock()
+        self.store: NodeStore | None = None  # this node's saved states (keep_state)
+        self.meter: ByteMeter | None = None  # this node's byte meter, relabelled on a roll-back
+        self._ctx: NodeContext | None = None
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
-        self._q.put(frames)
-
-    def _outgoing(self) -> Iterator[pb.Frame | bytes]:
-        while True:
-            item = self._q.get()
-            if item is _CLOSE:
-                return
-            try:
-                yield from item
-            except CodecError as e:
-                log.error("%s: cannot send a message: %s", self.node, e)
+        with self._lock:
+            assert self._stream is not None, "send before connect"
+            self._stream.out.put(frames)
 
     # -- joining ------------------------------------------------------------------------------------------
     def connect(self) -> pb.Welcome:
         """Dial the parent (waiting for it to come up), say Hello, and return its Welcome."""
-        self._channel = grpc.insecure_channel(self.parent_addr, options=CHANNEL_OPTIONS)
+        end = time.monotonic() + self.connect_timeout_s
+        delay, said = 0.25, 0.0
+        while True:
+            up = listening(self.parent_addr)
+            if up:
+                try:
+                    return self._open(rejoin=False)
+                except _Retry as e:
+                    why = str(e)
+            else:
+                why = "nothing listens there yet" if up is False else "it cannot be reached"
+            left = end - time.monotonic()
+            if left <= 0:
+                raise JoinError(f"{self.node}: parent {self.parent_addr} unreachable for "
+                                f"{self.connect_timeout_s:.0f}s ({why})")
+            if time.monotonic() - said >= 10:
+                log.warning("%s: waiting for parent %s: %s; retrying for %.0fs more", self.node, self.parent_addr,
+                            why, left)
+                said = time.monotonic()
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)
+
+    def _open(self, *, rejoin: bool) -> pb.Welcome:
+        """One attempt: channel, handshake, Hello, Welcome; on success the new stream becomes current."""
+        channel = make_channel(self.parent_addr, keepalive=True)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=self.connect_timeout_s)
+            grpc.channel_ready_future(channel).result(timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.FutureTimeoutError:
-            raise JoinError(f"{self.node}: parent {self.parent_addr} unreachable for "
-                            f"{self.connect_timeout_s:.0f}s") from None
-        rpc = self._channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
-                                          response_deserializer=parse_frame_lenient)
-        self._responses = rpc(self._outgoing())
-        hello = pb.Frame()
-        hello.hello.protocol = PROTOCOL_VERSION
-        hello.hello.node_id = self.node
-        hello.hello.role = ROLES[self.role]
-        hello.hello.address = self.address
-        put_scalars(hello.hello.info, self.info)
-        self.send([hello])
+            channel.close()
+            if rejoin:
+                raise _Retry("no gRPC handshake") from None
+            raise JoinError(f"{self.node}: {self.parent_addr} accepts connections but does not complete a gRPC "
+                            f"(HTTP/2) handshake within {HANDSHAKE_TIMEOUT_S:g}s: it is not a fedhop node (or it is "
+                            "stalled)", ExitCode.NOT_FEDHOP) from None
+        stream = _Stream(channel)
+        stream.out.put([hello_frame(self.node, self.role, self.address, self.info, self.run_id if rejoin else "")])
         try:
-            first = next(self._responses)
+            first = next(stream.responses)
         except StopIteration:
+            stream.close()
             raise JoinError(f"{self.node}: parent {self.parent_addr} closed the session without a Welcome") from None
         except grpc.RpcError as e:
+            stream.close()
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise JoinError(f"{self.node}: {self.parent_addr} is a gRPC server without the fedhop Parent "
+                                f"service: not a fedhop node ({e.details()})", ExitCode.NOT_FEDHOP) from None
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise _Retry(f"{e.code().name}: {e.details()}") from None
             raise JoinError(f"{self.node}: parent {self.parent_addr}: {e.code().name}: {e.details()}") from None
         if isinstance(first, pb.Frame) and first.WhichOneof("body") == "error":
-            raise JoinError(f"{self.node}: parent {self.parent_addr} refused: {first.error.message}")
+            stream.close()
+            raise JoinError(f"{self.node}: parent {self.parent_addr} refused: {first.error.message}",
+                            _REFUSALS.get(first.error.code, ExitCode.JOIN_FAILED))
         if not isinstance(first, pb.Frame) or first.WhichOneof("body") != "welcome":
+            stream.close()
             raise JoinError(f"{self.node}: expected Welcome from {self.parent_addr}, got {first!r}")
+        if rejoin and first.welcome.run_id != self.run_id:
+            stream.close()
+            raise JoinError(f"{self.node}: parent {self.parent_addr} came back running run "
+                            f"{first.welcome.run_id!r}; this node belongs to run {self.run_id!r}",
+                            ExitCode.RUN_MISMATCH)
+        with self._lock:
+            old, self._stream = self._stream, stream
+            if old is not None:
+                old.hand_over(stream)
+        self._streams.append(stream)
+        stream.read_into(self._events)
         self.welcome = first.welcome
+        self.run_id = first.welcome.run_id
         return first.welcome
 
     def join(self, device: str | None = None, data_path: str | None = None) -> tuple[pb.Welcome, Workspace]:
@@ -162,134 +247,146 @@ class ChildSession:
             role = None
         if role != self.role:
             raise JoinError(f"{self.node} is not {'an' if self.role == 'edge' else 'a'} {self.role} of this run")
-        self.configure(ws.spec.transport.chunk_bytes, ws.spec.transport.max_bundle_bytes)
+        self.transport = ws.spec.transport
+        self.max_bytes = ws.spec.transport.max_bundle_bytes
         return welcome, ws
 
-    def configure(self, chunk_bytes: int, max_bytes: int) -> None:
-        self.chunk_bytes, self.max_bytes = chunk_bytes, max_bytes
-
     def send_ready(self, data_sizes: Mapping[NodeId, int]) -> None:
+        """Ready with this subtree's data sizes (again as an update, e.g. when a client joined an edge late)."""
+        self._ready_sizes = {k: int(v) for k, v in data_sizes.items()}
         f = pb.Frame()
         f.ready.SetInParent()
-        for k, v in data_sizes.items():
-            f.ready.data_sizes[k] = int(v)
+        for k, v in self._ready_sizes.items():
+            f.ready.data_sizes[k] = v
         self.send([f])
+
+    def _rejoin(self) -> ExitCode | None:
+        """Dial the parent again for transport.reconnect_s; None once re-joined, else the exit code."""
+        end = time.monotonic() + self.transport.reconnect_s
+        delay = 0.25
+        while time.monotonic() < end:
+            try:
+                self._open(rejoin=True)
+            except _Retry:
+                time.sleep(max(0.0, min(delay, end - time.monotonic())))
+                delay = min(delay * 2, 5.0)
+                continue
+            except JoinError as e:
+                log.error("%s", e)
+                return e.code
+            if self._ctx is not None and self.store is not None:
+                self.restore(self._ctx)
+            if self._ready_sizes is not None:
+                self.send_ready(self._ready_sizes)
+            log.info("%s: re-joined run %s at %s", self.node, self.run_id, self.parent_addr)
+            return None
+        log.error("%s: parent %s did not come back within transport.reconnect_s = %gs; giving up", self.node,
+                  self.parent_addr, self.transport.reconnect_s)
+        return ExitCode.PARENT_LOST
+
+    # -- state --------------------------------------------------------------------------------------------
+    def keep_state(self, ctx: NodeContext, store: NodeStore, meter: ByteMeter | None = None) -> Restored:
+        """Save this node's state after every task (``store``), and restore it now and at every re-join: to
+        before the parent's ``resume_round`` when the parent resumed from a checkpoint (a node that is ahead
+        rolls back; its byte rows since are relabelled "redo"), else to its newest saved state (a restarted
+        node). The Hello says which round the state is from (``state_round``; -1: none)."""
+        self.store, self.meter, self._ctx = store, meter, ctx
+        store.keep_rounds(ctx.spec.checkpoint_every + 1)
+        return self.restore(ctx)
+
+    def restore(self, ctx: NodeContext) -> Restored:
+        assert self.store is not None and self.welcome is not None
+        info = get_scalars(self.welcome.info)
+        if "resume_round" in info:
+            r = int(info["resume_round"])
+            got = self.store.rollback(ctx, r, self.run_id)
+            if self.meter is not None and self.meter.relabel_from(r) and self.protocol is not None:
+                log.info("%s: byte rows of round %d on are reported as redo", self.node, r + 1)
+        elif self.store.newest_tag() is not None and self.store.disk is not None and self.protocol is None:
+            got = self.store.rollback(ctx, 1 << 30, self.run_id)  # a restarted node: its newest state
+        else:
+            got = Restored(self.store.newest_tag(), "memory")
+        self.info["state_round"] = got.tag if got.tag is not None else -1
+        return got
+
+    def _saved(self, ctx: NodeContext) -> None:
+        assert self.store is not None
+        self.store.save(ctx, self.run_id)
+        self.info["state_round"] = ctx.round
 
     # -- serving ------------------------------------------------------------------------------------------
-    def serve(self, ctx: NodeContext, on_bye: Callable[[], tuple[list[dict], list[dict]]]) -> bool:
-        """Serve Tasks until the parent says Bye (answered with ``on_bye()``'s meter rows and missing log;
-        returns True) or the stream breaks (returns False)."""
-        asm = MessageAssembler(max_bytes=self.max_bytes)
-        try:
-            for frame in self._responses:
-                if isinstance(frame, pb.Frame):
-                    body = frame.WhichOneof("body")
-                    if body is None:
-                        continue
-                    if body == "ready":
-                        self.peers.update(frame.ready.peers)
-                        self.started.set()
-                        continue
-                    if body == "bye":
-                        self._finish(on_bye)
-                        return True
-                    if body == "error":
-                        log.warning("%s: parent reports (call %d): %s", self.node, frame.call_id,
-                                    frame.error.message)
-                        continue
-                    if body in ("hello", "welcome"):
-                        self._complain(0, f"unexpected {body} frame from the parent; ignored")
-                        continue
-                try:
-                    msg = asm.feed(frame)
-                except FrameError as e:
-                    self._complain(e.call_id, str(e))
-                    if isinstance(frame, BadFrame):
-                        continue
+    def serve(self, ctx: NodeContext, *, on_bye: Callable[[bool], None] | None = None,
+              report: Callable[[], tuple[list[dict], list[dict]]] | None = None,
+              before_task: Callable[[int | None, float], None] | None = None) -> ExitCode:
+        """Serve the parent until its Bye (``on_bye(finished)`` runs first, e.g. an edge's own shutdown; then
+        this node answers Bye) or until the parent is lost for good. Returns the process's exit code."""
+        proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, report=report,
+                              before_task=before_task, peers=self.peers,
+                              after_task=self._saved if self.store is not None else None)
+        self.protocol = proto
+        asms: dict[int, MessageAssembler] = {}
+        tick = self.transport.keepalive_s
+        quiet = 0
+        while True:
+            try:
+                sid, kind, item = self._events.get(timeout=tick)
+            except queue.Empty:
+                quiet += 1
+                if quiet * tick < self.transport.keepalive_timeout_s:
                     continue
-                if msg is not None:
-                    if self._worker is None:
-                        self._worker = threading.Thread(target=self._work, args=(ctx,), daemon=True,
-                                                        name=f"{self.node}-tasks")
-                        self._worker.start()
-                    self._tasks.put(msg)
-        except grpc.RpcError as e:
-            log.error("%s: stream to parent %s broken: %s %s", self.node, self.parent_addr, e.code().name,
-                      e.details())
-            return False
-        log.error("%s: parent %s closed the stream without Bye", self.node, self.parent_addr)
-        return False
+                log.warning("%s: nothing from parent %s for %.0fs (stalled or gone); re-joining", self.node,
+                            self.parent_addr, quiet * tick)
+                code = self._rejoin()
+                if code is not None:
+                    return self._give_up(proto, code, on_bye)
+                quiet = 0
+                continue
+            current = self._stream is not None and sid == self._stream.sid
+            if kind == _END:
+                if not current:
+                    continue
+                log.warning("%s: stream to parent %s ended (%s); re-joining", self.node, self.parent_addr, item)
+                code = self._rejoin()
+                if code is not None:
+                    return self._give_up(proto, code, on_bye)
+                quiet = 0
+                continue
+            if current:
+                quiet = 0
+            bye = proto.on_frame(item, asms.setdefault(sid, MessageAssembler(max_bytes=self.max_bytes)))
+            if bye is not None:
+                return self._finish(proto, bye, on_bye)
 
-    def _complain(self, call_id: int, message: str) -> None:
-        log.warning("%s: %s", self.node, message)
-        self.send([error_frame(call_id, pb.ERROR_CODE_BAD_REQUEST, f"{self.node}: {message}")])
+    def _give_up(self, proto: ChildProtocol, code: ExitCode, on_bye: Callable[[bool], None] | None) -> ExitCode:
+        proto.stop()
+        if on_bye is not None:
+            on_bye(False)
+        return code
 
-    def _fail(self, call_id: int, code: int, message: str) -> None:
-        log.warning("%s: call %d failed: %s", self.node, call_id, message)
-        self.send([error_result_frame(call_id, code, message)])
-
-    def _work(self, ctx: NodeContext) -> None:
-        while (msg := self._tasks.get()) is not _CLOSE:
-            self._run_task(ctx, msg)
-
-    def _run_task(self, ctx: NodeContext, msg: Message) -> None:
-        cid = msg.call_id
-        if msg.kind != "task":
-            self._fail(cid, pb.ERROR_CODE_BAD_REQUEST, f"{self.node} expected a Task, got a {msg.kind} frame")
-            return
-        task = msg.head.task
-        if msg.error is not None:
-            self._fail(cid, pb.ERROR_CODE_BAD_BUNDLE, f"{self.node} rejected {task.name!r}: {msg.error}")
-            return
-        try:
-            args = get_scalars(task.args)
-        except CodecError as e:
-            self._fail(cid, pb.ERROR_CODE_BAD_REQUEST, f"{self.node}: bad args of {task.name!r}: {e}")
-            return
-        rnd = args.pop(ROUND_ARG, None)
-        try:
-            handler = get_task(task.name)
-        except KeyError:
-            self._fail(cid, pb.ERROR_CODE_UNKNOWN_TASK, f"{self.node}: unknown task {task.name!r}")
-            return
-        reason = check_bundle(msg.bundle)
-        if reason is not None:
-            self._fail(cid, pb.ERROR_CODE_BAD_BUNDLE, f"{self.node} rejected the request {task.name!r}: {reason}")
-            return
-        if isinstance(rnd, int | float):
-            ctx.round = int(rnd)
-        try:
-            reply = handler(ctx, to_device(msg.bundle, ctx.device), dict(args))
-            out = on_host(reply.bundle)
-            frames = message_frames(result_frame(cid, reply.scalars, has_bundle=bool(out)), out, self.chunk_bytes)
-        except Exception as e:  # the handler failed: the parent sees this node as missing for this call
-            log.exception("%s: task %s failed", self.node, task.name)
-            self._fail(cid, pb.ERROR_CODE_INTERNAL, f"{self.node}: {task.name} raised {type(e).__name__}: {e}")
-            return
-        self.send(frames)
-
-    def _finish(self, on_bye: Callable[[], tuple[list[dict], list[dict]]]) -> None:
-        if self._worker is not None:
-            self._tasks.put(_CLOSE)
-            self._worker.join(timeout=5)
-        try:
-            rows, missing = on_bye()
-        except Exception:
-            log.exception("%s: collecting the byte meter failed", self.node)
-            rows, missing = [], []
-        f = pb.Frame()
-        f.bye.reason = "bye"
-        meter_rows_to_pb(rows, f.bye.meter)
-        missing_to_pb(missing, f.bye.missing)
-        self.send([f])
-        self._q.put(_CLOSE)
-        try:  # drain until the parent closes its side, so the Bye is delivered
-            for _ in self._responses:
-                pass
-        except grpc.RpcError:
-            pass
+    def _finish(self, proto: ChildProtocol, bye: pb.Bye, on_bye: Callable[[bool], None] | None) -> ExitCode:
+        proto.stop()
+        if on_bye is not None:
+            try:
+                on_bye(bye.finished)
+            except Exception:
+                log.exception("%s: ending its own sessions failed", self.node)
+        self.send([proto.bye()])
+        stream = self._stream
+        assert stream is not None
+        stream.out.put(CLOSE)
+        end = time.monotonic() + 10.0
+        while time.monotonic() < end:  # wait until the parent closes its side, so the Bye is delivered
+            try:
+                sid, kind, _ = self._events.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                break
+            if sid == stream.sid and kind == _END:
+                break
+        if bye.finished:
+            return ExitCode.OK
+        log.error("%s: the parent ended the session, but the run did not finish: %s", self.node, bye.reason)
+        return ExitCode.RUN_NOT_FINISHED
 
     def close(self) -> None:
-        self._q.put(_CLOSE)
-        if self._channel is not None:
-            self._channel.close()
+        for s in self._streams:
+            s.close()

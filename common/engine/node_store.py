@@ -13,6 +13,7 @@ through the codec); without one they are copies in memory, which survive a PS re
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,15 +50,27 @@ class NodeStore:
         self.memory: dict[int, NodeSnapshot] = {}
         self.committed: int | None = None  # the PS's last committed round (from the tasks it sends)
         self.bytes_written = 0
+        self._lock = threading.Lock()  # tasks and received hand-offs save from different threads
 
-    def save(self, ctx: NodeContext, run_id: str = "") -> None:
-        """Snapshot the node as it is now, under ``ctx.round`` (replacing an earlier one of that round)."""
+    def keep_rounds(self, n: int) -> None:
+        """Keep at least the newest ``n`` snapshots (a PS that checkpoints every k rounds needs k + 1)."""
+        self.keep = max(self.keep, n)
+        if self.disk is not None:
+            self.disk.keep = self.keep
+
+    def save(self, ctx: NodeContext, run_id: str = "", tag: int | None = None) -> None:
+        """Snapshot the node as it is now, under ``tag`` (default ``ctx.round``), replacing an earlier one."""
+        tag = ctx.round if tag is None else tag
+        with self._lock:
+            self._save(ctx, run_id, tag)
+
+    def _save(self, ctx: NodeContext, run_id: str, tag: int) -> None:
         snap = snapshot(ctx)
         if self.disk is not None:
-            self.bytes_written += self.disk.save(ctx.round, {"node": self.node, "run_id": run_id}, snap,
+            self.bytes_written += self.disk.save(tag, {"node": self.node, "run_id": run_id}, snap,
                                                  keep_before=self.committed)
             return
-        self.memory[ctx.round] = _copy(snap)
+        self.memory[tag] = _copy(snap)
         tags = sorted(self.memory)
         keep = set(tags[-self.keep:])
         if self.committed is not None:

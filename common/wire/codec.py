@@ -171,20 +171,38 @@ def encode_views(
         raise CodecError("the wire format is little-endian; big-endian hosts are not supported")
     if not isinstance(bundle, Mapping):
         raise CodecError(f"a bundle is a mapping of names to tensors, got {type(bundle).__name__}")
-    header = pb.BundleHeader(chunk_bytes=chunk_bytes, checksum_algorithm=checksum)
     hasher = CHECKSUMS[checksum]()
+    specs: list[tuple[str, str, tuple[int, ...], int]] = []
     views: list[memoryview] = []
     for name, tensor in bundle.items():
         if not isinstance(name, str) or not name:
             raise CodecError(f"tensor names must be non-empty strings, got {name!r}")
         dtype, shape, view = _raw_bytes(name, tensor)
-        header.tensors.add(name=name, dtype=dtype, shape=shape, nbytes=view.nbytes)
+        specs.append((name, dtype, shape, view.nbytes))
         if view.nbytes:
             hasher.update(view)
             views.append(view)
-    header.total_bytes = sum(v.nbytes for v in views)
-    header.checksum = hasher.value()
-    return header, _chunks(views, chunk_bytes)
+    return bundle_header(specs, chunk_bytes, checksum, hasher.value()), _chunks(views, chunk_bytes)
+
+
+def bundle_header(specs: Iterable[tuple[str, str, tuple[int, ...], int]], chunk_bytes: int, checksum: str,
+                  checksum_value: int) -> pb.BundleHeader:
+    """The BundleHeader of tensors given as (name, dtype name, shape, nbytes), in payload order.
+
+    The one place a header is built: the encoder calls it, and so does the byte counting of the in-process
+    engine (``messages.message_bytes``, with a stand-in checksum value of the same encoded size)."""
+    header = pb.BundleHeader(chunk_bytes=chunk_bytes, checksum_algorithm=checksum)
+    for name, dtype, shape, nbytes in specs:
+        header.tensors.add(name=name, dtype=dtype, shape=shape, nbytes=nbytes)
+    header.total_bytes = sum(s[3] for s in specs)
+    header.checksum = checksum_value
+    return header
+
+
+def chunk_spans(total_bytes: int, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """(offset, length) of each chunk of a payload stream of ``total_bytes`` (what :func:`_chunks` yields)."""
+    for offset in range(0, total_bytes, chunk_bytes):
+        yield offset, min(chunk_bytes, total_bytes - offset)
 
 
 def _chunks(views: list[memoryview], chunk_bytes: int) -> Iterator[RawChunk]:

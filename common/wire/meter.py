@@ -52,6 +52,19 @@ class ByteMeter:
                 c.payload_bytes += int(r["payload_bytes"])
                 c.message_bytes += int(r["message_bytes"])
 
+    def relabel_from(self, round_idx: int, phase: str = "redo") -> int:
+        """Count every row of round >= ``round_idx`` under ``phase`` instead (a node rolled back before that
+        round: its traffic since is reported apart, as redone work). Returns the rows moved."""
+        with self._lock:
+            moved = [k for k in self.counts if k.round >= round_idx and k.phase != phase]
+            for k in moved:
+                c = self.counts.pop(k)
+                t = self.counts[LinkKey(k.src, k.dst, k.kind, phase, k.round)]
+                t.messages += c.messages
+                t.payload_bytes += c.payload_bytes
+                t.message_bytes += c.message_bytes
+        return len(moved)
+
     def rows(self) -> list[dict]:
         """One dict per (src, dst, kind, phase, round), sorted."""
         with self._lock:

@@ -78,7 +78,10 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int) -> list[flo
     from fedhop.common.engine.workspace import Workspace
     from fedhop.common.spec import RunSpec
     from fedhop.common.wire.meter import ByteMeter
-    from fedhop.transport.parent import NetComm, ParentHub, make_server
+    from fedhop.transport.channels import add_port, make_server
+    from fedhop.transport.netcomm import NetComm
+    from fedhop.transport.parent import serve_parent
+    from fedhop.transport.session import ParentHub
 
     spec = RunSpec.parse({"name": "bench", "device": "cpu", "topology": {"clients": 1},
                           "data": {"dataset": "digits"}, "model": {"name": "mlp", "hidden": [8]},
@@ -87,8 +90,8 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int) -> list[flo
     hub = ParentHub("ps", ByteMeter())
     hub.configure(spec, topo, "bench")
     server = make_server(8)
-    hub.register(server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    serve_parent(hub, server)
+    port = add_port(server, "127.0.0.1:0")
     server.start()
     child = subprocess.Popen([sys.executable, __file__, "--sink-child", f"127.0.0.1:{port}"],
                              stderr=subprocess.DEVNULL)
@@ -105,7 +108,7 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int) -> list[flo
             got = comm.scatter(["client-0"], "bench.sink", bundle)
             times.append(time.perf_counter() - t0)
             assert got["client-0"].scalars["bytes"] == payload.numel() * 4, (got, missing.entries)
-        hub.shutdown(10)
+        hub.shutdown(10, finished=True)
         return times
     finally:
         child.wait(20) if child.poll() is None else None

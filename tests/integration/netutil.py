@@ -13,7 +13,7 @@ import torch
 
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
-from fedhop.launch import Processes, free_port
+from fedhop.launch import Processes, free_port, role_cmd
 
 
 def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, rounds: int = 3,
@@ -55,9 +55,11 @@ def logs(out: Path) -> str:
 
 
 class Federation:
-    """``fedhop server`` plus every edge and client as separate processes, each with a known pid."""
+    """``fedhop server`` plus every edge and client as separate processes, each with a known pid.
 
-    def __init__(self, spec: RunSpec, tmp: Path) -> None:
+    ``hold``: nodes not started with the others (start them later with :meth:`start_node`)."""
+
+    def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = ()) -> None:
         self.spec = spec
         self.out = tmp / "run"
         self.spec_file = tmp / "spec.toml"
@@ -68,21 +70,37 @@ class Federation:
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
                                           "--device", "cpu"])
         self.topology = build_topology(spec.topology, spec.seed)
-        self.procs.start_nodes(self.topology, f"127.0.0.1:{self.port}", {n: "cpu" for n in
-                                                                          self.topology.all_nodes()})
+        self.addr = {self.topology.server: f"127.0.0.1:{self.port}"}
+        self.addr.update({e: f"127.0.0.1:{free_port()}" for e in self.topology.edges})
+        for n in (*self.topology.edges, *self.topology.clients):
+            if n not in hold:
+                self.start_node(n)
+
+    def start_node(self, node: str) -> None:
+        role = self.topology.role(node)
+        self.procs.start(node, role_cmd(role, node, self.addr[self.topology.parent[node]], device="cpu",
+                                        listen=self.addr[node] if role == "edge" else None))
+
+    def log_of(self, node: str) -> str:
+        return (self.procs.logs / f"{node}.log").read_text(errors="replace")
 
     def ps_log(self) -> str:
-        return (self.procs.logs / "ps.log").read_text()
+        return self.log_of("ps")
 
-    def wait_for_log(self, text: str, timeout: float) -> None:
+    def wait_for_log(self, text: str, timeout: float, node: str = "ps") -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if text in self.ps_log():
+            if text in self.log_of(node):
                 return
-            if self.ps.poll() is not None:
-                raise AssertionError(f"PS exited ({self.ps.returncode}) before {text!r}:\n{self.ps_log()}")
+            if self.procs.procs[node].poll() is not None:
+                raise AssertionError(f"{node} exited ({self.procs.procs[node].returncode}) before {text!r}:\n"
+                                     f"{self.all_logs()}")
             time.sleep(0.05)
-        raise AssertionError(f"PS never logged {text!r}:\n{self.ps_log()}")
+        raise AssertionError(f"{node} never logged {text!r}:\n{self.all_logs()}")
+
+    def exit_codes(self, timeout: float) -> dict[str, int | None]:
+        """Every process's exit code (None: still running after ``timeout`` in all)."""
+        return self.procs.wait(timeout)
 
     def wait(self, timeout: float) -> int:
         return self.ps.wait(timeout)
@@ -96,6 +114,11 @@ class Federation:
 
 def load_result(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return json.loads((out / "results.json").read_text()), torch.load(out / "model.pt")
+
+
+def replies(res: dict[str, Any]) -> set[tuple[str, int]]:
+    """(node, round) of every reply a parent received."""
+    return {(r["src"], r["round"]) for r in res["links"] if r["phase"] == "reply"}
 
 
 def rows_by_key(links: list[dict[str, Any]], level: str) -> dict[tuple, int]:

@@ -1,5 +1,5 @@
 """Runtime failures of real ``fedhop`` processes end in one clear line and the documented exit code
-(fedhop/exit_codes.py), never a traceback: a port in use, the PS's join timeout, an unreachable parent or one
+(common/exit_codes.py), never a traceback: a port in use, the PS's join timeout, an unreachable parent or one
 that is not a fedhop node, Ctrl-C on a client, and Ctrl-C on launch, which writes the rounds done."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from fedhop.exit_codes import ExitCode
+from fedhop.common.exit_codes import ExitCode
 from fedhop.launch import free_port
 from tests.integration.netutil import small_spec
 

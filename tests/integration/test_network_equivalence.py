@@ -8,6 +8,7 @@ import torch
 
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.wire.bundle import payload_bytes
+from fedhop.common.wire.control import CONTROL_KINDS
 from tests.integration.netutil import launch_run, load_result, rows_by_key, small_spec
 
 CASES = {
@@ -38,8 +39,12 @@ def test_network_matches_inprocess(case: str, tmp_path) -> None:
     assert list(final) == list(oracle.final)
     for k, v in oracle.final.items():
         assert torch.equal(final[k], v), f"{case}: tensor {k} differs between engines"
-    # identical per-link tables: same keys (src, dst, kind, phase, round), same payload and message bytes
     # (the run folder numbers rounds from 1, set-up 0; the in-memory meter rows from 0, set-up -1)
+    # identical per-link tables: same keys (src, dst, kind, phase, round), same payload and message bytes.
+    # Reports (byte-meter rows sent up after each task) exist only over the network: their own kind, no payload.
+    control = [r for r in res["links"] if r["kind"] in CONTROL_KINDS]
+    assert all(r["payload_bytes"] == 0 and r["phase"] == "request" for r in control)
+    res["links"] = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
     net_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): r for r in res["links"]}
     ora_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"] + 1): r for r in oracle.links}
     assert set(net_rows) == set(ora_rows)
@@ -51,6 +56,11 @@ def test_network_matches_inprocess(case: str, tmp_path) -> None:
     assert [r["accuracy"] for r in res["rounds"]] == [r["accuracy"] for r in oracle.rounds]
     if case == "fedchs-handoff":
         assert {"handoff", "describe"} <= {r["kind"] for r in res["links"]}
+    if CASES[case].get("edges"):  # edges report the links they counted (their clients') to the PS as they go
+        edges = {f"edge-{m}" for m in range(CASES[case]["edges"])}
+        assert control and {r["src"] for r in control} <= edges and {r["dst"] for r in control} == {"ps"}
+    else:  # clients have no meter of their own: nothing to report
+        assert control == []
 
 
 def test_fedavg_flat_payload_formula(tmp_path) -> None:

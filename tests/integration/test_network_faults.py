@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import pytest
@@ -29,8 +28,10 @@ from fedhop.common.wire.frames import (
 )
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.launch import free_port
+from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
-from fedhop.transport.parent import ParentHub, make_server
+from fedhop.transport.parent import serve_parent
+from fedhop.transport.session import ParentHub
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.integration.netutil import Federation, load_result, small_spec
 
@@ -114,12 +115,12 @@ class ScriptedParent:
 def scripted_client(tmp_path):
     spec = small_spec("fedavg", clients=2, edges=0, rounds=1)
     parent = ScriptedParent(spec.model_dump_json(), [])
-    server = grpc.server(futures.ThreadPoolExecutor(8))
+    server = make_server(8)
     handler = grpc.stream_stream_rpc_method_handler(parent.Session, request_deserializer=parse_frame_lenient,
                                                     response_serializer=serialize_frame)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fedhop.v1.Parent",
                                                                          {"Session": handler}),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = add_port(server, "127.0.0.1:0")
     server.start()
     log = (tmp_path / "client.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "fedhop", "client", "--id", "client-0", "--connect",
@@ -205,6 +206,7 @@ def test_client_refuses_bad_requests_and_keeps_serving(scripted_client) -> None:
     # 7. Bye: the client answers Bye and exits cleanly
     bye = pb.Frame()
     bye.bye.reason = "done"
+    bye.bye.finished = True
     push([bye])
     f = _next(parent)
     assert f.WhichOneof("body") == "bye"
@@ -220,8 +222,8 @@ def test_parent_refuses_impostors_and_duplicates() -> None:
     hub = ParentHub("ps", ByteMeter())
     hub.configure(spec, topo, "run-x")
     server = make_server(16)
-    hub.register(server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    serve_parent(hub, server)
+    port = add_port(server, "127.0.0.1:0")
     server.start()
     addr = f"127.0.0.1:{port}"
     sessions = []

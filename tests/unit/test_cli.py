@@ -14,8 +14,8 @@ import pytest
 
 from fedhop.cli import DEFAULT_SPEC, build_parser, load_spec, main
 from fedhop.common.algorithms.fedchs import FedCHSOptions
+from fedhop.common.exit_codes import DESCRIPTIONS, ExitCode
 from fedhop.common.spec import RunSpec, SpecError, TopologySpec, TransportSpec
-from fedhop.exit_codes import DESCRIPTIONS, ExitCode
 
 SMALL = ["--set", "rounds=3", "--set", "topology.clients=3", "--set", "topology.edges=0",
          "--set", 'device="cpu"', "--set", "model.hidden=[8]", "--quiet"]

@@ -25,6 +25,8 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_UNAUTHENTICATED: _ClassVar[ErrorCode]
     ERROR_CODE_PROTOCOL_MISMATCH: _ClassVar[ErrorCode]
     ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
+    ERROR_CODE_LATE_JOIN_REFUSED: _ClassVar[ErrorCode]
+    ERROR_CODE_RUN_MISMATCH: _ClassVar[ErrorCode]
 ROLE_UNSPECIFIED: Role
 ROLE_CLIENT: Role
 ROLE_EDGE: Role
@@ -38,9 +40,11 @@ ERROR_CODE_CANCELLED: ErrorCode
 ERROR_CODE_UNAUTHENTICATED: ErrorCode
 ERROR_CODE_PROTOCOL_MISMATCH: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
+ERROR_CODE_LATE_JOIN_REFUSED: ErrorCode
+ERROR_CODE_RUN_MISMATCH: ErrorCode
 
 class Frame(_message.Message):
-    __slots__ = ("call_id", "hello", "welcome", "task", "result", "header", "chunk", "error", "bye", "ready")
+    __slots__ = ("call_id", "hello", "welcome", "task", "result", "header", "chunk", "error", "bye", "ready", "report")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +55,7 @@ class Frame(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     BYE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     hello: Hello
     welcome: Welcome
@@ -61,7 +66,8 @@ class Frame(_message.Message):
     error: Error
     bye: Bye
     ready: Ready
-    def __init__(self, call_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., header: _Optional[_Union[BundleHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ...) -> None: ...
+    report: Report
+    def __init__(self, call_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., header: _Optional[_Union[BundleHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
     __slots__ = ("data_sizes", "peers")
@@ -98,7 +104,7 @@ class Scalar(_message.Message):
     def __init__(self, double_value: _Optional[float] = ..., int_value: _Optional[int] = ..., string_value: _Optional[str] = ..., bool_value: _Optional[bool] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("protocol", "node_id", "role", "address", "info")
+    __slots__ = ("protocol", "node_id", "role", "address", "info", "run_id")
     class InfoEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,12 +117,14 @@ class Hello(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INFO_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
     protocol: int
     node_id: str
     role: Role
     address: str
     info: _containers.MessageMap[str, Scalar]
-    def __init__(self, protocol: _Optional[int] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., address: _Optional[str] = ..., info: _Optional[_Mapping[str, Scalar]] = ...) -> None: ...
+    run_id: str
+    def __init__(self, protocol: _Optional[int] = ..., node_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., address: _Optional[str] = ..., info: _Optional[_Mapping[str, Scalar]] = ..., run_id: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("node_id", "role", "parent_id", "run_id", "spec", "spec_format", "peers", "info")
@@ -266,15 +274,27 @@ class MissingEntry(_message.Message):
     reason: str
     def __init__(self, round: _Optional[int] = ..., by: _Optional[str] = ..., node: _Optional[str] = ..., task: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class Report(_message.Message):
+    __slots__ = ("meter", "missing", "round")
+    METER_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    meter: _containers.RepeatedCompositeFieldContainer[MeterRow]
+    missing: _containers.RepeatedCompositeFieldContainer[MissingEntry]
+    round: int
+    def __init__(self, meter: _Optional[_Iterable[_Union[MeterRow, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[MissingEntry, _Mapping]]] = ..., round: _Optional[int] = ...) -> None: ...
+
 class Bye(_message.Message):
-    __slots__ = ("reason", "meter", "missing")
+    __slots__ = ("reason", "meter", "missing", "finished")
     REASON_FIELD_NUMBER: _ClassVar[int]
     METER_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     reason: str
     meter: _containers.RepeatedCompositeFieldContainer[MeterRow]
     missing: _containers.RepeatedCompositeFieldContainer[MissingEntry]
-    def __init__(self, reason: _Optional[str] = ..., meter: _Optional[_Iterable[_Union[MeterRow, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[MissingEntry, _Mapping]]] = ...) -> None: ...
+    finished: bool
+    def __init__(self, reason: _Optional[str] = ..., meter: _Optional[_Iterable[_Union[MeterRow, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[MissingEntry, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ok", "error", "payload_bytes", "message_bytes")

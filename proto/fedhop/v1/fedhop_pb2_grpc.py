@@ -28,8 +28,12 @@ if _version_not_supported:
 class ParentStub:
     """Served by the parameter server and by every edge. A child (edge or client) dials its parent and keeps
     one stream open for the whole run; the parent pushes work down it (no polling).
-    child  -> parent: Hello, then Result (+ bundle) / Error / keep-alive ..., finally Bye
-    parent -> child : Welcome, then Task (+ bundle) / Error / keep-alive ..., finally Bye
+    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Error ..., finally Bye
+    parent -> child : Welcome, Ready (run starts), then Task (+ bundle) / Ready (update) / Error /
+    keep-alive ..., finally Bye
+    The parent sends a keep-alive (an empty Frame) every transport.keepalive_s; a child that hears nothing for
+    transport.keepalive_timeout_s dials again and re-joins the same run (Hello with run_id) for up to
+    transport.reconnect_s. Protocol logic: transport/session.py.
     """
 
     def __init__(self, channel):
@@ -48,8 +52,12 @@ class ParentStub:
 class ParentServicer:
     """Served by the parameter server and by every edge. A child (edge or client) dials its parent and keeps
     one stream open for the whole run; the parent pushes work down it (no polling).
-    child  -> parent: Hello, then Result (+ bundle) / Error / keep-alive ..., finally Bye
-    parent -> child : Welcome, then Task (+ bundle) / Error / keep-alive ..., finally Bye
+    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Error ..., finally Bye
+    parent -> child : Welcome, Ready (run starts), then Task (+ bundle) / Ready (update) / Error /
+    keep-alive ..., finally Bye
+    The parent sends a keep-alive (an empty Frame) every transport.keepalive_s; a child that hears nothing for
+    transport.keepalive_timeout_s dials again and re-joins the same run (Hello with run_id) for up to
+    transport.reconnect_s. Protocol logic: transport/session.py.
     """
 
     def Session(self, request_iterator, context):
@@ -77,8 +85,12 @@ def add_ParentServicer_to_server(servicer, server):
 class Parent:
     """Served by the parameter server and by every edge. A child (edge or client) dials its parent and keeps
     one stream open for the whole run; the parent pushes work down it (no polling).
-    child  -> parent: Hello, then Result (+ bundle) / Error / keep-alive ..., finally Bye
-    parent -> child : Welcome, then Task (+ bundle) / Error / keep-alive ..., finally Bye
+    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Error ..., finally Bye
+    parent -> child : Welcome, Ready (run starts), then Task (+ bundle) / Ready (update) / Error /
+    keep-alive ..., finally Bye
+    The parent sends a keep-alive (an empty Frame) every transport.keepalive_s; a child that hears nothing for
+    transport.keepalive_timeout_s dials again and re-joins the same run (Hello with run_id) for up to
+    transport.reconnect_s. Protocol logic: transport/session.py.
     """
 
     @staticmethod

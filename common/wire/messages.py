@@ -1,0 +1,277 @@
+"""Messages of the fedhop wire protocol: a Task or Result frame plus its bundle, built and counted by ONE
+implementation for both engines.
+
+A *message* is one Task or Result frame followed, when it has a bundle, by the bundle's frames, all under
+one call id. Its *message bytes* (the byte meter's second level) are the serialized sizes of those frames.
+The networked engine sends what :func:`task_frame` / :func:`result_frame` / :func:`message_frames` build;
+the in-process engine counts :func:`message_bytes`, which builds the same head frames with the same
+functions and sizes the bundle frames with the codec's own header builder (``codec.bundle_header``) and the
+framing's own chunk-head encoder (``framing.chunk_frame_head``), without encoding the payload. Two choices
+make the size a function of (kind, phase, bundle, scalars, chunk_bytes) alone:
+
+* call ids are drawn from [CALL_ID_BASE, 2**63), whose varints are all 9 bytes long;
+* the round travels as args[ROUND_ARG], a double (a oneof member is serialized even when 0.0), and every
+  Task carries a non-zero deadline_s (a double, 8 bytes).
+
+Session frames (Hello, Welcome, Ready, Bye, keep-alives) are set-up and tear-down, not messages; Report
+frames (``control.py``) are counted under their own kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from fedhop.common.wire.codec import (
+    DEFAULT_CHECKSUM,
+    DTYPES,
+    BundleDecoder,
+    CodecError,
+    bundle_header,
+    chunk_spans,
+)
+from fedhop.common.wire.framing import BadFrame, ChunkFrame, bundle_frames, chunk_frame_head, frame_size
+from fedhop.common.wire.scalars import put_scalars
+from fedhop.v1 import fedhop_pb2 as pb
+
+PROTOCOL_VERSION = 1
+CALL_ID_BASE = 1 << 56
+ROUND_ARG = "_round"
+HANDOFF = "handoff"
+DESCRIBE = "describe"
+MIN_DEADLINE_S = 1e-3  # a Task's deadline_s is never 0 (0 would change its encoded size)
+
+_DTYPE_NAME = {v: k for k, v in DTYPES.items()}
+
+
+def task_frame(call_id: int, name: str, args: Mapping[str, object], *, deadline_s: float,
+               has_bundle: bool, round_idx: int | None = None) -> pb.Frame:
+    """The Task frame of a request; ``round_idx`` (the sender's round) travels as ``args[ROUND_ARG]``;
+    ``deadline_s`` is the receiver's budget from receipt (clamped to at least :data:`MIN_DEADLINE_S`)."""
+    f = pb.Frame(call_id=call_id)
+    f.task.name = name
+    put_scalars(f.task.args, args)
+    if round_idx is not None:
+        f.task.args[ROUND_ARG].CopyFrom(pb.Scalar(double_value=float(round_idx)))
+    f.task.has_bundle = has_bundle
+    f.task.deadline_s = max(float(deadline_s), MIN_DEADLINE_S)
+    return f
+
+
+def result_frame(call_id: int, scalars: Mapping[str, object], *, has_bundle: bool) -> pb.Frame:
+    f = pb.Frame(call_id=call_id)
+    f.result.ok = True
+    put_scalars(f.result.scalars, scalars)
+    f.result.has_bundle = has_bundle
+    return f
+
+
+def error_result_frame(call_id: int, code: int, message: str) -> pb.Frame:
+    """A Result with ok = false: the call failed (bad bundle, unknown task, handler raised, ...)."""
+    f = pb.Frame(call_id=call_id)
+    f.result.ok = False
+    f.result.error.code = code
+    f.result.error.message = message
+    return f
+
+
+def error_frame(call_id: int, code: int, message: str) -> pb.Frame:
+    f = pb.Frame(call_id=call_id)
+    f.error.code = code
+    f.error.message = message
+    return f
+
+
+def message_frames(head: pb.Frame, bundle: Mapping[str, torch.Tensor], chunk_bytes: int,
+                   ) -> list[pb.Frame] | Iterator[pb.Frame | bytes]:
+    """``head`` (a Task or Result frame) then, when ``bundle`` is not empty, its frames (lazily)."""
+    if not bundle:
+        return [head]
+    tail = bundle_frames(head.call_id, bundle, chunk_bytes)  # header computed now: CodecError surfaces here
+
+    def gen() -> Iterator[pb.Frame | bytes]:
+        yield head
+        yield from tail
+
+    return gen()
+
+
+def bundle_frames_bytes(call_id: int, bundle: Mapping[str, torch.Tensor], chunk_bytes: int) -> int:
+    """Serialized size of a bundle's header frame and chunk frames, without encoding the payload."""
+    specs = []
+    for name, t in bundle.items():
+        if t.dtype not in _DTYPE_NAME:
+            raise CodecError(f"unsupported dtype {t.dtype} (supported: {', '.join(DTYPES)})")
+        specs.append((name, _DTYPE_NAME[t.dtype], tuple(t.shape), t.numel() * t.element_size()))
+    # a stand-in checksum value: fixed64, so its encoded size does not depend on the value (unless 0)
+    header = bundle_header(specs, chunk_bytes, DEFAULT_CHECKSUM, 1)
+    size = pb.Frame(call_id=call_id, header=header).ByteSize()
+    for offset, n in chunk_spans(header.total_bytes, chunk_bytes):
+        size += len(chunk_frame_head(call_id, offset, n)) + n
+    return size
+
+
+def message_bytes(kind: str, phase: str, bundle: Mapping[str, torch.Tensor], scalars: Mapping[str, object],
+                  chunk_bytes: int) -> int:
+    """Exact serialized bytes of one message as the networked engine sends it (DESIGN.md section 4).
+
+    * a task (any other ``kind``): request = Task frame (args = ``scalars`` + the round) + bundle frames;
+      reply = Result frame (``scalars``) + bundle frames;
+    * ``handoff``: request = Task frame (name "handoff", args = ``scalars``) + bundle frames; reply = Ack;
+    * ``describe``: request = DescribeRequest (the asker travels in metadata); reply = DescribeReply.
+    """
+    if kind == DESCRIBE:
+        if phase == "request":
+            return pb.DescribeRequest().ByteSize()
+        return describe_reply(scalars).ByteSize()
+    if kind == HANDOFF and phase == "reply":
+        return pb.Ack(ok=True).ByteSize()
+    has = bool(bundle)
+    if phase == "request":
+        head = task_frame(CALL_ID_BASE, kind, scalars, deadline_s=1.0, has_bundle=has,
+                          round_idx=None if kind == HANDOFF else 0)
+    elif phase == "reply":
+        head = result_frame(CALL_ID_BASE, scalars, has_bundle=has)
+    else:
+        raise ValueError(f"phase must be 'request' or 'reply', got {phase!r}")
+    return head.ByteSize() + (bundle_frames_bytes(CALL_ID_BASE, bundle, chunk_bytes) if has else 0)
+
+
+def describe_reply(facts: Mapping[str, object]) -> pb.DescribeReply:
+    """``Edge.Describe``'s answer: an edge's public facts."""
+    r = pb.DescribeReply()
+    put_scalars(r.info, facts)
+    return r
+
+
+# -- reading messages --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Message:
+    """A complete inbound message: its Task/Result frame, its bundle, and what it cost on the wire."""
+
+    call_id: int
+    head: pb.Frame
+    bundle: dict[str, torch.Tensor]
+    payload_bytes: int
+    message_bytes: int
+    error: str | None = None  # the bundle could not be decoded: why
+
+    @property
+    def kind(self) -> str:
+        return self.head.WhichOneof("body") or ""
+
+
+class FrameError(ValueError):
+    """A frame that belongs to no message (e.g. a chunk of an unknown call); the message names it."""
+
+    def __init__(self, message: str, call_id: int = 0) -> None:
+        super().__init__(message)
+        self.call_id = call_id
+
+
+class MessageAssembler:
+    """Groups inbound frames into :class:`Message` s: a Task or Result frame, then (if it says has_bundle)
+    a BundleHeader frame and the chunks, decoded into one preallocated buffer by the codec.
+
+    ``feed`` returns a complete message, None while one is still arriving, or raises :class:`FrameError`
+    for a frame that fits nowhere. A bundle that fails to decode completes its message with ``error`` set
+    (so the receiver can answer that call with an error); the rest of that call's frames are dropped.
+    """
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self.max_bytes = max_bytes
+        self._open: dict[int, tuple[pb.Frame, int, BundleDecoder | None]] = {}
+        self._dropped: set[int] = set()
+
+    def feed(self, frame: pb.Frame | ChunkFrame | BadFrame) -> Message | None:
+        if isinstance(frame, BadFrame):
+            raise FrameError(f"malformed frame: {frame.error}")
+        size = frame_size(frame)
+        if isinstance(frame, ChunkFrame):
+            return self._chunk(frame.call_id, frame, size)
+        body = frame.WhichOneof("body")
+        cid = frame.call_id
+        if body in ("task", "result"):
+            if cid == 0:
+                raise FrameError(f"{body} frame without a call id")
+            if cid in self._open:
+                raise FrameError(f"second {body} frame for call {cid} while its bundle arrives", cid)
+            self._dropped.discard(cid)
+            has = frame.task.has_bundle if body == "task" else frame.result.has_bundle
+            if not has:
+                return Message(cid, frame, {}, 0, size)
+            self._open[cid] = (frame, size, None)
+            return None
+        if body == "header":
+            if cid in self._dropped:
+                return None
+            if cid not in self._open or self._open[cid][2] is not None:
+                raise FrameError(f"bundle header for call {cid}, which announced no bundle", cid)
+            head, n, _ = self._open[cid]
+            try:
+                dec = BundleDecoder(frame.header, max_bytes=self.max_bytes)
+            except CodecError as e:
+                return self._fail(cid, f"bad bundle header: {e}")
+            self._open[cid] = (head, n + size, dec)
+            return self._maybe_done(cid) if dec.total_bytes == 0 else None
+        if body == "chunk":
+            return self._chunk(cid, frame.chunk, size)
+        raise FrameError(f"unexpected {body or 'empty'} frame", cid)
+
+    def _chunk(self, cid: int, chunk: object, size: int) -> Message | None:
+        if cid in self._dropped:
+            return None
+        if cid not in self._open or self._open[cid][2] is None:
+            raise FrameError(f"chunk for call {cid}, which has no open bundle", cid)
+        head, n, dec = self._open[cid]
+        assert dec is not None
+        self._open[cid] = (head, n + size, dec)
+        try:
+            dec.feed(chunk)  # type: ignore[arg-type]
+        except CodecError as e:
+            return self._fail(cid, f"bad bundle: {e}")
+        return self._maybe_done(cid) if dec.complete else None
+
+    def _maybe_done(self, cid: int) -> Message:
+        head, n, dec = self._open.pop(cid)
+        assert dec is not None
+        try:
+            bundle = dec.finish()
+        except CodecError as e:
+            self._dropped.add(cid)
+            return Message(cid, head, {}, dec.total_bytes, n, f"bad bundle: {e}")
+        return Message(cid, head, bundle, dec.total_bytes, n)
+
+    def _fail(self, cid: int, why: str) -> Message:
+        head, n, _ = self._open.pop(cid)
+        self._dropped.add(cid)
+        return Message(cid, head, {}, 0, n, why)
+
+    def abandon(self, cid: int) -> None:
+        """Forget a call whose frames no longer matter (e.g. a late reply)."""
+        self._open.pop(cid, None)
+        self._dropped.add(cid)
+
+
+# -- bundles at the edges of the wire ---------------------------------------------------------------------
+
+
+def on_host(bundle: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``bundle`` on the CPU, without a copy for tensors already there.
+
+    The codec streams chunks lazily from the tensors' storage, so a bundle must not be mutated in place
+    until its message is sent. The engines guarantee it: a scatter returns once every reply arrived (so
+    every request it still waits for was fully received) or its deadline passed (the streams still in
+    flight then belong to calls already given up: a torn bundle fails its checksum there and is refused);
+    a hand-off returns on its acknowledgement. A handler's reply is sent before the next task arrives.
+    """
+    return {k: v.detach() if v.device.type == "cpu" else v.detach().to("cpu") for k, v in bundle.items()}
+
+
+def to_device(bundle: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A received (CPU) bundle on this node's device."""
+    return bundle if device.type == "cpu" else {k: v.to(device) for k, v in bundle.items()}

@@ -1,0 +1,79 @@
+"""The one place that makes gRPC servers and channels: options, message limits, keep-alive, credentials.
+
+``security`` is where transport security plugs in (``transport/credentials.py``: ``server_credentials`` /
+``channel_credentials``); None means plaintext, and this module holds the only ``add_insecure_port`` and
+``insecure_channel`` calls of the code base.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from fedhop.common.wire.framing import MAX_MESSAGE
+
+MESSAGE_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+]
+SERVER_OPTIONS = [
+    *MESSAGE_OPTIONS,
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+# HTTP/2 pings find a half-open TCP connection (a peer host that vanished); a parent that is alive but
+# stalled is found by the session's own keep-alive frames (transport.keepalive_timeout_s).
+KEEPALIVE_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+HANDSHAKE_TIMEOUT_S = 5.0  # a listener that does not finish a gRPC handshake in this time is not a fedhop node
+
+
+def _credentials(security: Any, side: str) -> Any:
+    from fedhop.transport import credentials  # written beside this module; imported only when security is on
+
+    return credentials.server_credentials(security) if side == "server" else credentials.channel_credentials(security)
+
+
+def make_server(max_workers: int) -> grpc.Server:
+    """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``)."""
+    return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+                       options=SERVER_OPTIONS)
+
+
+def add_port(server: grpc.Server, listen: str, security: Any = None) -> int:
+    """Bind ``listen`` (HOST:PORT); returns the port, 0 when it cannot be bound."""
+    if security is None:
+        return server.add_insecure_port(listen)
+    return server.add_secure_port(listen, _credentials(security, "server"))
+
+
+def make_channel(address: str, *, security: Any = None, keepalive: bool = False) -> grpc.Channel:
+    """A channel to a fedhop node; ``keepalive``: HTTP/2 pings (long-lived session streams)."""
+    options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else [])]
+    if security is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, _credentials(security, "channel"), options=options)
+
+
+def listening(address: str, timeout_s: float = 2.0) -> bool | None:
+    """Whether something accepts TCP connections at ``address``: True; False when the connection is refused
+    (nothing listens yet); None when the answer is unknown (unreachable host, timeout, bad name)."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except ConnectionRefusedError:
+        return False
+    except OSError as e:
+        return False if e.errno == errno.ECONNREFUSED else None
+    except ValueError:
+        return None

@@ -1,0 +1,131 @@
+"""The networked :class:`~fedhop.common.engine.api.Comm` of one node (the PS or an edge): a scatter becomes
+Task messages on the children's sessions (:class:`~fedhop.transport.session.ParentHub`), a hand-off and a
+describe become ``Edge`` calls to a neighbour (:class:`~fedhop.transport.peer.PeerClient`).
+
+Round boundaries (:meth:`NetComm.begin_round`): children that became ready since the last boundary (late
+joiners, re-joined nodes) are admitted, and ``ctx.sizes`` is refreshed from what the hub knows.
+
+Deadlines nest: a node that was given a budget by its parent (the Task's deadline_s, see
+:meth:`NetComm.begin_task`) closes its own scatters early enough to answer in time:
+``min(its own deadline, time left - transport's margin)``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm
+from fedhop.common.engine.base import BaseComm, Failure, MissingLog
+from fedhop.common.engine.topology import Topology
+from fedhop.common.spec import RunSpec
+from fedhop.common.wire.bundle import Bundle
+from fedhop.common.wire.messages import on_host, to_device
+from fedhop.transport.peer import PeerClient
+from fedhop.transport.session import ParentHub
+
+
+class NetComm(BaseComm):
+    """The networked Comm of one node (the PS or an edge)."""
+
+    def __init__(self, node: NodeId, topology: Topology, missing: MissingLog, hub: ParentHub, spec: RunSpec,
+                 peers: Mapping[NodeId, str] | None = None, security: Any = None) -> None:
+        super().__init__(node, topology, missing)
+        self.hub = hub
+        self.meter = hub.meter
+        self.transport = spec.transport
+        self.peers = peers if peers is not None else {}
+        self.peer_client = PeerClient(node, hub.meter, missing, spec.transport, self.peers, security)
+        self.ctx: NodeContext | None = None
+        self._begun: int | None = None  # the round begin_round last ran for
+        self._budget_end: float | None = None  # monotonic time by which this node's parent wants its answer
+        self._budget_s = 0.0
+
+    def current_round(self) -> int:
+        return self.ctx.round if self.ctx is not None else -1
+
+    # -- round boundaries and budgets -----------------------------------------------------------------------
+    def begin_round(self, round_idx: int) -> None:
+        """Admit the children that became ready and refresh ``ctx.sizes`` (the PS: every subtree's size; an
+        edge: its clients' and its own total)."""
+        super().begin_round(round_idx)
+        self._begun = round_idx
+        sizes = self.hub.admit()
+        if self.ctx is None:
+            return
+        if self.node == self.topology.server:
+            self.ctx.sizes = self.topology.subtree_sizes(sizes)
+        else:
+            self.ctx.sizes = {**sizes, self.node: sum(sizes.values())}
+
+    def begin_task(self, round_idx: int | None, budget_s: float) -> None:
+        """A task from this node's parent starts: a round boundary for this node, and ``budget_s`` (the time
+        left of the deadline its parent gave; 0 = none) bounds its own scatters."""
+        self.begin_round(round_idx if round_idx is not None else self.current_round())
+        self._budget_s = budget_s
+        self._budget_end = time.monotonic() + budget_s if budget_s > 0 else None
+
+    def scatter_deadline(self, deadline_s: float | None) -> float:
+        own = deadline_s if deadline_s is not None else self.transport.round_deadline_s
+        if self._budget_end is None:
+            return own
+        margin = self._budget_s - self.transport.nested_deadline(self._budget_s)
+        return max(0.0, min(own, self._budget_end - time.monotonic() - margin))
+
+    # -- scatter ----------------------------------------------------------------------------------------------
+    def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]:
+        rnd = self.current_round()
+        if self._begun != rnd:  # the engine did not mark this round's start: its first scatter does
+            self.begin_round(rnd)
+        deadline = self.scatter_deadline(deadline_s)
+        snapshot = on_host(bundle)
+        sent = {t: self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline) for t in targets}
+        end = time.monotonic() + deadline
+        out: dict[NodeId, Reply | Failure] = {}
+        device = self.ctx.device if self.ctx is not None else torch.device("cpu")
+        for t, c in sent.items():
+            if isinstance(c, Failure):
+                out[t] = c
+                continue
+            if not c.done.wait(max(0.0, end - time.monotonic())):
+                self.hub.expire(c, f"no reply within the deadline of {deadline:g}s")
+            r = c.result
+            assert r is not None
+            out[t] = Reply(to_device(r.bundle, device), r.scalars) if isinstance(r, Reply) else r
+        return out
+
+    def lost_state(self, node: NodeId) -> Failure | None:
+        """A child whose algorithm keeps state and that came back (restarted) with state older than its last
+        reply this node accepted has lost state the run depends on (FOCUS: its g_i is part of y): it is left
+        out of the run from then on, as a missing participant, and said so, never silently used."""
+        said = self.hub.hello_info.get(node, {}).get("state_round")
+        last = self.last_ok.get(node)
+        if said is None or last is None or int(said) >= last or self.ctx is None:
+            return None
+        if get_algorithm(self.ctx.spec.algorithm.name).node_state(self.topology.role(node)) is None:
+            return None
+        return Failure(f"{node} came back with state from round {int(said) + 1 if int(said) >= 0 else 'none'}, "
+                       f"but its last accepted reply was in round {last + 1}: it lost state this run depends on "
+                       "and is left out (restart it with its --state-dir to keep it in)")
+
+    # -- edge -> edge -------------------------------------------------------------------------------------------
+    def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:
+        self._check_peer(to)
+        self.peer_client.hand_off(to, slot, bundle, dict(scalars or {}), self.current_round())
+
+    def describe(self, peers: list[NodeId]) -> dict[NodeId, dict[str, Scalar]]:
+        out: dict[NodeId, dict[str, Scalar]] = {}
+        rnd = self.current_round()
+        for p in self.topology.sort(peers):
+            self._check_peer(p)
+            facts = self.peer_client.describe(p, rnd)
+            if facts is not None:
+                out[p] = facts
+        return out
+
+    def close(self) -> None:
+        self.peer_client.close()

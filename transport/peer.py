@@ -1,0 +1,191 @@
+"""The edge-to-edge protocol, both halves (DESIGN.md section 4): ``Edge.HandOff`` (a model handed to a
+neighbour edge directly, never through the PS; acknowledged only once the neighbour holds and has validated
+the whole bundle) and ``Edge.Describe`` (small public facts about an edge).
+
+:class:`PeerClient` is the calling half (used by the networked Comm), :class:`EdgeService` the serving
+half (run by every edge). Who calls and the hand-off's inbox slot travel in gRPC metadata, so that the
+counted message bytes do not depend on node ids. Byte meter: the caller counts both directions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import grpc
+
+from fedhop.common.engine.api import NodeContext, NodeId, Scalar
+from fedhop.common.engine.base import HandOffError, MissingLog
+from fedhop.common.spec import TransportSpec
+from fedhop.common.wire.bundle import Bundle, payload_bytes
+from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame
+from fedhop.common.wire.messages import (
+    CALL_ID_BASE,
+    DESCRIBE,
+    HANDOFF,
+    FrameError,
+    MessageAssembler,
+    describe_reply,
+    message_frames,
+    on_host,
+    task_frame,
+)
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.common.wire.scalars import get_scalars
+from fedhop.transport.channels import make_channel
+from fedhop.transport.inbound import Rejection, accept_request
+from fedhop.v1 import fedhop_pb2 as pb
+
+log = logging.getLogger("fedhop.peer")
+
+NODE_HEADER = "fedhop-node"  # gRPC metadata: who calls (Edge.HandOff, Edge.Describe)
+SLOT_HEADER = "fedhop-slot"  # gRPC metadata: the hand-off's inbox slot
+ROUND_HEADER = "fedhop-round"  # gRPC metadata: the round the hand-off happens in (for the receiver's snapshot)
+
+
+class PeerClient:
+    """Calls neighbour edges' ``Edge`` service for one node; counts both directions on its meter."""
+
+    def __init__(self, node: NodeId, meter: ByteMeter, missing: MissingLog, transport: TransportSpec,
+                 peers: Mapping[NodeId, str], security: Any = None) -> None:
+        self.node = node
+        self.meter = meter
+        self.missing = missing
+        self.transport = transport
+        self.peers = peers  # filled when the run starts (and when an edge joins late)
+        self.security = security
+        self._channels: dict[str, grpc.Channel] = {}
+
+    def _channel(self, peer: NodeId) -> grpc.Channel:
+        if peer not in self.peers:
+            raise HandOffError(f"{self.node} does not know the address of {peer} (known: {sorted(self.peers)})")
+        addr = self.peers[peer]
+        if addr not in self._channels:
+            self._channels[addr] = make_channel(addr, security=self.security)
+        return self._channels[addr]
+
+    def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar], rnd: int) -> None:
+        """Stream the bundle to the neighbour's ``Edge.HandOff``; retried on transport errors."""
+        snapshot = on_host(bundle)
+        payload = payload_bytes(snapshot)
+        call = self._channel(to).stream_unary("/fedhop.v1.Edge/HandOff", request_serializer=serialize_frame,
+                                              response_deserializer=pb.Ack.FromString)
+        last = ""
+        for attempt in range(self.transport.handoff_retries + 1):
+            head = task_frame(CALL_ID_BASE + attempt, HANDOFF, scalars, deadline_s=self.transport.rpc_timeout_s,
+                              has_bundle=bool(snapshot))
+            frames = message_frames(head, snapshot, self.transport.chunk_bytes)
+            counted = [0]  # bytes of the frames gRPC has taken so far (the Ack may come before the
+            #                iterator is asked for its end, so count each frame as it is handed over)
+
+            def counting(frames: Iterable[Any] = frames, counted: list[int] = counted) -> Iterator[Any]:
+                for f in frames:
+                    counted[0] += frame_size(f)
+                    yield f
+
+            try:
+                ack = call(counting(), timeout=self.transport.rpc_timeout_s,
+                           metadata=((NODE_HEADER, self.node), (SLOT_HEADER, slot), (ROUND_HEADER, str(rnd))))
+            except grpc.RpcError as e:
+                last = f"{e.code().name}: {e.details()}"
+                if counted[0]:
+                    self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0], rnd)
+                log.warning("%s: hand-off to %s failed (attempt %d): %s", self.node, to, attempt + 1, last)
+                time.sleep(min(0.2 * 2 ** attempt, 2.0))
+                continue
+            self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0], rnd)
+            self.meter.record(to, self.node, HANDOFF, "reply", 0, ack.ByteSize(), rnd)
+            if not ack.ok:
+                reason = f"{to} rejected the hand-off from {self.node}: {ack.error.message}"
+                self.missing.add(rnd, self.node, to, HANDOFF, reason)
+                raise HandOffError(reason)
+            return
+        reason = f"hand-off {self.node} -> {to} failed after {self.transport.handoff_retries + 1} attempts: {last}"
+        self.missing.add(rnd, self.node, to, HANDOFF, reason)
+        raise HandOffError(reason)
+
+    def describe(self, peer: NodeId, rnd: int) -> dict[str, Scalar] | None:
+        """The peer's public facts, or None (logged as missing) when it does not answer."""
+        req = pb.DescribeRequest()
+        call = self._channel(peer).unary_unary("/fedhop.v1.Edge/Describe",
+                                              request_serializer=pb.DescribeRequest.SerializeToString,
+                                              response_deserializer=pb.DescribeReply.FromString)
+        try:
+            rep = call(req, timeout=self.transport.rpc_timeout_s, metadata=((NODE_HEADER, self.node),))
+        except grpc.RpcError as e:  # an unreachable peer is absent from the answer, as in scatter
+            self.missing.add(rnd, self.node, peer, DESCRIBE, f"{e.code().name}: {e.details()}")
+            return None
+        self.meter.record(self.node, peer, DESCRIBE, "request", 0, req.ByteSize(), rnd)
+        self.meter.record(peer, self.node, DESCRIBE, "reply", 0, rep.ByteSize(), rnd)
+        return get_scalars(rep.info)
+
+    def close(self) -> None:
+        for ch in self._channels.values():
+            ch.close()
+
+
+class EdgeService:
+    """``Edge.HandOff`` and ``Edge.Describe`` of one edge; refuses calls until the edge is in a run."""
+
+    def __init__(self, node_id: NodeId) -> None:
+        self.node = node_id
+        self.ctx: NodeContext | None = None
+        self.max_bytes: int | None = None
+        self.on_received: Callable[[NodeContext, int], None] | None = None  # (ctx, round): save the node's state
+
+    def register(self, server: grpc.Server) -> None:
+        handlers = {
+            "HandOff": grpc.stream_unary_rpc_method_handler(
+                self.HandOff, request_deserializer=parse_frame_lenient, response_serializer=pb.Ack.SerializeToString),
+            "Describe": grpc.unary_unary_rpc_method_handler(
+                self.Describe, request_deserializer=pb.DescribeRequest.FromString,
+                response_serializer=pb.DescribeReply.SerializeToString),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fedhop.v1.Edge", handlers),))
+
+    def _caller(self, context: grpc.ServicerContext) -> tuple[str, str]:
+        md = dict(context.invocation_metadata())
+        return str(md.get(NODE_HEADER, "")), str(md.get(SLOT_HEADER, ""))
+
+    def _refuse(self, code: int, message: str) -> pb.Ack:
+        log.warning("%s: hand-off refused: %s", self.node, message)
+        return pb.Ack(ok=False, error=pb.Error(code=code, message=f"{self.node}: {message}"))
+
+    def HandOff(self, frames: Iterator[Any], context: grpc.ServicerContext) -> pb.Ack:  # noqa: N802
+        sender, slot = self._caller(context)
+        ctx = self.ctx
+        if ctx is None:
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, "not in a run yet")
+        if sender not in ctx.neighbours:
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST,
+                                f"{sender or '(anonymous)'} is not a neighbour (neighbours: {list(ctx.neighbours)})")
+        if not slot:
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} names no slot")
+        asm = MessageAssembler(max_bytes=self.max_bytes)
+        msg = None
+        try:
+            for f in frames:
+                msg = asm.feed(f)
+                if msg is not None:
+                    break
+        except FrameError as e:
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender}: {e}")
+        if msg is None:
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} ended before its bundle")
+        req = accept_request(msg, self.node, sender, ctx.device, expect_name=HANDOFF)
+        if isinstance(req, Rejection):
+            return self._refuse(req.code, req.message)
+        ctx.inbox[slot] = (req.bundle, req.args)
+        if self.on_received is not None:  # saved before the Ack: an acknowledged model is never lost
+            md = dict(context.invocation_metadata())
+            self.on_received(ctx, int(md.get(ROUND_HEADER, ctx.round)))
+        return pb.Ack(ok=True)
+
+    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeReply:  # noqa: N802
+        ctx = self.ctx
+        if ctx is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.node} is not in a run yet")
+        assert ctx is not None
+        return describe_reply({"data_size": ctx.sizes.get(self.node, 0), **ctx.public})
