@@ -96,9 +96,10 @@ def load_resume(run_dir: Path) -> Resume:
 
 
 def _gate(t: int) -> None:
-    """Test hook (FEDHOP_TEST_GATE=DIR): before round t >= 1, say so (DIR/at-<t>) and wait for DIR/go-<t>."""
+    """Test hook (FEDHOP_TEST_GATE=DIR): before round t, when DIR/stop-<t> exists, say so (DIR/at-<t>) and
+    wait for DIR/go-<t>."""
     folder = os.environ.get("FEDHOP_TEST_GATE")
-    if not folder or t < 1:
+    if not folder or not (Path(folder) / f"stop-{t}").exists():
         return
     (Path(folder) / f"at-{t}").touch()
     while not (Path(folder) / f"go-{t}").exists():
@@ -193,7 +194,8 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
             for entry in missing.entries[sent_missing[0]:]:
                 events.emit("missing", entry=entry)
             sent_missing[0] = len(missing.entries)
-            _gate(t + 1)
+            if t + 1 < spec.rounds:
+                _gate(t + 1)
 
         t0 = time.perf_counter()
         interrupted, failed = False, None

@@ -59,8 +59,10 @@ class Federation:
 
     ``hold``: nodes not started with the others (start them later with :meth:`start_node`)."""
 
-    def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = ()) -> None:
+    def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
+                 state_dir: Path | None = None) -> None:
         self.spec = spec
+        self.state_dir = state_dir
         self.out = tmp / "run"
         self.spec_file = tmp / "spec.toml"
         self.spec_file.write_text(spec.to_toml())
@@ -79,7 +81,13 @@ class Federation:
     def start_node(self, node: str) -> None:
         role = self.topology.role(node)
         self.procs.start(node, role_cmd(role, node, self.addr[self.topology.parent[node]], device="cpu",
-                                        listen=self.addr[node] if role == "edge" else None))
+                                        listen=self.addr[node] if role == "edge" else None,
+                                        state_dir=self.state_dir))
+
+    def restart_ps(self, name: str = "ps2") -> None:
+        """A new PS process that resumes the run from its last checkpoint, on the same address."""
+        self.ps = self.procs.start(name, [sys.executable, "-m", "fedhop", "server", "--resume", str(self.out),
+                                          "--listen", f"127.0.0.1:{self.port}", "--device", "cpu"])
 
     def log_of(self, node: str) -> str:
         return (self.procs.logs / f"{node}.log").read_text(errors="replace")
