@@ -67,6 +67,7 @@ ROLE_NAMES = {v: k for k, v in ROLES.items()}
 CLOSE = object()  # end of an outbound frame queue
 Frame = pb.Frame | ChunkFrame | BadFrame
 _HOST = torch.device("cpu")
+REJOIN_READY_WAIT_S = 5.0
 
 
 @dataclass
@@ -432,7 +433,8 @@ class ParentHub:
         link, admitted = self._await_link(target)
         if link is None or not link.alive:
             return Failure(f"{target} is not connected")
-        if not link.ready.is_set():
+        # a node that just re-joined says Ready right after its Welcome: worth a short wait, not a lost round
+        if not link.ready.is_set() and not (admitted and link.ready.wait(min(deadline_s, REJOIN_READY_WAIT_S))):
             return Failure(f"{target} is (re-)joining and not ready yet")
         if not admitted:
             return Failure(f"{target} joined late and is admitted at the next round")
