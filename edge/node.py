@@ -26,6 +26,7 @@ from fedhop.common.wire.frames import (
 )
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.child import ChildSession, JoinError
+from fedhop.transport.health import add_health
 from fedhop.transport.parent import NODE_HEADER, SLOT_HEADER, NetComm, ParentHub, describe_reply, make_server
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -108,6 +109,7 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
     hub = ParentHub(node_id, meter)
     service = EdgeService(node_id)
     server = make_server(1024)
+    add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`)
     hub.register(server)
     service.register(server)
     port = server.add_insecure_port(listen)

@@ -125,9 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("spec", nargs="?")
     s.set_defaults(fn=cmd_spec)
 
-    from fedhop import roles_cli
+    from fedhop import deploy_cli, roles_cli
 
     roles_cli.add_commands(sub)
+    deploy_cli.add_commands(sub)
     return p
 
 

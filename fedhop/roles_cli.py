@@ -55,11 +55,13 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
 def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli import default_out, load_spec, print_summary
+    from fedhop.lifecycle import exit_zero_on_sigterm_once_written
     from fedhop.server.main import run_server
 
     _logging()
     spec = load_spec(a.spec)
     out = Path(a.out) if a.out else default_out(spec.name, "server")
+    exit_zero_on_sigterm_once_written(out)
     result = run_server(spec, a.listen, out=out, device=a.device)
     print_summary(result, out)
     return 0
@@ -67,18 +69,37 @@ def cmd_server(a: argparse.Namespace) -> int:
 
 def cmd_edge(a: argparse.Namespace) -> int:
     from fedhop.edge.node import run_edge
+    from fedhop.lifecycle import linger
 
     _logging()
-    return _exit_now(run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
-                              connect_timeout_s=a.connect_timeout))
+    rc = run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
+                  connect_timeout_s=a.connect_timeout)
+    return _exit_now(linger(a.id, rc, a.linger_until, a.linger_timeout))
 
 
 def cmd_client(a: argparse.Namespace) -> int:
     from fedhop.client.main import run_client
+    from fedhop.lifecycle import linger
 
     _logging()
-    return _exit_now(run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
-                                connect_timeout_s=a.connect_timeout))
+    health = None
+    if a.health:
+        from fedhop.transport.health import serve_health
+
+        health = serve_health(a.health)
+    rc = run_client(a.id, a.connect, data_path=a.data_path, device=a.device, connect_timeout_s=a.connect_timeout)
+    rc = linger(a.id, rc, a.linger_until, a.linger_timeout)
+    if health is not None:
+        health.stop()
+    return _exit_now(rc)
+
+
+def _add_linger(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--linger-until", metavar="ADDR",
+                   help="after a clean end, stay up until the gRPC health service at ADDR (the PS) stops serving: "
+                        "`docker compose up --exit-code-from ps` stops everything when the first container exits, "
+                        "so children must not exit before the PS has written its results")
+    s.add_argument("--linger-timeout", type=float, default=300.0, help="seconds --linger-until waits at most")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -104,6 +125,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--advertise", help="HOST:PORT neighbour edges dial (default: the listen address)")
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the PS")
+    _add_linger(s)
     s.set_defaults(fn=cmd_edge)
 
     s = sub.add_parser("client", help="a client: dials its parent (edge or PS) and serves its tasks")
@@ -112,4 +134,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--data-path", help="where this client's data lives (default: the spec's data.path)")
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to wait for the parent")
+    s.add_argument("--health", metavar="HOST:PORT",
+                   help="serve grpc.health.v1 on this address (clients listen on nothing else), for healthchecks")
+    _add_linger(s)
     s.set_defaults(fn=cmd_client)

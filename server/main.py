@@ -24,6 +24,7 @@ from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import clone
 from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.health import add_health
 from fedhop.transport.parent import NetComm, ParentHub, make_server
 
 log = logging.getLogger("fedhop.server")
@@ -53,6 +54,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     run_id = f"{spec.name}-{secrets.token_hex(4)}"
     hub.configure(spec, topo, run_id)
     server = make_server(len(hub.children) + 16)
+    add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     hub.register(server)
     port = server.add_insecure_port(listen)
     if port == 0:
