@@ -34,6 +34,7 @@ HEALTH_PORT = 50070
 SPEC_TARGET = "/etc/fedhop/spec.toml"
 RUNS_TARGET = "/runs"
 COMPOSE_VERSION = "3.8"  # docker stack deploy on Docker < 23 needs a version; Compose v2 only warns about it
+CONNECT_S = 600  # a child waits this long for its parent (no start order under Swarm; torch imports are slow)
 LINGER_S = 300  # how long a finished edge/client waits for the PS to finish (see ``--linger-until``)
 
 
@@ -51,9 +52,9 @@ class ComposeOptions:
 
 def _healthcheck(port: int, interval_s: int) -> dict[str, Any]:
     return {
-        "test": ["CMD", "fedhop", "health", f"127.0.0.1:{port}", "--timeout", "2"],
+        "test": ["CMD", "fedhop", "health", f"127.0.0.1:{port}", "--timeout", "3"],
         "interval": f"{interval_s}s",
-        "timeout": "5s",
+        "timeout": "10s",
         "retries": 40,
         "start_period": "120s",
     }
@@ -86,7 +87,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
             "deploy": _placement("ps"),
         }
     }
-    linger = ["--linger-until", ps_addr, "--linger-timeout", str(LINGER_S)]
+    linger = ["--linger-until", ps_addr, "--linger-timeout", str(LINGER_S), "--connect-timeout", str(CONNECT_S)]
     for e in topo.edges:
         services[e] = {
             **role,

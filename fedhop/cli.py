@@ -134,10 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from fedhop.common.spec import SpecError
-
     try:
         return int(args.fn(args) or 0)
-    except SpecError as e:
+    except Exception as e:
+        from fedhop.common.spec import SpecError  # imported here: it imports torch, which `fedhop health` avoids
+
+        if not isinstance(e, SpecError):
+            raise
         print(f"fedhop: {e}", file=sys.stderr)
         return 2

@@ -33,6 +33,39 @@ def cmd_compose(a: argparse.Namespace) -> int:
     return 0
 
 
+COMPOSE_CMDS = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
+
+
+def cmd_compose_run(a: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    import time
+
+    from fedhop.deploy.compose_run import format_table, run_compose
+
+    folder = Path(a.dir)
+    if not (folder / "docker-compose.yml").is_file():
+        print(f"fedhop compose-run: no docker-compose.yml in {folder} (write one with `fedhop compose`)",
+              file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("fedhop compose-run: needs root (nftables counters on the compose network)", file=sys.stderr)
+        return 2
+    compose = COMPOSE_CMDS[a.compose]
+    name = a.name or time.strftime("%Y%m%d-%H%M%S")
+    try:
+        run = run_compose(compose, a.project, folder, Path(a.runs), name, timeout_s=a.timeout)
+    finally:
+        if not a.keep:
+            subprocess.run([*compose, "-p", a.project, "down", "-v", "--remove-orphans"], cwd=folder,
+                           capture_output=True, check=False)
+    if run.links:
+        print(format_table(run.links))
+        print(f"wire bytes per link in {run.run_dir / 'wire.csv'}")
+    print(f"compose up exited {run.rc}; run folder {run.run_dir}; compose log {Path(a.runs) / (name + '.compose.log')}")
+    return run.rc
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("health", help="probe a node's gRPC health service (exit 0 serving, 1 not serving, "
                                       "2 unreachable)")
@@ -55,3 +88,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                                    "FEDHOP_RUNS overrides it when the file is used)")
     s.add_argument("--device", default="cpu", help="--device of every role (default cpu)")
     s.set_defaults(fn=cmd_compose)
+
+    s = sub.add_parser("compose-run", help="docker compose up --exit-code-from ps with wire bytes per link from "
+                                           "the kernel (root): wire.csv in the run folder and a printed table")
+    s.add_argument("dir", nargs="?", default=".", help="folder holding docker-compose.yml (default: .)")
+    s.add_argument("--project", default="fedhop", help="compose project name (default fedhop)")
+    s.add_argument("--compose", choices=sorted(COMPOSE_CMDS), default="v2",
+                   help="v2: `docker compose` (default); v1: `docker-compose` 1.29")
+    s.add_argument("--runs", default="runs", help="host folder of run folders (bind-mounted at /runs; default runs)")
+    s.add_argument("--name", help="run folder name (default: the time)")
+    s.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
+    s.add_argument("--keep", action="store_true", help="leave containers and network in place (no `down`)")
+    s.set_defaults(fn=cmd_compose_run)

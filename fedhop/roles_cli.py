@@ -64,7 +64,9 @@ def cmd_server(a: argparse.Namespace) -> int:
     exit_zero_on_sigterm_once_written(out)
     result = run_server(spec, a.listen, out=out, device=a.device)
     print_summary(result, out)
-    return 0
+    # Leave at once: an interpreter teardown under gRPC's threads can take seconds, and during it Python
+    # restores the default SIGTERM action, so an orchestrator's SIGTERM then would turn a finished run into 143.
+    return _exit_now(0)
 
 
 def cmd_edge(a: argparse.Namespace) -> int:
