@@ -84,7 +84,10 @@ def serve_health(address: str) -> HealthServer:
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="health"))
     h = add_health(server)
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as e:  # grpcio >= 1.5x raises where older versions returned 0
+        raise OSError(f"cannot listen on {address} for health checks: {e}") from e
     if port == 0:
         raise OSError(f"cannot listen on {address} for health checks")
     server.start()
