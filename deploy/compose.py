@@ -62,8 +62,10 @@ def _healthcheck(port: int, interval_s: int) -> dict[str, Any]:
 
 def _placement(label: str) -> dict[str, Any]:
     """Swarm only: pin a role to the nodes labelled for it (``docker node update --label-add``)."""
+    # dnsrr: a service name resolves to its one task's address. No virtual IP, so no IPVS (missing in some
+    # kernels) between the long-lived gRPC streams and their peers.
     return {"placement": {"constraints": [f"node.labels.fedhop.{label} == true"]},
-            "restart_policy": {"condition": "none"}}
+            "restart_policy": {"condition": "none"}, "endpoint_mode": "dnsrr"}
 
 
 def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], dict[str, Any]]:

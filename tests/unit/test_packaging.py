@@ -4,6 +4,7 @@ the compose spec, the Dockerfile and the proto, and an installed copy runs its d
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,8 +17,12 @@ NEEDED = ["fedhop/default_spec.toml", "fedhop/deploy/Dockerfile", "fedhop/deploy
 
 
 def build_wheel(tmp: Path) -> Path:
+    # from a clean copy: an in-tree build/ left by an earlier build would hand stale files to the wheel
+    src = tmp / "src"
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "runs", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache", ".ruff_cache"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                           "-w", str(tmp / "dist"), str(REPO)], capture_output=True, text=True, timeout=600)
+                           "-w", str(tmp / "dist"), str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     wheels = list((tmp / "dist").glob("fedhop-*.whl"))
     assert len(wheels) == 1, wheels
