@@ -2,8 +2,9 @@
 
 Two documents come out of one spec (:func:`compose_files`):
 
-- the **base** file (``docker-compose.yml``): services, the overlay-ready network, the spec as a compose
-  ``config``, the run folder, healthchecks, Swarm placement and restart policy. It is valid for
+- the **base** file (``docker-compose.yml``): services, the overlay-ready network, the spec and the run
+  folder bind-mounted into the PS (Compose 1.29 ignores ``configs`` outside a swarm), healthchecks, Swarm
+  placement and restart policy. It is valid for
   ``docker compose up``, ``docker-compose up`` (1.29) and ``docker stack deploy`` alike, so it keeps to what
   ``docker stack deploy`` accepts: no ``profiles``, ``depends_on`` only in its short form (here: none).
 - the **override** file (``docker-compose.override.yml``), which both Compose versions read automatically
@@ -19,7 +20,7 @@ service name (the node id), also on a Swarm overlay network.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,14 @@ def _placement(label: str) -> dict[str, Any]:
             "restart_policy": {"condition": "none"}, "endpoint_mode": "dnsrr"}
 
 
+def host_path(path: str) -> str:
+    """A bind-mount source Compose cannot take for a named volume: ``spec.toml`` becomes ``./spec.toml``."""
+    return path if path.startswith(("/", "./", "../", "$", "~")) else f"./{path}"
+
+
 def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """The base and override documents for ``spec`` (see the module docstring)."""
+    opts = replace(opts, spec_path=host_path(opts.spec_path), runs=host_path(opts.runs))
     topo = build_topology(spec.topology, spec.seed)
     ps_addr = f"{topo.server}:{PS_PORT}"
     role: dict[str, Any] = {
@@ -83,8 +90,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
             **role,
             "command": ["server", SPEC_TARGET, "--listen", f"0.0.0.0:{PS_PORT}", "--device", opts.device,
                         "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}"],
-            "configs": [{"source": "spec", "target": SPEC_TARGET}],
-            "volumes": [f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
+            "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
             "healthcheck": _healthcheck(PS_PORT, opts.health_interval_s),
             "deploy": _placement("ps"),
         }
@@ -112,7 +118,6 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
         "version": COMPOSE_VERSION,
         "services": services,
         "networks": {"fl": {}},  # a bridge under Compose, an overlay under docker stack deploy
-        "configs": {"spec": {"file": opts.spec_path}},
     }
     override_services: dict[str, Any] = {}
     for n in topo.all_nodes():
@@ -126,8 +131,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
                   "args": {"TORCH_SPEC": "torch", "TORCH_INDEX_URL": ""}},
         "command": ["launch", SPEC_TARGET, "--device", "auto", "--quiet",
                     "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}-gpu"],
-        "configs": [{"source": "spec", "target": SPEC_TARGET}],
-        "volumes": [f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
+        "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
         "deploy": {"resources": {"reservations": {"devices": [
             {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}},
     }

@@ -28,7 +28,7 @@ def test_one_service_per_node_with_parents_from_the_topology() -> None:
     svc = base["services"]
     assert list(svc) == ["ps", "edge-0", "edge-1", "edge-2", *[f"client-{i}" for i in range(7)]]
     assert svc["ps"]["command"][:2] == ["server", "/etc/fedhop/spec.toml"]
-    assert base["configs"] == {"spec": {"file": "s.toml"}}
+    assert svc["ps"]["volumes"] == ["./s.toml:/etc/fedhop/spec.toml:ro", "${FEDHOP_RUNS:-./runs}:/runs"]
     for e in ("edge-0", "edge-1", "edge-2"):
         cmd = svc[e]["command"]
         assert (flag(cmd, "--id"), flag(cmd, "--connect"), flag(cmd, "--advertise")) == (e, "ps:50051", f"{e}:50061")
@@ -76,4 +76,4 @@ def test_committed_compose_files_are_generated_from_the_compose_spec(tmp_path: P
 def test_compose_command_prints_the_base_file(capsys) -> None:
     assert main(["compose", str(REPO / "deploy" / "compose_spec.toml"), "--spec-path", "x.toml"]) == 0
     doc = yaml.safe_load(capsys.readouterr().out)
-    assert doc["configs"]["spec"]["file"] == "x.toml" and "ps" in doc["services"]
+    assert doc["services"]["ps"]["volumes"][0] == "./x.toml:/etc/fedhop/spec.toml:ro"
