@@ -142,6 +142,7 @@ def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str
                         "--label-rm", "fedhop.clients", node], capture_output=True)
         if created:
             sh("docker", "swarm", "leave", "--force")
+            subprocess.run(["docker", "network", "rm", "docker_gwbridge"], capture_output=True)  # swarm init's
     res = json.loads((runs / "swarm" / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1))
     assert res["missing"] == []
