@@ -9,11 +9,12 @@ TORCH_SPEC ?= torch
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedhop-installed
 
-.PHONY: demo test lint bench reproduce reproduce-quick proto clean help fuzz
+.PHONY: demo test test-testbed lint bench reproduce reproduce-quick proto clean help fuzz
 
 help:
 	@echo "make demo   - run the default job (PS, edges, clients as separate processes) on bundled data"
-	@echo "make test   - ruff + the whole test suite"
+	@echo "make test   - ruff + the whole test suite (except tests/testbed)"
+	@echo "make test-testbed - root + Docker: compose (v1, v2), swarm and namespace testbeds (minutes)"
 	@echo "make bench  - benchmarks (printed tables)"
 	@echo "make fuzz   - fuzz the wire long: FEDHOP_FUZZ_EXAMPLES per property (default 5000), then atheris if installed"
 	@echo "make reproduce / reproduce-quick - the paper reproductions (full / CI size)"
@@ -35,6 +36,11 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests --ignore=tests/testbed
+
+# Root only. Installs Docker from Debian's packages if missing, starts dockerd, builds the base and fedhop
+# images locally (no registry needed), then runs the compose, swarm and namespace testbeds.
+test-testbed: $(STAMP)
+	$(PY) -m pytest tests/testbed -s --durations=0
 
 bench: $(STAMP)
 	$(PY) tests/bench/bench_codec.py

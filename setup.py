@@ -23,4 +23,12 @@ for pkg, folder in ROOTS.items():
     package_dir[pkg] = folder
     packages += [pkg] + [f"{pkg}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_dir=package_dir, package_data={"fedhop.v1": ["*.proto", "*.pyi"]})
+# Everything a run needs beside the code: the default spec (``fedhop launch`` with no spec), the compose
+# spec, the Dockerfile and base-image script (so ``fedhop compose`` works from an installed fedhop).
+PACKAGE_DATA = {
+    "fedhop": ["default_spec.toml"],
+    "fedhop.v1": ["*.proto", "*.pyi"],
+    "fedhop.deploy": ["Dockerfile", "*.toml", "*.sh"],
+}
+
+setup(packages=packages, package_dir=package_dir, package_data=PACKAGE_DATA)

@@ -19,6 +19,7 @@ from fedhop.common.exit_codes import ExitCode
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
+from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.peer import EdgeService
@@ -39,6 +40,7 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
     hub = ParentHub(node_id, meter, missing)
     service = EdgeService(node_id)
     server = make_server(1024)
+    add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`)
     serve_parent(hub, server)
     service.register(server)
     port = add_port(server, listen)

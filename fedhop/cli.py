@@ -322,6 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fedhop import roles_cli
 
     roles_cli.add_commands(sub, HelpFormatter, add_run_options)
+    from fedhop import deploy_cli
+
+    deploy_cli.add_commands(sub)
     from fedhop import identity_cli
 
     identity_cli.add_commands(sub)
@@ -330,17 +333,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from fedhop.common.spec import SpecError
-
     name = f"fedhop {args.cmd}"
     try:
         return int(args.fn(args) or 0)
-    except SpecError as e:
-        print(f"{name}: {e}", file=sys.stderr)
-        return ExitCode.USAGE
     except Fatal as e:
         print(f"{name}: {e.message}", file=sys.stderr)
         return e.code
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except Exception as e:
+        from fedhop.common.spec import SpecError  # imported here: it imports torch, which `fedhop health` avoids
+
+        if not isinstance(e, SpecError):
+            raise
+        print(f"{name}: {e}", file=sys.stderr)
+        return ExitCode.USAGE

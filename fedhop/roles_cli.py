@@ -90,6 +90,7 @@ def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli import check_device, load_spec, print_summary, run_folder
     from fedhop.common.engine.loop import RoundFailed
     from fedhop.common.preflight import check_user_code
+    from fedhop.lifecycle import exit_zero_on_sigterm_once_written
     from fedhop.netcheck import check_listen
     from fedhop.server.main import Interrupted, JoinTimeout, ResultsNotWritten, RunFolderError, run_server
 
@@ -101,6 +102,7 @@ def cmd_server(a: argparse.Namespace) -> int:
     check_listen(a.listen)
     check_device(a.device or spec.device)
     out = Path(a.resume) if resume is not None else run_folder(a, spec.name, "server")
+    exit_zero_on_sigterm_once_written(out)
     try:
         result = run_server(spec, a.listen, out=out, device=a.device, resume=resume)
     except Interrupted as e:
@@ -115,7 +117,9 @@ def cmd_server(a: argparse.Namespace) -> int:
     except RoundFailed as e:
         raise Fatal(ExitCode.FAILED, f"{e}; the rounds done are in {out}") from None
     print_summary(result, out, time.perf_counter() - started)
-    return 0
+    # Leave at once: an interpreter teardown under gRPC's threads can take seconds, and during it Python
+    # restores the default SIGTERM action, so an orchestrator's SIGTERM then would turn a finished run into 143.
+    return _exit_now(0)
 
 
 def _resume(a: argparse.Namespace) -> Any:
@@ -158,6 +162,7 @@ def _role(name: str, body: Callable[[], int]) -> int:
 
 def cmd_edge(a: argparse.Namespace) -> int:
     from fedhop.edge.node import run_edge
+    from fedhop.lifecycle import linger
     from fedhop.netcheck import check_listen, wait_for_parent
 
     _logging()
@@ -165,24 +170,43 @@ def cmd_edge(a: argparse.Namespace) -> int:
     def body() -> int:
         check_listen(a.listen)
         wait_for_parent(a.connect, a.connect_timeout, log.warning)
-        return run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
-                        connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
+        rc = run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
+                      connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
+        return linger(a.id, rc, a.linger_until, a.linger_timeout)
 
     return _role("edge", body)
 
 
 def cmd_client(a: argparse.Namespace) -> int:
     from fedhop.client.main import run_client
+    from fedhop.lifecycle import linger
     from fedhop.netcheck import wait_for_parent
 
     _logging()
 
     def body() -> int:
+        health = None
+        if a.health:
+            from fedhop.transport.health import serve_health
+
+            health = serve_health(a.health)
         wait_for_parent(a.connect, a.connect_timeout, log.warning)
-        return run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
-                          connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
+        rc = run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
+                        connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
+        rc = linger(a.id, rc, a.linger_until, a.linger_timeout)
+        if health is not None:
+            health.stop()
+        return rc
 
     return _role("client", body)
+
+
+def _add_linger(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--linger-until", metavar="ADDR",
+                   help="after a clean end, stay up until the gRPC health service at ADDR (the PS) stops serving: "
+                        "`docker compose up --exit-code-from ps` stops everything when the first container exits, "
+                        "so children must not exit before the PS has written its results")
+    s.add_argument("--linger-timeout", type=float, default=300.0, help="seconds --linger-until waits at most")
 
 
 def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter],
@@ -219,6 +243,7 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="seconds to keep retrying the PS (each retry is logged)")
     s.add_argument("--state-dir", help="save this node's state here after every task; restart with the same "
                    "--id and --state-dir to restore it (default: kept in memory only)")
+    _add_linger(s)
     s.set_defaults(fn=cmd_edge)
 
     s = sub.add_parser("client", help="a client: dials its parent (edge or PS) and serves its tasks",
@@ -231,4 +256,7 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                    help="seconds to keep retrying the parent (each retry is logged)")
     s.add_argument("--state-dir", help="save this client's state here after every task; restart with the same "
                    "--id and --state-dir to restore it (default: kept in memory only)")
+    s.add_argument("--health", metavar="HOST:PORT",
+                   help="serve grpc.health.v1 on this address (clients listen on nothing else), for healthchecks")
+    _add_linger(s)
     s.set_defaults(fn=cmd_client)

@@ -31,6 +31,7 @@ from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle, clone
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.session import ParentHub
@@ -147,6 +148,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
                 resumed_at=start.next_round)
     server = make_server(len(hub.children) + 16)
+    add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     serve_parent(hub, server)
     port = add_port(server, listen)
     if port == 0:

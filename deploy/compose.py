@@ -1,0 +1,175 @@
+"""``fedhop compose SPEC``: a Docker Compose file for any RunSpec, one service per node.
+
+Two documents come out of one spec (:func:`compose_files`):
+
+- the **base** file (``docker-compose.yml``): services, the overlay-ready network, the spec and the run
+  folder bind-mounted into the PS (Compose 1.29 ignores ``configs`` outside a swarm), healthchecks, Swarm
+  placement and restart policy. It is valid for
+  ``docker compose up``, ``docker-compose up`` (1.29) and ``docker stack deploy`` alike, so it keeps to what
+  ``docker stack deploy`` accepts: no ``profiles``, ``depends_on`` only in its short form (here: none).
+- the **override** file (``docker-compose.override.yml``), which both Compose versions read automatically
+  beside the base and ``docker stack deploy`` does not: start order through
+  ``depends_on: {condition: service_healthy}`` and the ``gpu`` profile.
+
+Node ids cannot be derived inside a replicated service (Compose gives a replica no index), and a client's
+parent edge follows from its id, so every node is its own service; ``--scale`` does not apply.
+
+Ports inside the network: PS 50051, edges 50061, client health 50070. Every container reaches the others by
+service name (the node id), also on a Swarm overlay network.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedhop.common.engine.topology import build_topology
+from fedhop.common.spec import RunSpec
+
+PS_PORT = 50051
+EDGE_PORT = 50061
+HEALTH_PORT = 50070
+SPEC_TARGET = "/etc/fedhop/spec.toml"
+RUNS_TARGET = "/runs"
+COMPOSE_VERSION = "3.8"  # docker stack deploy on Docker < 23 needs a version; Compose v2 only warns about it
+CONNECT_S = 600  # a child waits this long for its parent (no start order under Swarm; torch imports are slow)
+LINGER_S = 300  # how long a finished edge/client waits for the PS to finish (see ``--linger-until``)
+
+
+@dataclass(frozen=True)
+class ComposeOptions:
+    """What the generated files refer to outside the spec itself."""
+
+    spec_path: str  # the spec file as the compose file refers to it (relative to the compose file's folder)
+    image: str = "fedhop:latest"
+    gpu_image: str = "fedhop:gpu"
+    runs: str = "./runs"  # host folder bind-mounted at /runs; FEDHOP_RUNS overrides it at `up` time
+    device: str = "cpu"
+    health_interval_s: int = 3
+
+
+def _healthcheck(port: int, interval_s: int) -> dict[str, Any]:
+    return {
+        "test": ["CMD", "fedhop", "health", f"127.0.0.1:{port}", "--timeout", "3"],
+        "interval": f"{interval_s}s",
+        "timeout": "10s",
+        "retries": 40,
+        "start_period": "120s",
+    }
+
+
+def _placement(label: str) -> dict[str, Any]:
+    """Swarm only: pin a role to the nodes labelled for it (``docker node update --label-add``)."""
+    # dnsrr: a service name resolves to its one task's address. No virtual IP, so no IPVS (missing in some
+    # kernels) between the long-lived gRPC streams and their peers.
+    return {"placement": {"constraints": [f"node.labels.fedhop.{label} == true"]},
+            "restart_policy": {"condition": "none"}, "endpoint_mode": "dnsrr"}
+
+
+def host_path(path: str) -> str:
+    """A bind-mount source Compose cannot take for a named volume: ``spec.toml`` becomes ``./spec.toml``."""
+    return path if path.startswith(("/", "./", "../", "$", "~")) else f"./{path}"
+
+
+def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The base and override documents for ``spec`` (see the module docstring)."""
+    opts = replace(opts, spec_path=host_path(opts.spec_path), runs=host_path(opts.runs))
+    topo = build_topology(spec.topology, spec.seed)
+    ps_addr = f"{topo.server}:{PS_PORT}"
+    role: dict[str, Any] = {
+        "image": opts.image,
+        "build": {"context": ".", "dockerfile": "deploy/Dockerfile"},
+        "networks": ["fl"],
+        "init": True,
+    }
+    services: dict[str, Any] = {
+        topo.server: {
+            **role,
+            "command": ["server", SPEC_TARGET, "--listen", f"0.0.0.0:{PS_PORT}", "--device", opts.device,
+                        "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}"],
+            "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
+            "healthcheck": _healthcheck(PS_PORT, opts.health_interval_s),
+            "deploy": _placement("ps"),
+        }
+    }
+    linger = ["--linger-until", ps_addr, "--linger-timeout", str(LINGER_S), "--connect-timeout", str(CONNECT_S)]
+    for e in topo.edges:
+        services[e] = {
+            **role,
+            "command": ["edge", "--id", e, "--connect", ps_addr, "--listen", f"0.0.0.0:{EDGE_PORT}",
+                        "--advertise", f"{e}:{EDGE_PORT}", "--device", opts.device, *linger],
+            "healthcheck": _healthcheck(EDGE_PORT, opts.health_interval_s),
+            "deploy": _placement("edges"),
+        }
+    for c in topo.clients:
+        parent = topo.parent[c]
+        parent_addr = ps_addr if parent == topo.server else f"{parent}:{EDGE_PORT}"
+        services[c] = {
+            **role,
+            "command": ["client", "--id", c, "--connect", parent_addr, "--device", opts.device,
+                        "--health", f"0.0.0.0:{HEALTH_PORT}", *linger],
+            "healthcheck": {**_healthcheck(HEALTH_PORT, opts.health_interval_s), "interval": "30s"},
+            "deploy": _placement("clients"),
+        }
+    base = {
+        "version": COMPOSE_VERSION,
+        "services": services,
+        "networks": {"fl": {}},  # a bridge under Compose, an overlay under docker stack deploy
+    }
+    override_services: dict[str, Any] = {}
+    for n in topo.all_nodes():
+        parent = topo.parent.get(n)
+        if parent is not None:
+            override_services[n] = {"depends_on": {parent: {"condition": "service_healthy"}}}
+    override_services["gpu"] = {
+        "profiles": ["gpu"],
+        "image": opts.gpu_image,
+        "build": {"context": ".", "dockerfile": "deploy/Dockerfile",
+                  "args": {"TORCH_SPEC": "torch", "TORCH_INDEX_URL": ""}},
+        "command": ["launch", SPEC_TARGET, "--device", "auto", "--quiet",
+                    "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}-gpu"],
+        "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
+        "deploy": {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}},
+    }
+    override = {"version": COMPOSE_VERSION, "services": override_services}
+    return base, override
+
+
+HEADER = """\
+# Generated by `fedhop compose {spec}` for the run {name!r}: {n} nodes, one service each.
+#   docker compose up --exit-code-from ps        (Compose v2; `docker-compose up --exit-code-from ps` for 1.29)
+# ends when the PS ends and returns its exit code; results land in ${{FEDHOP_RUNS:-{runs}}}/<run name>.
+# Swarm: docker stack deploy -c <this file> fedhop   (see the README's containers section).
+"""
+OVERRIDE_HEADER = """\
+# Read by `docker compose` / `docker-compose` beside the base file, ignored by `docker stack deploy`:
+# start order (a child starts when its parent is healthy) and the gpu profile (one container, all GPUs:
+#   docker compose --profile gpu up gpu).
+"""
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes shared sub-documents out in full (no ``&id001`` anchors) and lists of scalars in flow style."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def dump(doc: dict[str, Any], header: str = "") -> str:
+    return header + yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=None, width=120)
+
+
+def write_compose(spec: RunSpec, spec_path: str, out_dir: Path, **kw: Any) -> tuple[Path, Path]:
+    """Write ``docker-compose.yml`` and ``docker-compose.override.yml`` for ``spec`` into ``out_dir``."""
+    opts = ComposeOptions(spec_path=spec_path, **kw)
+    base, override = compose_files(spec, opts)
+    topo = build_topology(spec.topology, spec.seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    a, b = out_dir / "docker-compose.yml", out_dir / "docker-compose.override.yml"
+    a.write_text(dump(base, HEADER.format(spec=spec_path, name=spec.name, n=len(topo.all_nodes()), runs=opts.runs)))
+    b.write_text(dump(override, OVERRIDE_HEADER))
+    return a, b

@@ -1,0 +1,102 @@
+"""``fedhop health`` (probe a node's grpc.health.v1 service) and ``fedhop compose`` (a compose file for a spec)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def cmd_health(a: argparse.Namespace) -> int:
+    from fedhop.transport.health import probe
+
+    if a.timeout <= 0:
+        print(f"fedhop health: --timeout must be positive, got {a.timeout:g}", file=sys.stderr)
+        return 2
+    result = probe(a.address, a.timeout, a.service)
+    print(f"{result.outcome.name}: {result.detail}", file=sys.stdout if result.outcome == 0 else sys.stderr)
+    return int(result.outcome)
+
+
+def cmd_compose(a: argparse.Namespace) -> int:
+    from fedhop.cli import load_spec
+    from fedhop.deploy.compose import OVERRIDE_HEADER, ComposeOptions, compose_files, dump, write_compose
+
+    spec = load_spec(a.spec)
+    kw = dict(image=a.image, gpu_image=a.gpu_image, runs=a.runs, device=a.device)
+    if a.out_dir:
+        base, override = write_compose(spec, a.spec_path or a.spec, Path(a.out_dir), **kw)
+        print(f"wrote {base} and {override}", file=sys.stderr)
+        return 0
+    docs = compose_files(spec, ComposeOptions(spec_path=a.spec_path or a.spec, **kw))
+    print(dump(docs[1] if a.override else docs[0], OVERRIDE_HEADER if a.override else ""), end="")
+    return 0
+
+
+COMPOSE_CMDS = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
+
+
+def cmd_compose_run(a: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    import time
+
+    from fedhop.deploy.compose_run import format_table, run_compose
+
+    folder = Path(a.dir)
+    if not (folder / "docker-compose.yml").is_file():
+        print(f"fedhop compose-run: no docker-compose.yml in {folder} (write one with `fedhop compose`)",
+              file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("fedhop compose-run: needs root (nftables counters on the compose network)", file=sys.stderr)
+        return 2
+    compose = COMPOSE_CMDS[a.compose]
+    name = a.name or time.strftime("%Y%m%d-%H%M%S")
+    try:
+        run = run_compose(compose, a.project, folder, Path(a.runs), name, timeout_s=a.timeout)
+    finally:
+        if not a.keep:
+            subprocess.run([*compose, "-p", a.project, "down", "-v", "--remove-orphans"], cwd=folder,
+                           capture_output=True, check=False)
+    if run.links:
+        print(format_table(run.links))
+        print(f"wire bytes per link in {run.run_dir / 'wire.csv'}")
+    print(f"compose up exited {run.rc}; run folder {run.run_dir}; compose log {Path(a.runs) / (name + '.compose.log')}")
+    return run.rc
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("health", help="probe a node's gRPC health service (exit 0 serving, 1 not serving, "
+                                      "2 unreachable)")
+    s.add_argument("address", help="HOST:PORT of a PS, an edge, or a client started with --health")
+    s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
+    s.add_argument("--service", default="", help="service name to ask about (default: the server as a whole)")
+    s.set_defaults(fn=cmd_health)
+
+    s = sub.add_parser("compose", help="write a Docker Compose file for a spec, one service per node "
+                                       "(stdout, or docker-compose.yml + docker-compose.override.yml with --out-dir)")
+    s.add_argument("spec", help="RunSpec TOML file")
+    s.add_argument("--spec-path", help="the spec's path as the compose file should refer to it, relative to the "
+                                       "compose file's folder (default: SPEC as given)")
+    s.add_argument("--out-dir", help="write both files into this folder instead of printing the base file")
+    s.add_argument("--override", action="store_true",
+                   help="print the override file (start order by health, gpu profile) instead of the base file")
+    s.add_argument("--image", default="fedhop:latest", help="image of every role (default fedhop:latest)")
+    s.add_argument("--gpu-image", default="fedhop:gpu", help="image of the gpu profile (default fedhop:gpu)")
+    s.add_argument("--runs", default="./runs", help="host folder for run folders (default ./runs; "
+                                                   "FEDHOP_RUNS overrides it when the file is used)")
+    s.add_argument("--device", default="cpu", help="--device of every role (default cpu)")
+    s.set_defaults(fn=cmd_compose)
+
+    s = sub.add_parser("compose-run", help="docker compose up --exit-code-from ps with wire bytes per link from "
+                                           "the kernel (root): wire.csv in the run folder and a printed table")
+    s.add_argument("dir", nargs="?", default=".", help="folder holding docker-compose.yml (default: .)")
+    s.add_argument("--project", default="fedhop", help="compose project name (default fedhop)")
+    s.add_argument("--compose", choices=sorted(COMPOSE_CMDS), default="v2",
+                   help="v2: `docker compose` (default); v1: `docker-compose` 1.29")
+    s.add_argument("--runs", default="runs", help="host folder of run folders (bind-mounted at /runs; default runs)")
+    s.add_argument("--name", help="run folder name (default: the time)")
+    s.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
+    s.add_argument("--keep", action="store_true", help="leave containers and network in place (no `down`)")
+    s.set_defaults(fn=cmd_compose_run)
