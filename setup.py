@@ -23,4 +23,5 @@ for pkg, folder in ROOTS.items():
     package_dir[pkg] = folder
     packages += [pkg] + [f"{pkg}.{sub}" for sub in find_packages(folder)]
 
-setup(packages=packages, package_dir=package_dir, package_data={"fedhop.v1": ["*.proto", "*.pyi"]})
+setup(packages=packages, package_dir=package_dir, package_data={"fedhop.v1": ["*.proto", "*.pyi"],
+                                                                   "fedhop.server.web": ["static/*"]})
