@@ -18,6 +18,7 @@ class Cursor:
     """What one page has been sent."""
 
     sent_any: bool = False
+    spec_sent: bool = False
     rounds: int = 0
     route: int = 0
     missing: int = 0
@@ -31,8 +32,9 @@ def next_message(status: RunStatus, cur: Cursor) -> tuple[int, dict[str, Any]]:
     that lands while the message is built makes the next wait return at once."""
     v = status.versions()
     st = status.status()
-    if cur.sent_any:
+    if cur.spec_sent:
         st.pop("spec")  # sent once
+    cur.spec_sent = st.get("spec") is not None
     msg: dict[str, Any] = {"reset": not cur.sent_any, "version": v["all"], "status": st}
     rounds = status.rounds(cur.rounds)
     cur.rounds += len(rounds)

@@ -74,10 +74,10 @@ function draw() {
   drawFacts();
   const evaluated = (key) => state.rounds.filter((r) => typeof r[key] === "number");
   const acc = evaluated("accuracy"), loss = evaluated("loss");
-  lineChart(el("chart-acc-round"), acc.map((r) => [r.round, r.accuracy]), "round", (x) => fmtInt(x));
+  lineChart(el("chart-acc-round"), acc.map((r) => [r.round, r.accuracy]), "round", fmtInt, true);
   lineChart(el("chart-acc-bytes"), acc.map((r) => [r.payload_bytes, r.accuracy]), "cumulative payload",
             fmtBytesShort);
-  lineChart(el("chart-loss-round"), loss.map((r) => [r.round, r.loss]), "round", (x) => fmtInt(x));
+  lineChart(el("chart-loss-round"), loss.map((r) => [r.round, r.loss]), "round", fmtInt, true);
   lineChart(el("chart-loss-bytes"), loss.map((r) => [r.payload_bytes, r.loss]), "cumulative payload",
             fmtBytesShort);
   drawLinks();
@@ -124,11 +124,11 @@ function niceTicks(lo, hi, n) {
   const raw = (hi - lo) / n, mag = Math.pow(10, Math.floor(Math.log10(raw)));
   const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((s) => s >= raw);
   const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(v);
+  for (let i = Math.ceil(lo / step - 1e-9); i <= Math.floor(hi / step + 1e-9); i++) out.push(Number((i * step).toPrecision(12)));
   return out;
 }
 
-function lineChart(svg, pts, xLabel, xFmt) {
+function lineChart(svg, pts, xLabel, xFmt, integerX) {
   svg.replaceChildren();
   const W = svg.clientWidth || 460, H = svg.clientHeight || 220;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
@@ -148,7 +148,7 @@ function lineChart(svg, pts, xLabel, xFmt) {
     svgEl("line", { x1: L, x2: W - R, y1: sy(t), y2: sy(t), class: "grid" }, svg);
     text(svg, L - 6, sy(t) + 4, Math.abs(t) >= 100 ? t.toFixed(0) : t.toPrecision(3), { "text-anchor": "end" });
   }
-  for (const t of niceTicks(x0, x1, 5)) {
+  for (const t of niceTicks(x0, x1, 5).filter((v) => !integerX || Number.isInteger(v))) {
     svgEl("line", { x1: sx(t), x2: sx(t), y1: H - B, y2: H - B + 4, class: "axis" }, svg);
     text(svg, sx(t), H - B + 16, xFmt(t), { "text-anchor": "middle" });
   }
@@ -221,7 +221,7 @@ function drawTopology() {
   if (!T || !T.clients.length) return;
   const W = svg.clientWidth || 900, H = svg.clientHeight || 340;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
-  const missed = new Set(T.missing_nodes);
+  const missed = new Set(state.missing.map((m) => m.node));  // the feed resends topology only when nodes change
   const pos = {};
   const yPS = 28, yEdge = T.edges.length ? 150 : null, yClient = H - 40;
   pos[T.server] = [W / 2, yPS];
@@ -243,7 +243,7 @@ function drawTopology() {
 
   // hops of the model between edges: consecutive route entries, the latest darkest
   const seq = [];
-  for (const s of T.route) for (const e of s.edges) seq.push(e);
+  for (const s of state.route) for (const e of s.edges) seq.push(e);
   const visits = {};
   for (const e of seq) visits[e] = (visits[e] || 0) + 1;
   const hops = [];
