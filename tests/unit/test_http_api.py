@@ -380,6 +380,17 @@ def test_event_stream_follows_a_run_live() -> None:
     assert links is not None and links["totals"]["payload_bytes"] == sum(r["payload_bytes"] for r in result.links)
 
 
+def test_stop_ends_open_streams() -> None:
+    status = RunStatus()
+    server = start_http(status, "127.0.0.1", 0)
+    with httpx.stream("GET", server.url + "api/events", timeout=30) as resp:
+        msgs = sse_messages(resp)
+        assert next(msgs)["reset"]
+        server.stop()
+        assert list(msgs) == []  # the server closed the stream: the iteration ends instead of hanging
+    assert not server._thread.is_alive()
+
+
 # -- tokens, addresses and flags ---------------------------------------------------------------------------------
 
 def test_beyond_loopback_needs_a_token() -> None:
