@@ -155,9 +155,8 @@ class RunStatus:
             s.route.append(step)
 
     def _on_links(self, s: _State, d: dict[str, Any]) -> None:
-        s.links = [dict(r) for r in d["rows"]]
+        s.links = list(d["rows"])  # the emitter hands over fresh rows (ByteMeter.rows()); not copied row by row
         s.links_version += 1
-        self._tables = None
 
     def _on_missing(self, s: _State, d: dict[str, Any]) -> None:
         s.missing.append(dict(d["entry"]))
@@ -220,7 +219,7 @@ class RunStatus:
         """Round records from the ``since``-th on: metrics, duration, elapsed, cumulative bytes so far."""
         with self._lock:
             infos = self._s.rounds[since:]
-            tables = self._link_tables()
+        tables = self._tables_now()  # read after the rounds: never older than the rounds it is applied to
         out = []
         for i in infos:
             rec = {**i.record, "round": i.record.get("round", i.index + 1)}
@@ -231,14 +230,22 @@ class RunStatus:
     def cumulative_bytes(self) -> list[tuple[int, int]]:
         """(payload, message) bytes sent up to and including each ended round, in round order."""
         with self._lock:
-            tables = self._link_tables()
             idx = [i.record.get("round", i.index + 1) - 1 for i in self._s.rounds]
+        tables = self._tables_now()
         return [(c["payload_bytes"], c["message_bytes"]) for c in map(tables.cumulative, idx)]
 
-    def _link_tables(self) -> _LinkTables:
-        if self._tables is None:
-            self._tables = _LinkTables.build(self._s.links)
-        return self._tables
+    def _tables_now(self) -> _LinkTables:
+        """The tables of the current link rows, built outside the lock (a long run's rows take a while) so the
+        run's thread never waits for a reader."""
+        with self._lock:
+            tables, rows, version = self._tables, self._s.links, self._s.links_version
+        if tables is not None and tables.version == version:
+            return tables
+        built = _LinkTables.build(rows, version)
+        with self._lock:
+            if self._s.links_version == version:
+                self._tables = built
+        return built
 
     def setup_round(self) -> dict[str, Any] | None:
         with self._lock:
@@ -252,8 +259,7 @@ class RunStatus:
 
     def links(self) -> dict[str, Any]:
         """Bytes per (src, dst, kind, phase) and per directed link (src, dst), largest links first."""
-        with self._lock:
-            return self._link_tables().summary
+        return self._tables_now().summary
 
     def topology(self) -> dict[str, Any]:
         """PS, edges, clients, parents, the edge graph, every node's state, and the model's route so far."""
@@ -319,49 +325,64 @@ class _LinkTables:
     """What the link rows say, computed once per links event: the per-link summary and bytes by round."""
 
     summary: dict[str, Any]
+    version: int  # links_version of the rows it was built from
     rounds: tuple[int, ...]  # sorted driver rounds that have rows
     prefix: tuple[tuple[int, int], ...]  # (payload, message) of every row with round <= rounds[i]
 
     @classmethod
-    def build(cls, rows: list[dict[str, Any]]) -> _LinkTables:
-        by_kind: dict[tuple[str, ...], dict[str, Any]] = {}
-        by_link: dict[tuple[str, str], dict[str, Any]] = {}
+    def build(cls, rows: list[dict[str, Any]], version: int) -> _LinkTables:
+        # one pass over the rows (hundreds of thousands in long runs) with plain lists; dicts are built after
+        acc: dict[tuple[str, str, str, str], list[int]] = {}  # messages, payload, message, wire, last round
         per_round: dict[int, list[int]] = {}
-        has_wire = any("wire_bytes" in r for r in rows)
+        has_wire = False
         for r in rows:
-            k = tuple(str(r[c]) for c in LINK_KEY)
-            a = by_kind.get(k)
+            k = (r["src"], r["dst"], r["kind"], r["phase"])
+            rnd = r["round"]
+            a = acc.get(k)
             if a is None:
-                a = by_kind[k] = {**dict(zip(LINK_KEY, k, strict=True)), **dict.fromkeys(COUNTS, 0),
-                                  "last_round": -1}
+                a = acc[k] = [0, 0, 0, 0, rnd]
+            pay, msg = r["payload_bytes"], r["message_bytes"]
+            a[0] += r["messages"]
+            a[1] += pay
+            a[2] += msg
+            if "wire_bytes" in r:
+                has_wire = True
+                a[3] += r["wire_bytes"] or 0
+            if rnd > a[4]:
+                a[4] = rnd
+            pr = per_round.get(rnd)
+            if pr is None:
+                per_round[rnd] = [pay, msg]
+            else:
+                pr[0] += pay
+                pr[1] += msg
+        by_kind, by_link = [], {}
+        for k in sorted(acc):
+            a = acc[k]
+            row = {"src": k[0], "dst": k[1], "kind": k[2], "phase": k[3], "messages": a[0], "payload_bytes": a[1],
+                   "message_bytes": a[2], "last_round": a[4], **({"wire_bytes": a[3]} if has_wire else {})}
+            by_kind.append(row)
             b = by_link.get(k[:2])
             if b is None:
-                b = by_link[k[:2]] = {"src": k[0], "dst": k[1], **dict.fromkeys(COUNTS, 0), "kinds": []}
-            for c in COUNTS:
-                a[c] += int(r[c])
-                b[c] += int(r[c])
-            a["last_round"] = max(a["last_round"], int(r["round"]))
+                b = by_link[k[:2]] = {"src": k[0], "dst": k[1], **dict.fromkeys(COUNTS, 0), "kinds": [],
+                                      **({"wire_bytes": 0} if has_wire else {})}
+            for c in (*COUNTS, *(("wire_bytes",) if has_wire else ())):
+                b[c] += row[c]
             if k[2] not in b["kinds"]:
                 b["kinds"].append(k[2])
-            if has_wire:
-                for x in (a, b):
-                    x["wire_bytes"] = x.get("wire_bytes", 0) + int(r.get("wire_bytes") or 0)
-            acc = per_round.setdefault(int(r["round"]), [0, 0])
-            acc[0] += int(r["payload_bytes"])
-            acc[1] += int(r["message_bytes"])
         per_link = sorted(by_link.values(), key=lambda x: (-x["payload_bytes"], -x["message_bytes"], x["src"],
                                                            x["dst"]))
         totals = {c: sum(x[c] for x in per_link) for c in COUNTS}
         if has_wire:
             totals["wire_bytes"] = sum(x["wire_bytes"] for x in per_link)
-        summary = {"links": per_link, "by_kind": [by_kind[k] for k in sorted(by_kind)], "totals": totals}
+        summary = {"links": per_link, "by_kind": by_kind, "totals": totals}
         rounds = tuple(sorted(per_round))
         prefix, p, m = [], 0, 0
         for t in rounds:
             p += per_round[t][0]
             m += per_round[t][1]
             prefix.append((p, m))
-        return cls(summary, rounds, tuple(prefix))
+        return cls(summary, version, rounds, tuple(prefix))
 
     def cumulative(self, upto: int) -> dict[str, int]:
         """Bytes of every message of a driver round <= ``upto`` (set-up messages, round -1, included)."""
