@@ -167,3 +167,29 @@ def test_live_page_follows_a_run_and_ends_at_its_results(browser: webdriver.Chro
         release.set()
         run.join(WAIT_S) if run.is_alive() else None
         server.stop()
+
+
+def test_large_federation_draws_clusters_and_lost_nodes(browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """300 clients are drawn as one box per cluster with its counts; a lost edge is marked with its reason."""
+    spec = fedchs_spec(clients=300, edges=10, rounds=5)
+    status = RunStatus()
+    status("run_started", {"run_id": "big", "spec": spec.model_dump(mode="json"), "nodes": None, "resumed_at": 0})
+    for n in [f"edge-{m}" for m in range(10)] + [f"client-{i}" for i in range(300)]:
+        status("node_joined", {"node": n, "role": "edge" if n.startswith("edge") else "client"})
+    status("node_lost", {"node": "edge-3", "reason": "stream closed"})
+    for i in range(4):  # four clients of edge-0 (clients 0..29) lost
+        status("node_lost", {"node": f"client-{i}", "reason": "deadline"})
+    server = start_http(status, "127.0.0.1", 0)
+    try:
+        browser.get(server.url)
+        wait_text(browser, "phase", "joining")
+        assert shown(browser, "nodes") == "305 / 310" and shown(browser, "lost") == "5"
+        labels = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#topology text")]
+        assert "30 clients, 4 lost" in labels and labels.count("30 clients") == 9
+        lost = browser.find_element(By.CSS_SELECTOR, '#topology circle[data-node="edge-3"]')
+        assert "lost" in lost.get_attribute("class").split()
+        assert "stream closed" in lost.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+        assert not [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+        browser.save_screenshot(str(tmp_path / "large_federation.png"))
+    finally:
+        server.stop()
