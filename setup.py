@@ -29,6 +29,7 @@ PACKAGE_DATA = {
     "fedhop": ["default_spec.toml"],
     "fedhop.v1": ["*.proto", "*.pyi"],
     "fedhop.deploy": ["Dockerfile", "*.toml", "*.sh"],
+    "fedhop.server.web": ["static/*"],
 }
 
 setup(packages=packages, package_dir=package_dir, package_data=PACKAGE_DATA)

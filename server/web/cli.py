@@ -1,0 +1,51 @@
+"""The command-line side: ``--http HOST:PORT`` and ``--http-token`` for server / launch / testbed up."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+
+from fedhop.server.web.serve import HttpConfigError, HttpServer, parse_address, start_http
+from fedhop.server.web.status import RunStatus
+
+TOKEN_ENV = "FEDHOP_HTTP_TOKEN"
+
+
+def _address(text: str) -> str:
+    if text.lower() == "off":
+        return "off"
+    try:
+        parse_address(text)
+    except HttpConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def add_http_args(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """Add ``--http`` and ``--http-token``. ``default``: the address served when ``--http`` is not given
+    (launch: ``127.0.0.1:0``, a free loopback port); None = off unless asked for."""
+    on = f"default: {default} (port 0 = a free port); 'off' = no web face" if default else "default: off"
+    parser.add_argument("--http", metavar="HOST:PORT", type=_address, default=default or "off",
+                        help=f"serve the live page, JSON API and /metrics on HOST:PORT ({on}); a host "
+                        "beyond loopback needs --http-token")
+    parser.add_argument("--http-token", metavar="TOKEN", default=os.environ.get(TOKEN_ENV),
+                        help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}); required "
+                        "when --http binds beyond loopback; a browser opens http://HOST:PORT/?token=TOKEN once")
+
+
+def http_from_args(args: argparse.Namespace, status: RunStatus,
+                   announce: Callable[[str], None] | None = None) -> HttpServer | None:
+    """Start the web face the arguments ask for (None when ``--http off``) and announce its URL (default: one
+    line on stderr). Raises HttpConfigError (a missing token) or OSError (the address is taken)."""
+    if args.http == "off":
+        return None
+    host, port = parse_address(args.http)
+    server = start_http(status, host, port, token=args.http_token)
+    (announce or _stderr)(f"live page: {server.url}" + (" (bearer token required)" if args.http_token else ""))
+    return server
+
+
+def _stderr(line: str) -> None:
+    print(f"fedhop: {line}", file=sys.stderr, flush=True)

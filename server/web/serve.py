@@ -1,0 +1,124 @@
+"""Serve the web face with uvicorn in a background thread of the PS process."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+from fedhop.server.web.app import create_app
+from fedhop.server.web.status import RunStatus
+
+log = logging.getLogger("fedhop.http")
+
+MIN_TOKEN_CHARS = 16
+START_TIMEOUT_S = 10.0
+
+
+class HttpConfigError(ValueError):
+    """An --http / --http-token setting that cannot be served (names the setting and why)."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6; port 0 = a free port) -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise HttpConfigError(f"--http wants HOST:PORT (e.g. 127.0.0.1:8080, or 127.0.0.1:0 for a free port), "
+                              f"got {text!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise HttpConfigError(f"--http {text}: the port must be a number from 0 to 65535, got {port!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def check_token(host: str, token: str | None) -> None:
+    """A server bound beyond loopback needs a bearer token; a token must be long enough to be one."""
+    if token is not None and len(token) < MIN_TOKEN_CHARS:
+        raise HttpConfigError(f"--http-token must be at least {MIN_TOKEN_CHARS} characters "
+                              f"(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe())')")
+    if token is None and not is_loopback(host):
+        raise HttpConfigError(f"--http {host}: the live page and API would be reachable beyond this machine, so "
+                              f"a bearer token is required: add --http-token TOKEN (or set FEDHOP_HTTP_TOKEN), "
+                              f"or bind to 127.0.0.1")
+
+
+@dataclass
+class HttpServer:
+    """A running web face: its address and how to stop it."""
+
+    host: str
+    port: int
+    token: str | None
+    _server: uvicorn.Server
+    _thread: threading.Thread
+    _app: object
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        if self.host in ("0.0.0.0", "::"):
+            host = socket.gethostname()
+        return f"http://{host}:{self.port}/"
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Close the live streams, stop serving and join the thread."""
+        self._app.state.notifier.close()  # type: ignore[attr-defined]
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._server.force_exit = True
+            self._thread.join(timeout_s)
+
+
+def start_http(status: RunStatus, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> HttpServer:
+    """Serve ``status`` on ``host:port`` (0 = a free port) in a daemon thread; returns once it answers.
+
+    Raises :class:`HttpConfigError` for a non-loopback host without a token, and ``OSError`` (with the
+    address in the message) when the address cannot be bound."""
+    check_token(host, token)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot serve the live page on {host}:{port}: {e.strerror}") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    actual = int(sock.getsockname()[1])
+    app = create_app(status, token=token, loopback=is_loopback(host))
+    config = uvicorn.Config(app, host=host, port=actual, loop="asyncio", http="h11", ws="none", lifespan="on",
+                            log_config=None, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="fedhop-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError(f"the live page's server on {host}:{actual} did not start (see the log)")
+        thread.join(0.01)
+    log.info("live page on %s:%d", host, actual)
+    return HttpServer(host, actual, token, server, thread, app)
+
+
+def stop_http(handle: HttpServer | None) -> None:
+    if handle is not None:
+        handle.stop()

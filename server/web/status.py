@@ -1,0 +1,391 @@
+"""RunStatus: what the live page, the JSON API and /metrics show, kept up to date from a run's events.
+
+Subscribe it to a :class:`~fedhop.common.engine.events.RunEvents` (``events.subscribe(status)``); it is called
+in the emitting thread, holds its lock only to update plain Python data, and reads are snapshots taken
+under the same lock, so the HTTP server's thread never sees a half-applied event.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedhop.common.engine.topology import SERVER, Topology, build_topology
+from fedhop.common.spec import RunSpec
+
+PHASES = ("waiting", "joining", "running", "finished", "failed")
+LINK_KEY = ("src", "dst", "kind", "phase")
+COUNTS = ("messages", "payload_bytes", "message_bytes")
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """One ended round: its 0-based index (-1 = the set-up step), what it reported, how long it took."""
+
+    index: int
+    record: dict[str, Any]
+    duration_s: float
+    elapsed_s: float  # since run_started, when the round ended
+
+
+@dataclass(frozen=True)
+class RouteStep:
+    """Where the model went in one round: Fed-CHS's active edge, FedCluster's visiting order."""
+
+    round: int  # 1-based, as in the round records
+    edges: tuple[str, ...]
+    redo: str | None = None  # Fed-CHS: "edge-2 failed" when the round was redone elsewhere
+
+
+@dataclass
+class _State:
+    run_id: str | None = None
+    spec: dict[str, Any] | None = None
+    rounds_total: int = 0
+    topology: Topology | None = None
+    expected: list[str] = field(default_factory=list)
+    roles: dict[str, str] = field(default_factory=dict)
+    joined: set[str] = field(default_factory=set)
+    lost: dict[str, str] = field(default_factory=dict)
+    resumed_at: int = 0
+    phase: str = "waiting"
+    current: int | None = None  # 0-based index of the round being trained
+    started: float | None = None
+    finished: float | None = None
+    wall_s: float | None = None
+    error: str | None = None
+    setup: RoundInfo | None = None
+    rounds: list[RoundInfo] = field(default_factory=list)
+    route: list[RouteStep] = field(default_factory=list)
+    links: list[dict[str, Any]] = field(default_factory=list)
+    missing: list[dict[str, Any]] = field(default_factory=list)
+    links_version: int = 0  # bumped by every links event
+    nodes_version: int = 0  # bumped when the topology or a node's state changes
+
+
+class RunStatus:
+    """The state of one run as seen through its events. Call it as a listener: ``status(kind, data)``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._s = _State()
+        self._version = 0
+        self._watchers: list[Callable[[int], None]] = []
+        self._tables: _LinkTables | None = None  # derived from the link rows, rebuilt after a links event
+
+    # -- the listener -----------------------------------------------------------------------------------------
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler is None:
+            raise ValueError(f"RunStatus got an unknown event kind {kind!r}")
+        with self._lock:
+            handler(self._s, data)
+            self._version += 1
+            version, watchers = self._version, list(self._watchers)
+        for w in watchers:
+            w(version)
+
+    def watch(self, fn: Callable[[int], None]) -> Callable[[], None]:
+        """Call ``fn(version)`` after every event (in the emitting thread; keep it quick). Returns an
+        unsubscribe function."""
+        with self._lock:
+            self._watchers.append(fn)
+
+        def remove() -> None:
+            with self._lock:
+                if fn in self._watchers:
+                    self._watchers.remove(fn)
+        return remove
+
+    @property
+    def version(self) -> int:
+        """Bumped by every event: a reader that saw version v has seen everything up to event v."""
+        with self._lock:
+            return self._version
+
+    def _on_run_started(self, s: _State, d: dict[str, Any]) -> None:
+        spec = d["spec"] if isinstance(d["spec"], RunSpec) else RunSpec.model_validate(d["spec"])
+        topo = build_topology(spec.topology, spec.seed)
+        nodes = list(d.get("nodes") or topo.all_nodes())
+        s.run_id = str(d["run_id"])
+        s.spec = spec.model_dump(mode="json")
+        s.rounds_total = spec.rounds
+        s.topology = topo
+        s.expected = [n for n in nodes if n != SERVER]
+        s.roles = {n: topo.role(n) for n in topo.all_nodes()}
+        s.resumed_at = int(d.get("resumed_at") or 0)
+        s.phase = "joining"
+        s.started = self._clock()
+        s.nodes_version += 1
+
+    def _on_node_joined(self, s: _State, d: dict[str, Any]) -> None:
+        node = str(d["node"])
+        s.joined.add(node)
+        s.lost.pop(node, None)
+        if d.get("role"):
+            s.roles[node] = str(d["role"])
+        s.nodes_version += 1
+
+    def _on_node_lost(self, s: _State, d: dict[str, Any]) -> None:
+        node = str(d["node"])
+        s.joined.discard(node)
+        s.lost[node] = str(d.get("reason") or "lost")
+        s.nodes_version += 1
+
+    def _on_round_started(self, s: _State, d: dict[str, Any]) -> None:
+        s.current = int(d["round"])
+        if s.phase in ("waiting", "joining"):
+            s.phase = "running"
+
+    def _on_round_ended(self, s: _State, d: dict[str, Any]) -> None:
+        t = int(d["round"])
+        record = dict(d.get("record") or {})
+        info = RoundInfo(t, record, float(d["duration_s"]), self._elapsed(s))
+        if t < 0:
+            s.setup = info
+            return
+        s.rounds.append(info)
+        step = _route_step(t, record)
+        if step is not None:
+            s.route.append(step)
+
+    def _on_links(self, s: _State, d: dict[str, Any]) -> None:
+        s.links = list(d["rows"])  # the emitter hands over fresh rows (ByteMeter.rows()); not copied row by row
+        s.links_version += 1
+
+    def _on_missing(self, s: _State, d: dict[str, Any]) -> None:
+        s.missing.append(dict(d["entry"]))
+
+    def _on_run_finished(self, s: _State, d: dict[str, Any]) -> None:
+        s.phase = "finished" if d.get("ok", True) else "failed"
+        s.error = d.get("error") or None
+        s.wall_s = float(d["wall_s"]) if d.get("wall_s") is not None else None
+        s.finished = self._clock()
+        s.current = None
+
+    def _elapsed(self, s: _State) -> float:
+        if s.started is None:
+            return 0.0
+        return (s.finished if s.finished is not None else self._clock()) - s.started
+
+    # -- reads (each a consistent snapshot) ---------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Run id, spec, phase, round, elapsed, ETA, nodes, the last reported metrics."""
+        with self._lock:
+            s = self._s
+            done = s.resumed_at + len(s.rounds)
+            durations = [r.duration_s for r in s.rounds]
+            mean = sum(durations) / len(durations) if durations else None
+            eta = None
+            if s.phase == "running" and mean is not None:
+                eta = mean * max(0, s.rounds_total - done)
+            elif s.phase in ("finished", "failed"):
+                eta = 0.0
+            last: dict[str, Any] = {}
+            for r in s.rounds:
+                last.update({k: v for k, v in r.record.items() if k in ("accuracy", "loss")})
+            waiting = [n for n in s.expected if n not in s.joined and n not in s.lost]
+            return {
+                "run_id": s.run_id,
+                "name": s.spec["name"] if s.spec else None,
+                "algorithm": s.spec["algorithm"]["name"] if s.spec else None,
+                "phase": s.phase,
+                "round": s.current + 1 if s.current is not None else None,
+                "rounds_completed": done,
+                "rounds_total": s.rounds_total,
+                "resumed_at": s.resumed_at,
+                "elapsed_s": self._elapsed(s),
+                "mean_round_s": mean,
+                "eta_s": eta,
+                "wall_s": s.wall_s,
+                "error": s.error,
+                "last": last,
+                "nodes": {
+                    "expected": len(s.expected),
+                    "joined": len([n for n in s.expected if n in s.joined]),
+                    "lost": dict(sorted(s.lost.items())),
+                    "waiting": waiting,
+                },
+                "spec": s.spec,
+                "version": self._version,
+            }
+
+    def rounds(self, since: int = 0) -> list[dict[str, Any]]:
+        """Round records from the ``since``-th on: metrics, duration, elapsed, cumulative bytes so far."""
+        with self._lock:
+            infos = self._s.rounds[since:]
+        tables = self._tables_now()  # read after the rounds: never older than the rounds it is applied to
+        out = []
+        for i in infos:
+            rec = {**i.record, "round": i.record.get("round", i.index + 1)}
+            out.append({**rec, **tables.cumulative(rec["round"] - 1), "duration_s": i.duration_s,
+                        "elapsed_s": i.elapsed_s})
+        return out
+
+    def cumulative_bytes(self) -> list[tuple[int, int]]:
+        """(payload, message) bytes sent up to and including each ended round, in round order."""
+        with self._lock:
+            idx = [i.record.get("round", i.index + 1) - 1 for i in self._s.rounds]
+        tables = self._tables_now()
+        return [(c["payload_bytes"], c["message_bytes"]) for c in map(tables.cumulative, idx)]
+
+    def _tables_now(self) -> _LinkTables:
+        """The tables of the current link rows, built outside the lock (a long run's rows take a while) so the
+        run's thread never waits for a reader."""
+        with self._lock:
+            tables, rows, version = self._tables, self._s.links, self._s.links_version
+        if tables is not None and tables.version == version:
+            return tables
+        built = _LinkTables.build(rows, version)
+        with self._lock:
+            if self._s.links_version == version:
+                self._tables = built
+        return built
+
+    def setup_round(self) -> dict[str, Any] | None:
+        with self._lock:
+            s = self._s.setup
+        return None if s is None else {"duration_s": s.duration_s, "elapsed_s": s.elapsed_s, **s.record}
+
+    def link_rows(self) -> list[dict[str, Any]]:
+        """The live meter rows as the engine sent them (per link, kind, phase and round)."""
+        with self._lock:
+            return [dict(r) for r in self._s.links]
+
+    def links(self) -> dict[str, Any]:
+        """Bytes per (src, dst, kind, phase) and per directed link (src, dst), largest links first."""
+        return self._tables_now().summary
+
+    def topology(self) -> dict[str, Any]:
+        """PS, edges, clients, parents, the edge graph, every node's state, and the model's route so far."""
+        with self._lock:
+            s = self._s
+            topo = s.topology
+            missing_nodes = sorted({str(e["node"]) for e in s.missing if e.get("node")})
+            route = [_route_json(r) for r in s.route]
+            if topo is None:
+                return {"server": SERVER, "edges": [], "clients": [], "parent": {}, "edge_graph": [],
+                        "nodes": {}, "route": route, "missing_nodes": missing_nodes}
+            nodes = {}
+            for n in topo.all_nodes():
+                state = "joined" if n in s.joined or n == SERVER else "lost" if n in s.lost else "waiting"
+                nodes[n] = {"role": s.roles.get(n, topo.role(n)), "state": state,
+                            **({"reason": s.lost[n]} if n in s.lost else {})}
+            graph = sorted({tuple(sorted((a, b), key=topo.ordinal)) for a, nb in topo.neighbours.items()
+                            for b in nb}, key=lambda p: (topo.ordinal(p[0]), topo.ordinal(p[1])))
+            return {"server": SERVER, "edges": list(topo.edges), "clients": list(topo.clients),
+                    "parent": dict(topo.parent), "edge_graph": [list(p) for p in graph], "nodes": nodes,
+                    "route": route, "missing_nodes": missing_nodes}
+
+    def missing(self, since: int = 0) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(e) for e in self._s.missing[since:]]
+
+    def counts(self) -> dict[str, int]:
+        """How many rounds and missing entries there are (for incremental readers)."""
+        with self._lock:
+            return {"rounds": len(self._s.rounds), "missing": len(self._s.missing)}
+
+    def versions(self) -> dict[str, int]:
+        """Change counters: any event, link rows, topology/node states; and the rounds and missing entries."""
+        with self._lock:
+            s = self._s
+            return {"all": self._version, "links": s.links_version, "nodes": s.nodes_version,
+                    "rounds": len(s.rounds), "missing": len(s.missing), "route": len(s.route)}
+
+    def route(self, since: int = 0) -> list[dict[str, Any]]:
+        with self._lock:
+            return [_route_json(r) for r in self._s.route[since:]]
+
+    def round_durations(self) -> list[float]:
+        with self._lock:
+            return [r.duration_s for r in self._s.rounds]
+
+
+def _route_step(t: int, record: dict[str, Any]) -> RouteStep | None:
+    redo = str(record["redo"]) if record.get("redo") else None
+    if record.get("edge"):
+        return RouteStep(t + 1, (str(record["edge"]),), redo)
+    if "order" in record:
+        return RouteStep(t + 1, tuple(e for e in str(record["order"]).split(",") if e), redo)
+    return None
+
+
+def _route_json(r: RouteStep) -> dict[str, Any]:
+    return {"round": r.round, "edges": list(r.edges), **({"redo": r.redo} if r.redo else {})}
+
+
+@dataclass(frozen=True)
+class _LinkTables:
+    """What the link rows say, computed once per links event: the per-link summary and bytes by round."""
+
+    summary: dict[str, Any]
+    version: int  # links_version of the rows it was built from
+    rounds: tuple[int, ...]  # sorted driver rounds that have rows
+    prefix: tuple[tuple[int, int], ...]  # (payload, message) of every row with round <= rounds[i]
+
+    @classmethod
+    def build(cls, rows: list[dict[str, Any]], version: int) -> _LinkTables:
+        # one pass over the rows (hundreds of thousands in long runs) with plain lists; dicts are built after
+        acc: dict[tuple[str, str, str, str], list[int]] = {}  # messages, payload, message, wire, last round
+        per_round: dict[int, list[int]] = {}
+        has_wire = False
+        for r in rows:
+            k = (r["src"], r["dst"], r["kind"], r["phase"])
+            rnd = r["round"]
+            a = acc.get(k)
+            if a is None:
+                a = acc[k] = [0, 0, 0, 0, rnd]
+            pay, msg = r["payload_bytes"], r["message_bytes"]
+            a[0] += r["messages"]
+            a[1] += pay
+            a[2] += msg
+            if "wire_bytes" in r:
+                has_wire = True
+                a[3] += r["wire_bytes"] or 0
+            if rnd > a[4]:
+                a[4] = rnd
+            pr = per_round.get(rnd)
+            if pr is None:
+                per_round[rnd] = [pay, msg]
+            else:
+                pr[0] += pay
+                pr[1] += msg
+        by_kind, by_link = [], {}
+        for k in sorted(acc):
+            a = acc[k]
+            row = {"src": k[0], "dst": k[1], "kind": k[2], "phase": k[3], "messages": a[0], "payload_bytes": a[1],
+                   "message_bytes": a[2], "last_round": a[4], **({"wire_bytes": a[3]} if has_wire else {})}
+            by_kind.append(row)
+            b = by_link.get(k[:2])
+            if b is None:
+                b = by_link[k[:2]] = {"src": k[0], "dst": k[1], **dict.fromkeys(COUNTS, 0), "kinds": [],
+                                      **({"wire_bytes": 0} if has_wire else {})}
+            for c in (*COUNTS, *(("wire_bytes",) if has_wire else ())):
+                b[c] += row[c]
+            if k[2] not in b["kinds"]:
+                b["kinds"].append(k[2])
+        per_link = sorted(by_link.values(), key=lambda x: (-x["payload_bytes"], -x["message_bytes"], x["src"],
+                                                           x["dst"]))
+        totals = {c: sum(x[c] for x in per_link) for c in COUNTS}
+        if has_wire:
+            totals["wire_bytes"] = sum(x["wire_bytes"] for x in per_link)
+        summary = {"links": per_link, "by_kind": by_kind, "totals": totals}
+        rounds = tuple(sorted(per_round))
+        prefix, p, m = [], 0, 0
+        for t in rounds:
+            p += per_round[t][0]
+            m += per_round[t][1]
+            prefix.append((p, m))
+        return cls(summary, version, rounds, tuple(prefix))
+
+    def cumulative(self, upto: int) -> dict[str, int]:
+        """Bytes of every message of a driver round <= ``upto`` (set-up messages, round -1, included)."""
+        i = bisect.bisect_right(self.rounds, upto)
+        p, m = self.prefix[i - 1] if i else (0, 0)
+        return {"payload_bytes": p, "message_bytes": m}
