@@ -96,6 +96,8 @@ class NetComm(BaseComm):
             r = c.result
             assert r is not None
             out[t] = Reply(to_device(r.bundle, device), r.scalars) if isinstance(r, Reply) else r
+            if isinstance(r, Reply):  # what it said of its state when it (re-)joined is settled now
+                self.hub.hello_info.get(t, {}).pop("state_round", None)
         return out
 
     def lost_state(self, node: NodeId) -> Failure | None:
