@@ -62,10 +62,11 @@ def cmd_launch(a: argparse.Namespace) -> int:
         n = spec.topology.edges + spec.topology.clients
         print(f"fedhop launch: starting {n} processes ({spec.topology.edges} edges, {spec.topology.clients} "
               f"clients) beside the PS; logs in {logs}", file=sys.stderr)
+    events, http = _web(a)
     bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
     try:
         result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
-                        on_join=bar.on_join, resume=resume)
+                        on_join=bar.on_join, resume=resume, events=events)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"every process was stopped; the rounds done are in {out} (logs in {logs})") from None
@@ -82,6 +83,8 @@ def cmd_launch(a: argparse.Namespace) -> int:
         raise Fatal(ExitCode.RUN_FOLDER, str(e)) from None
     finally:
         bar.close()
+        if http is not None:
+            http.stop()
     print_summary(result, out, time.perf_counter() - started)
     return 0
 
@@ -103,8 +106,9 @@ def cmd_server(a: argparse.Namespace) -> int:
     check_device(a.device or spec.device)
     out = Path(a.resume) if resume is not None else run_folder(a, spec.name, "server")
     exit_zero_on_sigterm_once_written(out)
+    events, http = _web(a)
     try:
-        result = run_server(spec, a.listen, out=out, device=a.device, resume=resume)
+        result = run_server(spec, a.listen, out=out, device=a.device, resume=resume, events=events)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"the rounds done are in {out}") from None
@@ -116,10 +120,32 @@ def cmd_server(a: argparse.Namespace) -> int:
         raise Fatal(ExitCode.RUN_FOLDER, str(e)) from None
     except RoundFailed as e:
         raise Fatal(ExitCode.FAILED, f"{e}; the rounds done are in {out}") from None
+    finally:
+        if http is not None:
+            http.stop()
     print_summary(result, out, time.perf_counter() - started)
     # Leave at once: an interpreter teardown under gRPC's threads can take seconds, and during it Python
     # restores the default SIGTERM action, so an orchestrator's SIGTERM then would turn a finished run into 143.
     return _exit_now(0)
+
+
+def _web(a: argparse.Namespace) -> tuple[Any, Any]:
+    """The run's events and, with --http, the live page / JSON API / metrics fed by them."""
+    from fedhop.common.engine.events import RunEvents
+    from fedhop.server.web.cli import http_from_args
+    from fedhop.server.web.serve import HttpConfigError
+    from fedhop.server.web.status import RunStatus
+
+    events = RunEvents()
+    status = RunStatus()
+    events.subscribe(status)
+    try:
+        http = http_from_args(a, status)
+    except HttpConfigError as e:
+        raise Fatal(ExitCode.USAGE, str(e)) from None
+    except OSError as e:
+        raise Fatal(ExitCode.ADDRESS_IN_USE, f"--http {a.http}: {e}") from None
+    return events, http
 
 
 def _resume(a: argparse.Namespace) -> Any:
@@ -211,6 +237,8 @@ def _add_linger(s: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter],
                  add_run_options: Callable[[argparse.ArgumentParser, str], None]) -> None:
+    from fedhop.server.web.cli import add_http_args
+
     s = sub.add_parser("launch", help="run a spec as real local processes: PS, edges and clients over gRPC",
                        formatter_class=formatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
@@ -220,6 +248,7 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
                    "(every process is started again and restores its state)")
+    add_http_args(s, default="127.0.0.1:0")
     s.set_defaults(fn=cmd_launch)
 
     s = sub.add_parser("server", help="the parameter server: owns the spec, waits for every node, runs it",
@@ -230,6 +259,7 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from the PS's last checkpoint; "
                    "nodes still up re-join it and roll back to it, restarted ones restore from their --state-dir")
+    add_http_args(s)
     s.set_defaults(fn=cmd_server)
 
     s = sub.add_parser("edge", help="an edge server: dials the PS, serves its clients and neighbour edges",

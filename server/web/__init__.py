@@ -4,11 +4,7 @@
     http = start_http(status, "127.0.0.1", 0)              # or http_from_args(args, status)
     ... run ...
     http.stop()
+
+Import from the submodules (``status``, ``serve``, ``cli``): this package imports nothing, so that a command
+that only adds ``--http`` to its parser does not load starlette and uvicorn.
 """
-
-from fedhop.server.web.cli import add_http_args, http_from_args
-from fedhop.server.web.serve import HttpConfigError, HttpServer, start_http, stop_http
-from fedhop.server.web.status import RunStatus
-
-__all__ = ["HttpConfigError", "HttpServer", "RunStatus", "add_http_args", "http_from_args", "start_http",
-           "stop_http"]

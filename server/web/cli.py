@@ -6,9 +6,11 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from fedhop.server.web.serve import HttpConfigError, HttpServer, parse_address, start_http
-from fedhop.server.web.status import RunStatus
+if TYPE_CHECKING:  # the web stack (starlette, uvicorn) is imported only when a page is served
+    from fedhop.server.web.serve import HttpServer
+    from fedhop.server.web.status import RunStatus
 
 TOKEN_ENV = "FEDHOP_HTTP_TOKEN"
 
@@ -16,6 +18,8 @@ TOKEN_ENV = "FEDHOP_HTTP_TOKEN"
 def _address(text: str) -> str:
     if text.lower() == "off":
         return "off"
+    from fedhop.server.web.serve import HttpConfigError, parse_address
+
     try:
         parse_address(text)
     except HttpConfigError as e:
@@ -41,6 +45,8 @@ def http_from_args(args: argparse.Namespace, status: RunStatus,
     line on stderr). Raises HttpConfigError (a missing token) or OSError (the address is taken)."""
     if args.http == "off":
         return None
+    from fedhop.server.web.serve import parse_address, start_http
+
     host, port = parse_address(args.http)
     server = start_http(status, host, port, token=args.http_token)
     (announce or _stderr)(f"live page: {server.url}" + (" (bearer token required)" if args.http_token else ""))

@@ -30,7 +30,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.inprocess import FaultPlan
 from fedhop.common.engine.results import write_run_folder
-from fedhop.server.web import RunStatus, start_http
+from fedhop.server.web.serve import start_http
+from fedhop.server.web.status import RunStatus
 from tests.live_run import run_with_events
 from tests.unit.test_fedchs import spec as fedchs_spec
 

@@ -26,7 +26,9 @@ from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.inprocess import FaultPlan
 from fedhop.common.engine.results import RunResult
 from fedhop.common.engine.topology import build_topology
-from fedhop.server.web import HttpConfigError, RunStatus, add_http_args, http_from_args, start_http
+from fedhop.server.web.cli import add_http_args, http_from_args
+from fedhop.server.web.serve import HttpConfigError, start_http
+from fedhop.server.web.status import RunStatus
 from tests.live_run import run_with_events
 from tests.unit.test_fedchs import spec as fedchs_spec
 
