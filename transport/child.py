@@ -28,7 +28,7 @@ import grpc
 
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
 from fedhop.common.engine.base import BaseComm, Failure
-from fedhop.common.engine.node_store import NodeStore, Restored
+from fedhop.common.engine.node_store import NEWEST, NodeStore, Restored
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec, TransportSpec
@@ -303,7 +303,7 @@ class ChildSession:
             if self.meter is not None and self.meter.relabel_from(r) and self.protocol is not None:
                 log.info("%s: byte rows of round %d on are reported as redo", self.node, r + 1)
         elif self.store.newest_tag() is not None and self.store.disk is not None and self.protocol is None:
-            got = self.store.rollback(ctx, 1 << 30, self.run_id)  # a restarted node: its newest state
+            got = self.store.rollback(ctx, NEWEST, self.run_id)  # a restarted node: its newest state
         else:
             got = Restored(self.store.newest_tag(), "memory")
         self.info["state_round"] = got.tag if got.tag is not None else -1

@@ -83,7 +83,10 @@ class NetComm(BaseComm):
             self.begin_round(rnd)
         deadline = self.scatter_deadline(deadline_s)
         snapshot = on_host(bundle)
-        sent = {t: self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline) for t in targets}
+        sent: dict[NodeId, Any] = {}
+        for t in targets:
+            self.hub.await_link(t)  # a node that is away gets transport.rejoin_grace_s to come back first
+            sent[t] = self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline)
         end = time.monotonic() + deadline
         out: dict[NodeId, Reply | Failure] = {}
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")

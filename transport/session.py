@@ -430,7 +430,7 @@ class ParentHub:
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
              deadline_s: float) -> Call | Failure:
         """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`."""
-        link, admitted = self._await_link(target)
+        link, admitted = self.await_link(target)
         if link is None or not link.alive:
             return Failure(f"{target} is not connected")
         # a node that just re-joined says Ready right after its Welcome: worth a short wait, not a lost round
@@ -455,7 +455,7 @@ class ParentHub:
         link.send(frames, sent)
         return call
 
-    def _await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
+    def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
         """The target's session; a child that was admitted once and is away (restarting, re-joining) is
         given transport.rejoin_grace_s to come back and say Ready before the call fails."""
         grace = self.spec.transport.rejoin_grace_s if self.spec is not None else 0.0

@@ -26,6 +26,7 @@ from fedhop.common.engine.snapshot import NodeSnapshot, restore, snapshot
 from fedhop.common.engine.state_io import from_tree, to_tree
 
 log = logging.getLogger("fedhop.node_store")
+NEWEST = 1 << 30  # rollback(ctx, NEWEST): restore the newest saved state (a restarted node)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,6 @@ class NodeStore:
                 ctx.comm.last_ok = {}
         else:
             restore(ctx, snap)
-        log.info("%s: state rolled back to before round %d (%s%s)", self.node, resume_round + 1, source,
-                 f", from round {tag + 1}" if tag is not None else "")
+        what = "restored" if resume_round >= NEWEST else f"rolled back to before round {resume_round + 1}"
+        log.info("%s: state %s (%s%s)", self.node, what, source, f", from round {tag + 1}" if tag is not None else "")
         return Restored(tag, source)

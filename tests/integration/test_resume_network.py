@@ -120,12 +120,14 @@ def test_client_restarted_with_its_state_dir_keeps_the_run_exact(case: str, tmp_
         if case == "focus":
             assert_tracking(fed.out, state, spec.topology.clients)
         fed.procs.kill("client-1")
+        fed.wait_for_log("lost client-1", timeout=60)  # the PS saw it go: its next task waits for it
         fed.start_node("client-1")  # same --id and --state-dir
         (gate / "go-2").touch()
         assert fed.wait(240) == 0, fed.all_logs()
     finally:
         fed.close()
-    assert "state restored from round 2" in fed.log_of("client-1")
+    last = max(r["round"] for r in oracle.links if r["src"] == "client-1" and r["phase"] == "reply" and r["round"] < 2)
+    assert f"state restored from round {last + 1} (disk)" in fed.log_of("client-1")
     res, final = load_result(fed.out)
     assert res["missing"] == []
     assert_same_model(final, oracle.final, case)
@@ -156,6 +158,7 @@ def test_client_back_without_its_state_is_left_out_and_said_so(tmp_path: Path, g
     try:
         wait_file(gate / "at-2", fed)
         fed.procs.kill("client-1")
+        fed.wait_for_log("lost client-1", timeout=60)
         fed.start_node("client-1")
         (gate / "go-2").touch()
         assert fed.wait(240) == 0, fed.all_logs()
