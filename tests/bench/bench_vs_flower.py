@@ -224,7 +224,8 @@ def flower_role(cmd: list[str]) -> str:
     return ""
 
 
-def run_flower(bin_dir: Path, hidden: int, rounds: int, clients: int, work: Path, timeout: float) -> Result:
+def run_flower(bin_dir: Path, version: str, hidden: int, rounds: int, clients: int, work: Path, timeout: float
+               ) -> Result:
     home, app, timing = work / "flwr-home", work / "app", work / "timing.jsonl"
     home.mkdir(parents=True)
     (home / "config.toml").write_text(f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\n'
@@ -266,7 +267,7 @@ def run_flower(bin_dir: Path, hidden: int, rounds: int, clients: int, work: Path
         rss = poller.stop()
     s = stamps()
     times = [b["t"] - a["t"] for a, b in zip(s, s[1:], strict=False)]
-    return Result("Flower " + FLWR_VERSION, "", mlp_params(hidden), times, (s[-1]["t"] - s[0]["t"]) / rounds,
+    return Result(f"Flower {version}", "", mlp_params(hidden), times, (s[-1]["t"] - s[0]["t"]) / rounds,
                   wall, lo, 2 * rounds * clients * mlp_params(hidden) * 4, rss, s[-1]["accuracy"])
 
 
@@ -391,8 +392,6 @@ def main() -> int:
         p.error("needs root: each framework runs in its own network namespace (ip netns)")
     if shutil.which("ip") is None:
         p.error("needs the 'ip' command (iproute2)")
-    global FLWR_VERSION
-    FLWR_VERSION = a.flwr_version
     venv = a.flower_venv or Path.home() / ".cache" / "fedhop" / f"flwr-{a.flwr_version}"
     bin_dir = ensure_flower(venv, a.flwr_version) if a.only != "fedhop" else Path()
     models = dict(list(MODELS.items())[:1]) if a.quick else MODELS
@@ -410,7 +409,7 @@ def main() -> int:
                 work.mkdir()
                 print(f"{fw}: {label} (h = {hidden}), {a.rounds} rounds, {a.clients} clients ...", file=sys.stderr,
                       flush=True)
-                r = (run_flower(bin_dir, hidden, a.rounds, a.clients, work, a.timeout) if fw == "flower"
+                r = (run_flower(bin_dir, a.flwr_version, hidden, a.rounds, a.clients, work, a.timeout) if fw == "flower"
                      else run_fedhop(hidden, a.rounds, a.clients, work, a.timeout))
                 r.model = label
                 rows.append(r.row())
