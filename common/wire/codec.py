@@ -33,7 +33,7 @@ import sys
 import threading
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -515,6 +515,41 @@ class BundleDecoder:
             pos += k
         self._slot = i
         self._received = got + n
+
+    def fill(self, recv_into: Callable[[memoryview], int]) -> None:
+        """Receive the rest of the payload straight into the decode buffer, for a transport that carries it as
+        a plain byte stream rather than chunk frames (e.g. ``fill(sock.recv_into)``): no copy besides the
+        receive itself, each piece hashed right after it lands.
+
+        ``recv_into(view)`` writes at most ``len(view)`` bytes at the start of ``view`` and returns how many;
+        0 means the stream ended, which fails the decoder with the truncation message of :meth:`finish`.
+        """
+        self._check_open()
+        dst = self._view
+        assert dst is not None
+        update = self._hasher.update
+        slots, i = self._slots, self._slot
+        while self._received < self._total:
+            slot = slots[i]
+            got = self._received
+            if got >= slot.start + slot.nbytes:
+                i += 1
+                continue
+            b = slot.at + (got - slot.start)
+            k = min(slot.start + slot.nbytes - got, _PIECE_BYTES)
+            piece = dst[b:b + k]
+            try:
+                n = recv_into(piece)
+            except OSError as e:
+                raise self._fail(f"receiving the payload at offset {got} failed: {e}") from e
+            if not isinstance(n, int) or not 0 <= n <= k:
+                raise self._fail(f"recv_into returned {n!r} for a {k}-byte view at offset {got}")
+            if n == 0:
+                self._slot = i
+                self.finish()  # raises the truncation error and fails the decoder
+            update(piece[:n])
+            self._received = got + n
+        self._slot = i
 
     def finish(self) -> Bundle:
         """The decoded bundle (tensors are views of the one buffer), after checking length and checksum."""

@@ -518,3 +518,61 @@ def test_decoded_tensors_are_separate_contiguous_regions():
     out["b"].zero_()
     assert torch.equal(out["c"], bundle["c"]) and torch.equal(out["b"], torch.zeros(4, dtype=torch.int16))
     assert torch.equal(out["a"], torch.full((2, 3), -1.0))
+
+
+def _reader(data: bytes, step: int):
+    """A recv_into over ``data`` that hands out at most ``step`` bytes per call, then 0 (end of stream)."""
+    pos = 0
+
+    def recv_into(view: memoryview) -> int:
+        nonlocal pos
+        n = min(len(view), step, len(data) - pos)
+        view[:n] = data[pos:pos + n]
+        pos += n
+        return n
+
+    return recv_into
+
+
+def test_fill_receives_a_plain_byte_stream_into_place():
+    """fill() reads the payload stream (tensor bytes back to back, no chunk frames) straight into the decode
+    buffer, across tensor boundaries and alignment gaps, with any piece size the stream hands out."""
+    bundle = mixed_bundle()
+    header, views = encode_views(bundle, 64)
+    stream = b"".join(bytes(c.data) for c in views)
+    for step in (1, 7, 4096):
+        dec = BundleDecoder(header)
+        dec.fill(_reader(stream, step))
+        assert dec.complete
+        assert_bundles_equal(dec.finish(), bundle)
+    dec = BundleDecoder(header)  # chunks first, then the rest as a stream
+    first = stream[:64]
+    dec.feed(RawChunk(0, first))
+    dec.fill(_reader(stream[64:], 1000))
+    assert_bundles_equal(dec.finish(), bundle)
+
+
+def test_fill_reports_truncation_corruption_and_a_broken_reader():
+    bundle = {"a": torch.arange(10, dtype=torch.int32), "b": torch.arange(4, dtype=torch.float64)}
+    header, views = encode_views(bundle)
+    stream = b"".join(bytes(c.data) for c in views)
+    dec = BundleDecoder(header)
+    with pytest.raises(CodecError, match=r"truncated bundle: received 30 of 72 bytes; incomplete tensors: "
+                                         r"'a' has 30 of 40 bytes, 'b' has 0 of 32 bytes"):
+        dec.fill(_reader(stream[:30], 8))
+    with pytest.raises(CodecError, match="has failed"):
+        dec.fill(_reader(stream, 8))
+    bad = bytearray(stream)
+    bad[50] ^= 0x10
+    dec = BundleDecoder(header)
+    dec.fill(_reader(bytes(bad), 64))
+    with pytest.raises(CodecError, match="checksum mismatch"):
+        dec.finish()
+
+    def broken(view: memoryview) -> int:
+        raise ConnectionResetError("peer went away")
+
+    with pytest.raises(CodecError, match="receiving the payload at offset 0 failed: peer went away"):
+        BundleDecoder(header).fill(broken)
+    with pytest.raises(CodecError, match=r"recv_into returned 99 for a 40-byte view at offset 0"):
+        BundleDecoder(header).fill(lambda view: 99)
