@@ -12,7 +12,11 @@ one byte. Both on 127.0.0.1, same run. Prints MB/s (1 MB = 10^6 bytes) and the r
 Two more rows put the ratio in context: raw TCP into a fresh buffer of the bundle's size per transfer (as a
 receiver that keeps the model must have; its page faults are part of the cost), and fedhop with the codec's
 huge-page decode buffers switched off (``--plain-buffers`` ablation: every 4 KiB page of the decode buffer
-faults on first write).
+faults on first write). And a prototype of a bulk byte lane (``--no-lane`` skips it): the header travels
+length-prefixed on a plain TCP socket, the payload follows as the tensors' bytes (``sendall`` from their
+memory), the receiver decodes with ``BundleDecoder.fill(sock.recv_into)`` (straight into its decode buffer,
+xxh3 on both sides, the same finiteness check as the client) and answers one byte: what fedhop's transfer
+would cost if bundles bypassed gRPC's message copies.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -70,6 +75,50 @@ def _tcp_child(port: int, nbytes: int, reps: int, fresh: bool) -> int:
                 left -= n
             s.sendall(b"k")
     return 0
+
+
+def _lane_child(port: int, reps: int) -> int:
+    from fedhop.common.wire.bundle import non_finite
+    from fedhop.common.wire.codec import BundleDecoder
+    from fedhop.v1 import fedhop_pb2 as pb
+
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(reps):
+            (n,) = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))
+            header = pb.BundleHeader.FromString(s.recv(n, socket.MSG_WAITALL))
+            decoder = BundleDecoder(header)
+            decoder.fill(s.recv_into)
+            bundle = decoder.finish()
+            assert not non_finite(bundle)
+            s.sendall(b"k")
+            del bundle
+    return 0
+
+
+def bench_lane(payload: torch.Tensor, reps: int) -> list[float]:
+    from fedhop.common.wire.codec import encode_views
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        port = srv.getsockname()[1]
+        child = subprocess.Popen([sys.executable, __file__, "--lane-child", str(port), str(reps)])
+        conn, _ = srv.accept()
+        times = []
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                header, chunks = encode_views({"w": payload}, 64 << 20)
+                head = header.SerializeToString()
+                conn.sendall(struct.pack("<I", len(head)) + head)
+                for c in chunks:
+                    conn.sendall(c.data)
+                assert conn.recv(1) == b"k"
+                times.append(time.perf_counter() - t0)
+        child.wait(30)
+    return times
 
 
 def bench_tcp(payload: torch.Tensor, reps: int, fresh: bool = False) -> list[float]:
@@ -140,12 +189,15 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffe
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--sink-child":
         return _sink_child(sys.argv[2], "--plain-buffers" in sys.argv[3:])
+    if len(sys.argv) > 1 and sys.argv[1] == "--lane-child":
+        return _lane_child(int(sys.argv[2]), int(sys.argv[3]))
     if len(sys.argv) > 1 and sys.argv[1] == "--tcp-child":
         return _tcp_child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, default=256, help="bundle size in MiB")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--chunk-mib", type=float, nargs="+", default=[1.0, 4.0])
+    p.add_argument("--no-lane", action="store_true", help="skip the bulk-lane prototype row")
     p.add_argument("--no-ablation", action="store_true", help="skip the 4 KiB-page decode buffer row")
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -158,6 +210,8 @@ def main() -> int:
     for c in a.chunk_mib:
         t = bench_fedhop(payload, a.reps, int(c * (1 << 20)))
         rows.append(("fedhop scatter PS -> client (gRPC)", f"{c:g} MiB", min(t)))
+    if not a.no_lane:
+        rows.append(("prototype bulk lane: TCP + codec fill()", "-", min(bench_lane(payload, a.reps))))
     if not a.no_ablation:
         t = bench_fedhop(payload, a.reps, int(a.chunk_mib[0] * (1 << 20)), plain_buffers=True)
         rows.append(("  same, 4 KiB-page decode buffer", f"{a.chunk_mib[0]:g} MiB", min(t)))
