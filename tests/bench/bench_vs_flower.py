@@ -376,6 +376,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="only the 55,210-parameter model")
+    p.add_argument("--hidden", type=int, action="append", help="run these hidden widths h instead (repeatable), "
+                   "e.g. --hidden 4960 for the 25M-parameter model alone")
     p.add_argument("--rounds", type=int, default=10, help="FedAvg rounds (default 10)")
     p.add_argument("--clients", type=int, default=4, help="clients / SuperNodes (default 4)")
     p.add_argument("--flwr-version", default=FLWR_VERSION, help=f"Flower release to install (default {FLWR_VERSION})")
@@ -395,6 +397,10 @@ def main() -> int:
     venv = a.flower_venv or Path.home() / ".cache" / "fedhop" / f"flwr-{a.flwr_version}"
     bin_dir = ensure_flower(venv, a.flwr_version) if a.only != "fedhop" else Path()
     models = dict(list(MODELS.items())[:1]) if a.quick else MODELS
+    if a.hidden:
+        if any(h < 1 for h in a.hidden):
+            p.error("--hidden must be at least 1")
+        models = {f"{mlp_params(h):,} params": h for h in a.hidden}
     work_root = Path(a.keep) if a.keep else Path(tempfile.mkdtemp(prefix="bench-vs-flower-"))
     work_root.mkdir(parents=True, exist_ok=True)
     print(f"work folders under {work_root}; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}, "
