@@ -8,12 +8,17 @@
    buffer afresh, as a receiver does, so the fair baselines are ``torch.clone`` (allocate + copy, with
    torch's intra-op threads) and ``bytearray`` (allocate + copy, one thread, like the codec);
    ``copy_`` into a warm buffer is shown as an upper bound. Paths:
-     codec      encode() -> pb.Chunk objects -> BundleDecoder (the codec API, no serialization)
+     views      encode_views() -> RawChunk views of the tensors -> BundleDecoder (the codec's own work:
+                checksums, chunking, header, decode into one buffer; what frames.bundle_frames builds on)
+     codec      encode() -> pb.Chunk objects -> BundleDecoder (the codec API, no serialization; protobuf
+                copies each chunk's bytes in and out of the message)
      raw        bundle_frames(raw=True) -> serialized Frame bytes -> parse_frame -> BundleDecoder
                 (what a gRPC stream with frames.serialize_frame / parse_frame does)
      protobuf   bundle_frames(raw=False) -> SerializeToString -> ParseFromString -> BundleDecoder
                 (what a gRPC stream with the generated stubs' default serializers does)
    with the default checksum (xxh3_64) and, for comparison, crc32 and none on the raw path.
+   ``--baseline-rev REV`` adds the views, codec and raw paths of codec.py + frames.py as of git revision REV,
+   loaded beside the working tree's, so that before and after are measured in the same run.
 2. Message bytes / payload bytes: serialized sizes of the header frame and all chunk frames (``ByteSize()``,
    equal to the raw frames' lengths) over the raw tensor bytes.
 3. Peak RSS of sending one bundle between two processes over a pipe (length-prefixed serialized frames):
@@ -33,6 +38,7 @@ import struct
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 
 import torch
@@ -71,53 +77,96 @@ def best_times(paths: list[tuple[str, Callable[[], object]]], reps: int) -> list
     return best
 
 
-def via_codec(bundle: dict[str, torch.Tensor], chunk_bytes: int) -> dict[str, torch.Tensor]:
-    header, chunks = codec.encode(bundle, chunk_bytes)
-    decoder = BundleDecoder(header)
+def via_views(bundle: dict[str, torch.Tensor], chunk_bytes: int, codec_mod=codec) -> dict[str, torch.Tensor]:
+    header, chunks = codec_mod.encode_views(bundle, chunk_bytes)
+    decoder = codec_mod.BundleDecoder(header)
     for c in chunks:
         decoder.feed(c)
     return decoder.finish()
 
 
-def via_frames(bundle, chunk_bytes: int, raw: bool, checksum: str = codec.DEFAULT_CHECKSUM, meter=None):
-    stream = frames.bundle_frames(1, bundle, chunk_bytes, raw=raw, checksum=checksum)
+def via_codec(bundle: dict[str, torch.Tensor], chunk_bytes: int, codec_mod=codec) -> dict[str, torch.Tensor]:
+    header, chunks = codec_mod.encode(bundle, chunk_bytes)
+    decoder = codec_mod.BundleDecoder(header)
+    for c in chunks:
+        decoder.feed(c)
+    return decoder.finish()
+
+
+def via_frames(bundle, chunk_bytes: int, raw: bool, checksum: str = codec.DEFAULT_CHECKSUM, meter=None,
+               frames_mod=frames):
+    stream = frames_mod.bundle_frames(1, bundle, chunk_bytes, raw=raw, checksum=checksum)
     decoder = None
     for frame in stream:
-        wire = frames.serialize_frame(frame)
+        wire = frames_mod.serialize_frame(frame)
         if meter is not None:
-            meter.append(frames.frame_size(frame))
-        got = frames.parse_frame(wire)
-        if isinstance(got, ChunkFrame):
+            meter.append(frames_mod.frame_size(frame))
+        got = frames_mod.parse_frame(wire)
+        if isinstance(got, frames_mod.ChunkFrame):
             decoder.feed(got)
         elif got.WhichOneof("body") == "header":
-            decoder = BundleDecoder(got.header)
+            decoder = frames_mod.codec.BundleDecoder(got.header)
         else:
             decoder.feed(got.chunk)
     return decoder.finish()
 
 
-def codec_paths(bundle: dict[str, torch.Tensor], chunk_bytes: int) -> list[tuple[str, Callable[[], object]]]:
+def load_revision(rev: str) -> tuple[types.ModuleType, types.ModuleType]:
+    """codec.py and frames.py as of git revision ``rev``, as modules beside the working tree's."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def source(path: str) -> str:
+        return subprocess.run(["git", "-C", root, "show", f"{rev}:{path}"], check=True, capture_output=True,
+                              text=True).stdout
+
+    mods = []
+    for name, path in (("codec", "common/wire/codec.py"), ("frames", "common/wire/frames.py")):
+        mod = types.ModuleType(f"_baseline_{name}")
+        sys.modules[mod.__name__] = mod  # dataclasses look their module up
+        text = source(path).replace("from fedhop.common.wire.codec import", "from _baseline_codec import")
+        exec(compile(text, f"{rev}:{path}", "exec"), mod.__dict__)
+        mods.append(mod)
+    mods[1].codec = mods[0]
+    return mods[0], mods[1]
+
+
+frames.codec = codec  # via_frames finds the decoder next to the frames module it is given
+
+
+def codec_paths(bundle: dict[str, torch.Tensor], chunk_bytes: int, baseline: tuple | None = None,
+                rev: str = "") -> list[tuple[str, Callable[[], object]]]:
     x = next(iter(bundle.values()))
     warm = torch.empty_like(x)
-    return [
+    paths = [
         ("copy: torch.clone (alloc+copy)", lambda: x.clone()),
         ("copy: bytearray(memoryview)", lambda: bytearray(memoryview(x.numpy()))),
         ("copy: copy_ into warm buffer", lambda: warm.copy_(x)),
+        ("views  xxh3_64 (encode_views)", lambda: via_views(bundle, chunk_bytes)),
         ("codec  xxh3_64 (pb.Chunk API)", lambda: via_codec(bundle, chunk_bytes)),
         ("raw    xxh3_64", lambda: via_frames(bundle, chunk_bytes, True)),
         ("raw    crc32", lambda: via_frames(bundle, chunk_bytes, True, "crc32")),
         ("raw    none", lambda: via_frames(bundle, chunk_bytes, True, "none")),
         ("protobuf xxh3_64", lambda: via_frames(bundle, chunk_bytes, False)),
     ]
+    if baseline is not None:
+        old_codec, old_frames = baseline
+        paths += [
+            (f"{rev}: views  xxh3_64", lambda: via_views(bundle, chunk_bytes, old_codec)),
+            (f"{rev}: codec  xxh3_64", lambda: via_codec(bundle, chunk_bytes, old_codec)),
+            (f"{rev}: raw    xxh3_64", lambda: via_frames(bundle, chunk_bytes, True, frames_mod=old_frames)),
+        ]
+    return paths
 
 
-def throughput_table(sizes: list[str], chunk_bytes: int, reps: int) -> list[dict]:
+def throughput_table(sizes: list[str], chunk_bytes: int, reps: int, baseline_rev: str | None = None
+                     ) -> list[dict]:
     rows = []
+    baseline = load_revision(baseline_rev) if baseline_rev else None
     for label in sizes:
         nbytes = SIZES[label]
         r = reps * 10 if nbytes <= MB else reps if nbytes <= 100 * MB else max(2, reps - 1)
         bundle = make_bundle(nbytes)
-        paths = codec_paths(bundle, chunk_bytes)
+        paths = codec_paths(bundle, chunk_bytes, baseline, baseline_rev or "")
         for _, fn in paths[3:]:  # every codec path decodes correctly, once
             out = fn()
             assert isinstance(out, dict) and all(torch.equal(out[k], v) for k, v in bundle.items())
@@ -264,6 +313,8 @@ def main() -> None:
     p.add_argument("--chunk-bytes", type=int, default=codec.DEFAULT_CHUNK_BYTES)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--no-rss", action="store_true", help="skip the two-process RSS measurement")
+    p.add_argument("--baseline-rev", metavar="REV",
+                   help="also time codec.py + frames.py as of this git revision, in the same run")
     p.add_argument("--role", choices=["send", "recv"], help=argparse.SUPPRESS)
     p.add_argument("--bytes", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -278,7 +329,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
           f"chunk_bytes {args.chunk_bytes}, best of {args.reps} (x10 at 1 MB), load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}")
-    rows = throughput_table(sizes, args.chunk_bytes, args.reps)
+    rows = throughput_table(sizes, args.chunk_bytes, args.reps, args.baseline_rev)
     print_table("1. encode + decode throughput (payload GB/s, best of reps; vs X = fraction of X's rate)",
                 rows, {"GB/s": ".2f", "vs clone": ".0%", "vs bytearray": ".0%", "GB/CPU-s": ".2f",
                        "CPU vs clone": ".0%", "CPU vs bytearray": ".0%"})

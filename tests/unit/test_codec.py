@@ -434,3 +434,145 @@ def test_streaming_holds_one_chunk_at_a_time():
     assert peak < 4 << 20, f"peak traced memory {peak} bytes"
     assert peak_materialized > 32 << 20  # the measurement can see a non-streaming sender
     assert torch.equal(decoder.finish()["x"], x)
+
+
+# -- caches and buffers (codec internals that must not change what a bundle decodes to) ---------------------
+
+
+def test_cached_header_template_is_never_shared_with_a_caller():
+    """Two bundles of one layout get headers from the same cached template: each header is a copy (a caller
+    that edits one does not edit the next), and each carries its own data's checksum."""
+    a = {"w": torch.zeros(4), "b": torch.ones(2, dtype=torch.int64)}
+    b = {"w": torch.full((4,), 3.0), "b": torch.ones(2, dtype=torch.int64)}
+    ha, _ = encode_views(a)
+    ha.tensors[0].name = "edited"
+    ha.tensors.add(name="extra", dtype="uint8", shape=[1], nbytes=1)
+    hb, chunks = encode_views(b)
+    assert [t.name for t in hb.tensors] == ["w", "b"]
+    assert hb.checksum != ha.checksum
+    assert_bundles_equal(decode(hb, chunks), b)
+
+
+def test_cached_layout_still_checks_limit_checksum_and_rejects_bad_headers_every_time():
+    bundle = {"x": torch.arange(100, dtype=torch.float32)}
+    header, chunks = encode(bundle, 64)
+    chunks = list(chunks)
+    assert_bundles_equal(decode(header, chunks), bundle)  # the layout is cached now
+    with pytest.raises(CodecError, match="exceeds the limit max_bytes=100 bytes"):
+        BundleDecoder(header, max_bytes=100)
+    forged = pb.BundleHeader()
+    forged.CopyFrom(header)
+    forged.checksum ^= 1  # same layout, other checksum: the cache must not remember the checksum
+    with pytest.raises(CodecError, match="checksum mismatch"):
+        decode(forged, chunks)
+    bad = pb.BundleHeader()
+    bad.CopyFrom(header)
+    bad.total_bytes += 1
+    for _ in range(2):  # an invalid header is not cached as valid
+        with pytest.raises(CodecError, match="total_bytes=401, but its tensors add up to 400"):
+            BundleDecoder(bad)
+
+
+def _vm_flags(address: int) -> str:
+    """The VmFlags line of the mapping of this process that contains ``address``."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and line.startswith("VmFlags:"):
+                return line
+    raise LookupError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MADV_HUGEPAGE"), reason="Linux-only: madvise(MADV_HUGEPAGE)")
+def test_big_bundles_decode_into_a_huge_page_mapping_that_lives_as_long_as_its_tensors(monkeypatch):
+    monkeypatch.setattr(codec, "_HUGE_BUFFER_BYTES", 1 << 16)
+    g = torch.Generator().manual_seed(3)
+    bundle = {"w": random_tensor(torch.float32, (300, 100), g), "flag": torch.tensor(True),
+              "h": random_tensor(torch.bfloat16, (7, 9), g), "i": random_tensor(torch.int64, (5,), g)}
+    header, chunks = encode(bundle, 4096)
+    decoder = BundleDecoder(header)
+    for c in chunks:
+        decoder.feed(c)
+    out = decoder.finish()
+    del decoder
+    assert_bundles_equal(out, bundle)
+    w = out["w"]
+    assert w.data_ptr() % 4096 == 0  # the mapping's first page: w is the first tensor
+    assert " hg" in _vm_flags(w.data_ptr())  # advised for transparent huge pages
+    assert len({t.untyped_storage().data_ptr() for t in out.values()}) == 1
+    del out
+    w.add_(1.0)  # the mapping outlives the decoder and the other tensors; tensors stay writable
+    assert torch.equal(w, bundle["w"] + 1.0)
+
+
+def test_decoded_tensors_are_separate_contiguous_regions():
+    bundle = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.arange(4, dtype=torch.int16),
+              "c": torch.zeros(2, 2, dtype=torch.float64)}
+    out = roundtrip(bundle, 5)
+    assert all(t.is_contiguous() and t.shape == bundle[k].shape for k, t in out.items())
+    out["a"].fill_(-1.0)
+    out["b"].zero_()
+    assert torch.equal(out["c"], bundle["c"]) and torch.equal(out["b"], torch.zeros(4, dtype=torch.int16))
+    assert torch.equal(out["a"], torch.full((2, 3), -1.0))
+
+
+def _reader(data: bytes, step: int):
+    """A recv_into over ``data`` that hands out at most ``step`` bytes per call, then 0 (end of stream)."""
+    pos = 0
+
+    def recv_into(view: memoryview) -> int:
+        nonlocal pos
+        n = min(len(view), step, len(data) - pos)
+        view[:n] = data[pos:pos + n]
+        pos += n
+        return n
+
+    return recv_into
+
+
+def test_fill_receives_a_plain_byte_stream_into_place():
+    """fill() reads the payload stream (tensor bytes back to back, no chunk frames) straight into the decode
+    buffer, across tensor boundaries and alignment gaps, with any piece size the stream hands out."""
+    bundle = mixed_bundle()
+    header, views = encode_views(bundle, 64)
+    stream = b"".join(bytes(c.data) for c in views)
+    for step in (1, 7, 4096):
+        dec = BundleDecoder(header)
+        dec.fill(_reader(stream, step))
+        assert dec.complete
+        assert_bundles_equal(dec.finish(), bundle)
+    dec = BundleDecoder(header)  # chunks first, then the rest as a stream
+    first = stream[:64]
+    dec.feed(RawChunk(0, first))
+    dec.fill(_reader(stream[64:], 1000))
+    assert_bundles_equal(dec.finish(), bundle)
+
+
+def test_fill_reports_truncation_corruption_and_a_broken_reader():
+    bundle = {"a": torch.arange(10, dtype=torch.int32), "b": torch.arange(4, dtype=torch.float64)}
+    header, views = encode_views(bundle)
+    stream = b"".join(bytes(c.data) for c in views)
+    dec = BundleDecoder(header)
+    with pytest.raises(CodecError, match=r"truncated bundle: received 30 of 72 bytes; incomplete tensors: "
+                                         r"'a' has 30 of 40 bytes, 'b' has 0 of 32 bytes"):
+        dec.fill(_reader(stream[:30], 8))
+    with pytest.raises(CodecError, match="has failed"):
+        dec.fill(_reader(stream, 8))
+    bad = bytearray(stream)
+    bad[50] ^= 0x10
+    dec = BundleDecoder(header)
+    dec.fill(_reader(bytes(bad), 64))
+    with pytest.raises(CodecError, match="checksum mismatch"):
+        dec.finish()
+
+    def broken(view: memoryview) -> int:
+        raise ConnectionResetError("peer went away")
+
+    with pytest.raises(CodecError, match="receiving the payload at offset 0 failed: peer went away"):
+        BundleDecoder(header).fill(broken)
+    with pytest.raises(CodecError, match=r"recv_into returned 99 for a 40-byte view at offset 0"):
+        BundleDecoder(header).fill(lambda view: 99)
