@@ -190,8 +190,14 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
 
         def commit(t: int, state: Any) -> None:
             if store is not None and commit_due(spec, t):
-                save(store, t, RunCheckpoint(state, meter.rows(), list(missing.entries), list(recorder.records),
-                                             dict(comm.last_ok), run_id), spec)
+                try:
+                    save(store, t, RunCheckpoint(state, meter.rows(), list(missing.entries),
+                                                 list(recorder.records), dict(comm.last_ok), run_id), spec)
+                except OSError as e:  # a full or read-only disk: training goes on, and says what it lacks
+                    last = store.tags()[-1] + 1 if store.tags() else None
+                    log.error("ps: the checkpoint of round %d could not be written to %s (%s); the run goes on "
+                              "without it (last checkpoint: %s)", t + 1, store.folder, e.strerror or e,
+                              f"round {last}" if last else "none")
             events.emit("links", rows=meter.rows())
             for entry in missing.entries[sent_missing[0]:]:
                 events.emit("missing", entry=entry)

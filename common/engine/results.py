@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -59,8 +60,14 @@ class RoundRecorder:
         self._last = now
         self.records.append(rec)
         if self.journal is not None:
-            with self.journal.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
+            try:
+                with self.journal.open("a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            except OSError as e:  # a full or read-only disk must not stop training; say so once
+                logging.getLogger("fedhop.results").error(
+                    "round %d could not be added to %s (%s); the journal stops here, the run goes on",
+                    rec["round"], self.journal, e.strerror or e)
+                self.journal = None
         if self.on_round is not None:
             self.on_round(rec)
         for hook in round_observers:

@@ -60,10 +60,10 @@ class Federation:
     ``hold``: nodes not started with the others (start them later with :meth:`start_node`)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
-                 state_dir: Path | None = None) -> None:
+                 state_dir: Path | None = None, out: Path | None = None) -> None:
         self.spec = spec
         self.state_dir = state_dir
-        self.out = tmp / "run"
+        self.out = out or tmp / "run"
         self.spec_file = tmp / "spec.toml"
         self.spec_file.write_text(spec.to_toml())
         self.port = free_port()
