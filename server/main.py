@@ -131,7 +131,14 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
     hub = ParentHub(topo.server, meter, missing)
-    hub.on_ready = on_join
+    def ready(node: str, sizes: dict[str, int]) -> None:  # an edge's Ready names the clients that joined it
+        for c in sizes:
+            if c != node:
+                events.emit("node_joined", node=c, role="client")
+        if on_join is not None:
+            on_join(node, sizes)
+
+    hub.on_ready = ready
     hub.on_join = lambda node, role: events.emit("node_joined", node=node, role=role)
     hub.on_lost = lambda node, why: events.emit("node_lost", node=node, reason=why)
     run_id = resume.run_id if resume is not None else f"{spec.name}-{secrets.token_hex(4)}"

@@ -60,7 +60,8 @@ class Federation:
     ``hold``: nodes not started with the others (start them later with :meth:`start_node`)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
-                 state_dir: Path | None = None, out: Path | None = None) -> None:
+                 state_dir: Path | None = None, out: Path | None = None,
+                 server_args: tuple[str, ...] = ()) -> None:
         self.spec = spec
         self.state_dir = state_dir
         self.out = out or tmp / "run"
@@ -70,7 +71,7 @@ class Federation:
         self.procs = Processes(tmp / "logs")
         self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
-                                          "--device", "cpu"])
+                                          "--device", "cpu", *server_args])
         self.topology = build_topology(spec.topology, spec.seed)
         self.addr = {self.topology.server: f"127.0.0.1:{self.port}"}
         self.addr.update({e: f"127.0.0.1:{free_port()}" for e in self.topology.edges})
