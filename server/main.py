@@ -28,6 +28,7 @@ from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumula
 from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, load_latest, ps_store, save
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
+from fedhop.common.testhooks import gate
 from fedhop.common.wire.bundle import Bundle, clone
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
@@ -97,14 +98,8 @@ def load_resume(run_dir: Path) -> Resume:
 
 
 def _gate(t: int) -> None:
-    """Test hook (FEDHOP_TEST_GATE=DIR): before round t, when DIR/stop-<t> exists, say so (DIR/at-<t>) and
-    wait for DIR/go-<t>."""
-    folder = os.environ.get("FEDHOP_TEST_GATE")
-    if not folder or not (Path(folder) / f"stop-{t}").exists():
-        return
-    (Path(folder) / f"at-{t}").touch()
-    while not (Path(folder) / f"go-{t}").exists():
-        time.sleep(0.05)
+    """Test hook: the PS's gate before round t (``common/testhooks.py``)."""
+    gate(str(t))
 
 
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,

@@ -31,6 +31,7 @@ from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_tas
 from fedhop.common.engine.base import Failure, MissingLog
 from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.testhooks import gate
 from fedhop.common.wire.bundle import Bundle, payload_bytes
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.control import (
@@ -583,6 +584,7 @@ class ChildProtocol:
             return ctx.round
         if req.round is not None:
             ctx.round = req.round
+        gate(f"{self.node}-{ctx.round}")  # test hook: hold this node mid-round (common/testhooks.py)
         if self.before_task is not None:
             self.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
         try:

@@ -196,18 +196,20 @@ def test_resume_skips_a_truncated_checkpoint(tmp_path: Path, gate: Path) -> None
 
 
 def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(tmp_path: Path, gate: Path) -> None:
-    """The edge that holds the model for round 3 dies: its predecessor hands its copy again to another
-    neighbour (two-step rule without the dead edge), round 3 is redone there and shows the redo, the run
-    finishes, and no model byte crosses a PS link except the final collect."""
+    """The edge that holds the model dies in the middle of round 3 (held by the gate inside its round task,
+    the PS waiting for its reply): its predecessor hands its copy again to another neighbour (two-step rule
+    without the dead edge), round 3 is redone there and shows the redo, the run finishes, and no model byte
+    crosses a PS link except the final collect."""
     spec = small_spec("fedchs", clients=4, edges=4, rounds=5, edge_graph="complete",
-                      transport={"round_deadline_s": 30.0, "rpc_timeout_s": 5.0})
+                      transport={"round_deadline_s": 60.0, "rpc_timeout_s": 5.0})
     seq = [r["edge"] for r in InProcessEngine(spec, device="cpu").run().rounds]
     victim = seq[2]
+    (gate / "stop-2").unlink()
+    (gate / f"stop-{victim}-2").touch()  # the victim stops inside its round-3 task
     fed = Federation(spec, tmp_path)
     try:
-        wait_file(gate / "at-2", fed)
+        wait_file(gate / f"at-{victim}-2", fed)
         fed.procs.kill(victim)
-        (gate / "go-2").touch()
         assert fed.wait(240) == 0, fed.all_logs()
     finally:
         fed.close()
@@ -222,7 +224,7 @@ def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(tmp_path: Path,
 
 
 def test_gate_is_off_without_the_variable() -> None:
-    from fedhop.server.main import _gate
+    from fedhop.common.testhooks import gate
 
     assert "FEDHOP_TEST_GATE" not in os.environ
-    _gate(3)  # returns at once (a hanging gate would hang this test)
+    gate("3")  # returns at once (a hanging gate would hang this test)

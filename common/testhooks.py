@@ -1,0 +1,22 @@
+"""Test hooks that let a test choose the moment of a fault without sleeping.
+
+``FEDHOP_TEST_GATE=DIR``: at a named point (``gate("3")`` on the PS before round 3, ``gate("edge-1-3")`` on a
+child before running a task of round 3), if the test made ``DIR/stop-<name>``, the process writes
+``DIR/at-<name>`` and waits until the test makes ``DIR/go-<name>``. Without the variable, or without the
+stop file, a gate returns at once. Nothing else in fedhop reads the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def gate(name: str) -> None:
+    folder = os.environ.get("FEDHOP_TEST_GATE")
+    if not folder or not (Path(folder) / f"stop-{name}").exists():
+        return
+    (Path(folder) / f"at-{name}").touch()
+    while not (Path(folder) / f"go-{name}").exists():
+        time.sleep(0.05)
