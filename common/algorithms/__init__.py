@@ -13,6 +13,7 @@ from fedhop.common.algorithms import (  # noqa: F401  # noqa: F401,E402  (FGDRO 
     local,
     mifa,
     participation,
+    proxskip,
     qsgd,
     scaffold,
     wrwgd,
