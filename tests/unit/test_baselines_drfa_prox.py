@@ -24,16 +24,16 @@ def bisect_prox(y: np.ndarray, c: float) -> np.ndarray:
     n = len(y)
 
     def u_of(nu: float) -> np.ndarray:
-        lo, hi = np.full(n, 1e-300), np.full(n, 1e6)
+        lo, hi = np.full(n, -700.0), np.full(n, 15.0)   # bisection on t = log u
         rhs = y - nu
-        for _ in range(2000):
-            mid = np.sqrt(lo * hi) if hi.max() / lo.min() > 1e3 else 0.5 * (lo + hi)
-            big = mid + c * np.log(n * mid) + c > rhs
+        for _ in range(64):
+            mid = 0.5 * (lo + hi)
+            big = np.exp(mid) + c * (np.log(n) + mid) + c > rhs
             hi, lo = np.where(big, mid, hi), np.where(big, lo, mid)
-        return 0.5 * (lo + hi)
+        return np.exp(0.5 * (lo + hi))
 
     a, b = float(y.min()) - 50, float(y.max()) + 50
-    for _ in range(200):
+    for _ in range(80):
         nu = 0.5 * (a + b)
         if u_of(nu).sum() > 1:
             a = nu
