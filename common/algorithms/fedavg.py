@@ -15,7 +15,8 @@ and the aggregator adds the decoded updates:
     w^{t+1} = w^t + sum_{k in S_t} (n_k / sum_{j in S_t} n_j) Q_s(LocalSGD_k(w^t, E steps) - w^t)
 
 The model goes down uncompressed. s is [UNSPECIFIED] in the paper; 127 (the int8 maximum) matches the spec's
-bit accounting ``32 + d (1 + ceil(log2(s + 1)))`` exactly.
+bit accounting ``32 + d (1 + ceil(log2(s + 1)))`` exactly. Through edges only the client -> edge uploads are
+quantised (each edge adds its clients' decoded updates); edge -> cloud models travel uncompressed.
 """
 
 from __future__ import annotations
