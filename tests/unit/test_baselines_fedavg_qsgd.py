@@ -93,3 +93,18 @@ def test_upload_is_the_qsgd_encoded_size_reading_a():
 def test_levels_out_of_range_is_a_clear_error():
     with pytest.raises(SpecError, match="upload_levels"):
         lsq_engine({"upload_levels": 128})
+
+
+def test_through_edges_only_client_uploads_are_quantised():
+    spec = RunSpec.parse({
+        "algorithm": {"name": "fedavg", "options": {"local_steps": 2, "batch_size": 8, "upload_levels": 127}},
+        "topology": {"clients": 4, "edges": 2, "edge_graph": "complete"},
+        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
+        "model": {"name": "mlp", "hidden": [8]},
+        "rounds": 1, "seed": 0, "device": "cpu",
+    })
+    res = InProcessEngine(spec).run()
+    d = 64 * 8 + 8 + 8 * 10 + 10
+    up = {r["payload_bytes"] for r in res.links if r["kind"] == "fedavg.train_qsgd" and r["phase"] != "request"}
+    edge_up = {r["payload_bytes"] for r in res.links if r["kind"] == "hier.edge_round" and r["phase"] != "request"}
+    assert up == {d + 4 * 4} and edge_up == {4 * d}
