@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import fedhop.common.algorithms  # noqa: F401  (registers every algorithm)
-
 from fedhop.common.engine.api import ALGORITHMS
 from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.inprocess import InProcessEngine
