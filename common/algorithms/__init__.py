@@ -1,6 +1,7 @@
 """Every algorithm module; importing this package registers them all (see engine/api.py)."""
 
 from fedhop.common.algorithms import (  # noqa: F401  # noqa: F401,E402  (FGDRO family)  # noqa: F401,E402  (Fed-CHS family)  # noqa: F401,E402  (FOCUS family)
+    centralized,
     dr_dsgd,
     drfa,
     fedadam,
@@ -13,6 +14,7 @@ from fedhop.common.algorithms import (  # noqa: F401  # noqa: F401,E402  (FGDRO 
     local,
     mifa,
     participation,
+    proxskip,
     qsgd,
     scaffold,
     wrwgd,

@@ -6,6 +6,17 @@ HierFAVG, one round:   every edge l repeats kappa2 times  w_l <- sum_{k in C_l} 
                        then the cloud sets w <- sum_l (n_l / n) w_l.
 With edges in the topology, FedAvg is HierFAVG with kappa2 = 1 (edges relay and pre-aggregate; the result is
 the same weighted average). Participants missing at the deadline are left out of the weights.
+
+FedAvg + QSGD (Fed-CHS Fig. 2 baseline, specs/fedchs.md section 5 item 1: "clients upload QSGD-quantised
+updates"; the quantiser of item 4, ``qsgd.py``): with ``upload_levels = s > 0`` client k uploads
+Q_s(w_k - w) instead of w_k (int8 levels + one float32 norm per tensor: d + 4P bytes for P tensors, against 4d)
+and the aggregator adds the decoded updates:
+
+    w^{t+1} = w^t + sum_{k in S_t} (n_k / sum_{j in S_t} n_j) Q_s(LocalSGD_k(w^t, E steps) - w^t)
+
+The model goes down uncompressed. s is [UNSPECIFIED] in the paper; 127 (the int8 maximum) matches the spec's
+bit accounting ``32 + d (1 + ceil(log2(s + 1)))`` exactly. Through edges only the client -> edge uploads are
+quantised (each edge adds its clients' decoded updates); edge -> cloud models travel uncompressed.
 """
 
 from __future__ import annotations
@@ -15,11 +26,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedhop.common.algorithms.local import LocalSolver
+from fedhop.common.algorithms.local import LocalSolver, local_train, solver_for
 from fedhop.common.algorithms.participation import Participation, ParticipationState, participants
+from fedhop.common.algorithms.qsgd import MAX_LEVELS, add_quantized, encode, encoded_template
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
 from fedhop.common.engine.topology import Topology
-from fedhop.common.wire.bundle import Bundle, weighted_mean
+from fedhop.common.wire.bundle import Bundle, sub, weighted_mean
 
 
 class FedAvgOptions(BaseModel):
@@ -38,6 +50,9 @@ class FedAvgOptions(BaseModel):
                                "across its syncs) uses lr/(K*sqrt(k+1)) (Fed-CHS App. B.1)")
     syncs_per_round: int = Field(1, ge=1, description="server + clients only: local-train/average cycles per "
                                  "round (Fed-CHS spec sec. 5, FedAvg reading A: local_steps=1, syncs=20)")
+    upload_levels: int = Field(0, ge=0, le=MAX_LEVELS, description="0: clients upload their models; s > 0: "
+                               "they upload QSGD_s(w_k - w) (Fed-CHS Fig. 2 'FedAvg compressed by QSGD'; s "
+                               "[UNSPECIFIED], 127 = int8 levels)")
 
     def local_solver(self, topology: Topology) -> LocalSolver:
         """The clients' local solver, read by each client from the RunSpec it holds (not sent per task)."""
@@ -84,11 +99,27 @@ def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, process: 
     for s in range(edge_rounds):
         chosen = (sample_participants(ctx, ctx.children, o.participation, s) if isinstance(o.participation, float)
                   else participants(ctx, o.participation, process))
-        replies = ctx.comm.scatter(chosen, "local.train", params, {"stream": s, "step_offset": s * steps},
-                                   expect=params)
+        args = {"stream": s, "step_offset": s * steps}
+        if o.upload_levels:
+            replies = ctx.comm.scatter(chosen, "fedavg.train_qsgd", params, args, expect=encoded_template(params))
+            if replies:
+                n = {c: int(r.scalars["n"]) for c, r in replies.items()}
+                alpha = {c: float(n[c]) if o.weighting == "data_size" else 1.0 for c in replies}
+                params, weight = add_quantized(params, replies, alpha, o.upload_levels), sum(n.values())
+            continue
+        replies = ctx.comm.scatter(chosen, "local.train", params, args, expect=params)
         if replies:
             params, weight = average_replies(ctx, replies, o.weighting)
     return params, weight
+
+
+@task("fedavg.train_qsgd")
+def train_qsgd(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client: the local training of ``local.train`` (same RNG stream), then uploads Q_s(w_k - w)."""
+    stream = args.get("stream", 0)
+    w, loss = local_train(ctx.ws, params, ctx.data, solver_for(ctx, args), ctx.rng("local.train", ctx.round, stream))
+    enc = encode(sub(w, params), ctx.opts.upload_levels, ctx.rng("fedavg.qsgd", ctx.round, stream))
+    return Reply(enc, {"loss": loss, "n": len(ctx.data)})
 
 
 @task("hier.edge_round")

@@ -115,6 +115,12 @@ class _Prepared:
 def _prepare(spec: DataSpec, n_clients: int, seed: int) -> _Prepared:
     if n_clients < 1:
         raise ValueError(f"n_clients must be >= 1, got {n_clients}")
+    if spec.union_of is not None:
+        if n_clients != 1:
+            raise ValueError(f"data.union_of = {spec.union_of} gives ONE client the union of that many clients' "
+                             f"data; topology.clients must be 1, not {n_clients}")
+        fed = build_federated_data(spec.model_copy(update={"union_of": None}), spec.union_of, seed)
+        return FederatedData([Dataset.concat(fed.clients)], fed.test, fed.input_shape, fed.num_classes, fed.task)
     s = spec.effective_seed(seed)
     out = get_dataset(spec.dataset).build(spec, n_clients, s)
     if isinstance(out, FederatedData):

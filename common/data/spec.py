@@ -93,6 +93,11 @@ class DataSpec(BaseModel):
     imbalance_classes: list[int] | None = Field(None, description="minority classes; default 0, 2, 4, ...")
     imbalance_keep: float = Field(0.2, gt=0.0, le=1.0)
 
+    union_of: int | None = Field(None, ge=1, description="build the data (generation, partition, limits, "
+                                 "standardization) as for this many clients, then give their union to the run's "
+                                 "one client: a centralized baseline's pool, 'the union of the device data' "
+                                 "(FedCluster spec 4.6); needs topology.clients = 1")
+
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, v: str) -> str:

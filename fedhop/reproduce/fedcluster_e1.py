@@ -13,8 +13,12 @@ Claims checked (the paper has only curves; the numbers are the spec's prototype 
   its loss is below FedAvg's at every round (R1).
 * rho_device = 0.1 (IID) with the lr/M rule: parity (prototype: equal to 3 decimals).
 * Both methods use the same device communication per round (100 downloads + 100 uploads of d floats).
+* Centralized SGD (the paper's third method, sec. IV-A: 1000 iterations of batch 60 a round, i.e. the same 60k
+  samples, lr 0.01 = FedAvg's / 10 as the paper's CIFAR-10 pair 0.1 / 0.01) on the union of the device data (one
+  trainer, ``data.union_of = 1000``): the non-federated reference, below both federated methods at every round.
 The full size adds rho_device 0.4 / 0.7, three seeds, the fixed cycle order, M in {5, 20} under both
-learning-rate rules (R3) and rho_cluster in {0.1, 0.5, 0.9} at rho_device = 0.5 (R4).
+learning-rate rules (R3), rho_cluster in {0.1, 0.5, 0.9} at rho_device = 0.5 (R4) and centralized SGD at
+rho_device = 0.1.
 """
 
 from __future__ import annotations
@@ -36,12 +40,13 @@ from fedhop.reproduce import Outcome, experiment
 CMD = "fedhop reproduce fedcluster-e1"
 FEDAVG_LR = 0.1
 TARGET_ROUND = 20
+CENTRAL_LR = FEDAVG_LR / 10  # the paper's CIFAR-10 pair: FedAvg 0.1, centralized SGD 0.01
 
 
 @dataclass(frozen=True)
 class Variant:
     label: str
-    algorithm: str  # fedavg | fedcluster
+    algorithm: str  # fedavg | fedcluster | centralized-sgd
     rho_device: float
     edges: int = 0
     lr: float = FEDAVG_LR
@@ -62,6 +67,10 @@ def fedcluster(rho: float, m: int = 10, lr_rule: str = "over_M", order: str = "r
     return Variant(label, "fedcluster", rho, m, FEDAVG_LR, lr_rule, order, rho_cluster)
 
 
+def centralized(rho: float) -> Variant:
+    return Variant(f"Centralized SGD lr {CENTRAL_LR:g}", "centralized-sgd", rho, lr=CENTRAL_LR)
+
+
 def make_spec(v: Variant, seed: int, rounds: int) -> RunSpec:
     opts: dict[str, Any] = {"lr": v.lr, "local_steps": 20, "batch_size": 30, "participation": 0.1}
     if v.algorithm == "fedcluster":
@@ -71,10 +80,14 @@ def make_spec(v: Variant, seed: int, rounds: int) -> RunSpec:
                             "options": {"dim": 20, "classes": 10, "sep": 0.5, "test": "union"}}
     if v.rho_cluster is not None:
         data |= {"rho_cluster": v.rho_cluster, "n_clusters": v.edges}
+    clients = 1000
+    if v.algorithm == "centralized-sgd":  # one trainer on the union of the 1000 devices' data (same test set)
+        opts = {"lr": v.lr, "iters_per_round": 1000, "batch_size": 60}
+        data["union_of"], clients = 1000, 1
     return RunSpec.parse({
         "name": f"fedcluster-e1 {v.label} rho_device={v.rho_device} seed={seed}",
         "algorithm": {"name": v.algorithm, "options": opts},
-        "topology": {"clients": 1000, "edges": v.edges, "edge_graph": "complete" if v.edges else "random"},
+        "topology": {"clients": clients, "edges": v.edges, "edge_graph": "complete" if v.edges else "random"},
         "data": data,
         "model": {"name": "logreg", "init": "zeros"},
         "rounds": rounds, "seed": seed, "device": "cpu",
@@ -160,12 +173,14 @@ def fedcluster_e1(out: Path, quick: bool) -> Outcome:
     plan: list[tuple[Variant, int]] = [(fedavg(0.9), TARGET_ROUND if quick else rounds),
                                        (fedcluster(0.9), 14 if quick else rounds),
                                        (fedavg(0.1), 10 if quick else rounds),
-                                       (fedcluster(0.1), 10 if quick else rounds)]
+                                       (fedcluster(0.1), 10 if quick else rounds),
+                                       (centralized(0.9), 10 if quick else rounds)]
     if not quick:
         plan += [(fedavg(r), rounds) for r in (0.4, 0.5, 0.7)] + [(fedcluster(r), rounds) for r in (0.4, 0.7)]
         plan += [(fedcluster(0.9, order="fixed"), rounds)]
         plan += [(fedcluster(0.9, m, rule), rounds) for m in (5, 20) for rule in ("over_M", "fixed_over_10")]
         plan += [(fedcluster(0.5, rho_cluster=rc), rounds) for rc in (0.1, 0.5, 0.9)]
+        plan += [(centralized(0.1), rounds)]
     curves = run_all([(v, s, r) for v, r in plan for s in seeds], parallel=not quick)
 
     def get(v: Variant) -> list[float]:
@@ -181,12 +196,16 @@ def fedcluster_e1(out: Path, quick: bool) -> Outcome:
     reach = rounds_to_reach(fc9, target)
     n9 = min(len(fa9), len(fc9))
     parity = max(abs(a - b) / a for a, b in zip(fa1, fc1, strict=False))
+    ce9 = get(centralized(0.9))
+    nce = len(ce9)
     checks = {
         f"rho_device 0.9: FedCluster reaches FedAvg's round-{TARGET_ROUND} loss in <= 12 rounds (about half)":
             reach is not None and reach <= 12,
         "rho_device 0.9: FedCluster's loss below FedAvg's at every round":
             all(fc9[i] < fa9[i] for i in range(n9)),
         "rho_device 0.1 (IID), lr/M rule: parity, max relative gap < 1% at every round": parity < 0.01,
+        "centralized SGD (pooled data, same 60k samples a round) below FedAvg and FedCluster at every round, "
+        "rho_device 0.9": all(ce9[i] < min(fa9[i], fc9[i]) for i in range(min(nce, n9))),
         "same device communication per round (100 downloads + 100 uploads)":
             len({dev_bytes(v) for v in (fedavg(0.9), fedcluster(0.9), fedavg(0.1), fedcluster(0.1))}) == 1,
     }
@@ -202,15 +221,26 @@ def fedcluster_e1(out: Path, quick: bool) -> Outcome:
         ("rho_device 0.1 (IID), FedCluster lr = lr/M: parity with FedAvg",
          "prototype: equal to 3 decimals (1.198 / 1.079 / 1.034 at r5 / r10 / r20)",
          f"max relative gap {parity:.2%} over {min(len(fa1), len(fc1))} rounds; r10 {fa1[9]:.4f} vs {fc1[9]:.4f}"),
+        ("rho_device 0.9: loss at rounds 1 / 5 / 10 / last, centralized SGD (1000 x batch 60, lr 0.01)",
+         "not plotted in the paper (captions: FedCluster and FedAvg only); spec: the reference",
+         " / ".join(f"{ce9[i]:.4f}" for i in (0, 4, 9, nce - 1)) + f" (last = r{nce}) vs FedCluster "
+         + " / ".join(f"{fc9[i]:.4f}" for i in (0, 4, 9))),
         ("device payload per round, FedAvg vs FedCluster", "equal (100 down + 100 up, sec. 4.6)",
          f"{dev_bytes(fedavg(0.9)):.0f} vs {dev_bytes(fedcluster(0.9)):.0f} bytes"),
     ]
     notes: list[str] = []
     panels: dict[str, dict[str, list[float]]] = {
-        "rho_device = 0.9": {fedavg(0.9).label: fa9, fedcluster(0.9).label: fc9},
+        "rho_device = 0.9": {fedavg(0.9).label: fa9, fedcluster(0.9).label: fc9, centralized(0.9).label: ce9},
         "rho_device = 0.1 (IID)": {fedavg(0.1).label: fa1, fedcluster(0.1).label: fc1},
     }
     if not quick:
+        ce1 = get(centralized(0.1))
+        panels["rho_device = 0.1 (IID)"][centralized(0.1).label] = ce1
+        checks["centralized SGD below FedAvg and FedCluster at every round, rho_device 0.1"] = all(
+            ce1[i] < min(fa1[i], fc1[i]) for i in range(min(len(ce1), len(fa1), len(fc1))))
+        rows.append(("rho_device 0.1: loss at rounds 1 / 5 / 10 / 30, centralized SGD vs FedAvg",
+                     "not plotted in the paper; the reference", " / ".join(f"{ce1[i]:.4f}" for i in (0, 4, 9, 29))
+                     + " vs " + " / ".join(f"{fa1[i]:.4f}" for i in (0, 4, 9, 29))))
         gaps = {}
         for r in (0.4, 0.7):
             fa, fc = get(fedavg(r)), get(fedcluster(r))

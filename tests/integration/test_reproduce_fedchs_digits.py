@@ -17,3 +17,8 @@ def test_fedchs_digits_quick(tmp_path: Path) -> None:
     assert {r["lam"] for r in runs} == {0.3, 0.6}
     assert outcome.checks, "the experiment must check at least one claim"
     assert outcome.ok, outcome.table_md
+    # FedAvg + QSGD (Fig. 2): reading A, 20 communications a round to all 30 clients; per communication the model
+    # down (4d bytes) and Q_127(w_k - w) up (d int8 levels + a float32 norm for each of the mlp's 4 tensors)
+    d = 64 * 64 + 64 + 64 * 10 + 10
+    qsgd = [r for r in runs if r["method"] == "FedAvg-A+QSGD"]
+    assert qsgd and all(r["bytes_per_round"] == 20 * 30 * (4 * d + d + 4 * 4) for r in qsgd)

@@ -19,3 +19,8 @@ def test_fgdro_toy_quick(tmp_path):
                          ("FGDRO-KL-Adam b2=0.01", 31)):
         init = 8 * 4 if name.startswith("FGDRO-KL") else 0      # KL warm init: one float up per client, once
         assert round(rows[name]["payload_MB"] * 1e6) == rounds * 8 * 2 * 4 * floats + init, name
+    # DRFA-Prox (KL) on the same toy: the model down and up for the distinct clients drawn, the model down and one
+    # float up for the N loss evaluations (unit-tested per round in tests/unit/test_baselines_drfa_prox.py)
+    drfa = rows["DRFA-Prox (KL)"]
+    assert drfa["missing"] == 0
+    assert rounds * 8 * (4 * 10 + 4) < drfa["payload_MB"] * 1e6 <= rounds * 8 * (4 * 10 + 4 + 2 * 4 * 10)

@@ -41,6 +41,11 @@ CASES = {
     "fedadam": (FLAT, {"local_steps": 2}),
     "drfa": (FLAT, {"local_steps": 2, "clients_per_round": 2}),
     "dr-dsgd": (FLAT, {"local_steps": 2}),
+    "proxskip": (FLAT, {"local_steps": 2, "participation": {"kind": "uniform", "m": 2}}),
+    "centralized-sgd": (dict(clients=1, edges=0), {"iters_per_round": 3, "batch_size": 8}),
+    "fedavg-qsgd": (FLAT, {"local_steps": 2, "upload_levels": 7}),
+    "drfa-prox": (FLAT, {"local_steps": 2, "clients_per_round": 2}),
+    "drfa-prox-snapshot-entropic": (FLAT, {"local_steps": 2, "loss_at": "snapshot", "prox": "entropic"}),
 }
 
 
