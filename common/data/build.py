@@ -120,7 +120,8 @@ def _prepare(spec: DataSpec, n_clients: int, seed: int) -> _Prepared:
             raise ValueError(f"data.union_of = {spec.union_of} gives ONE client the union of that many clients' "
                              f"data; topology.clients must be 1, not {n_clients}")
         fed = build_federated_data(spec.model_copy(update={"union_of": None}), spec.union_of, seed)
-        return FederatedData([Dataset.concat(fed.clients)], fed.test, fed.input_shape, fed.num_classes, fed.task)
+        return _Prepared(DataMeta(fed.input_shape, fed.num_classes, fed.task), fed.test,
+                         clients=[Dataset.concat(fed.clients)])
     s = spec.effective_seed(seed)
     out = get_dataset(spec.dataset).build(spec, n_clients, s)
     if isinstance(out, FederatedData):
