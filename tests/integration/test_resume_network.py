@@ -228,3 +228,35 @@ def test_gate_is_off_without_the_variable() -> None:
 
     assert "FEDHOP_TEST_GATE" not in os.environ
     gate("3")  # returns at once (a hanging gate would hang this test)
+
+
+def test_launch_killed_and_resumed(tmp_path: Path, gate: Path) -> None:
+    """`fedhop launch` SIGKILLed between rounds 2 and 3 (PS and all), then `fedhop launch --resume RUN_DIR`: every
+    process is started again, restores its state from <run>/state and the PS's checkpoint, and the final model
+    is bit-identical to the uninterrupted run."""
+    import subprocess
+    import sys
+
+    spec = small_spec("focus", clients=3, rounds=4, options={"participation": {"kind": "bernoulli",
+                                                                               "p": [0.9, 0.5, 0.5]}})
+    oracle = InProcessEngine(spec, device="cpu").run()
+    (tmp_path / "spec.toml").write_text(spec.to_toml())
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fedhop", "launch", str(tmp_path / "spec.toml"), "--out", str(run), "--quiet",
+           "--http", "off", "--device", "cpu"]
+    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 240
+        while not (gate / "at-2").exists():
+            assert first.poll() is None and time.monotonic() < end, "launch ended before round 3"
+            time.sleep(0.05)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    (gate / "stop-2").unlink()
+    again = subprocess.run([sys.executable, "-m", "fedhop", "launch", "--resume", str(run), "--quiet",
+                            "--http", "off", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "resuming run" in again.stderr and "at round 3 of 4" in again.stderr
+    _, final = load_result(run)
+    assert_same_model(final, oracle.final, "launch --resume")
