@@ -126,8 +126,9 @@ def load_result(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
 
 
 def replies(res: dict[str, Any]) -> set[tuple[str, int]]:
-    """(node, round) of every reply a parent received."""
-    return {(r["src"], r["round"]) for r in res["links"] if r["phase"] == "reply"}
+    """(node, round) of every reply a parent received; rounds 0-based as in memory (the run folder's files
+    number them from 1)."""
+    return {(r["src"], r["round"] - 1) for r in res["links"] if r["phase"] == "reply"}
 
 
 def rows_by_key(links: list[dict[str, Any]], level: str) -> dict[tuple, int]:
