@@ -198,7 +198,7 @@ class Testbed:
         topo = self.topo
         listen, ps_public = self._serve_addr(topo.server, PS_PORT)
         self._start("ps", self.net.nodes[topo.server].ns,
-                    [*py, "server", str(self.spec_path), "--listen", listen, "--out", str(self.out), *dev])
+                    [*py, "server", str(self.spec_path), "--listen", listen, "--out", str(self.out), "--force", *dev])
         public = {topo.server: ps_public}
         for e in topo.edges:
             listen, public[e] = self._serve_addr(e, EDGE_PORT)
