@@ -40,6 +40,7 @@ test: $(STAMP)
 # Root only. Installs Docker from Debian's packages if missing, starts dockerd, builds the base and fedhop
 # images locally (no registry needed), then runs the compose, swarm and namespace testbeds.
 test-testbed: $(STAMP)
+	@command -v nft >/dev/null || (apt-get update -q && apt-get install -y -q nftables)
 	$(PY) -m pytest tests/testbed -s --durations=0
 
 bench: $(STAMP)
