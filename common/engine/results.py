@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import shutil
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -142,17 +143,17 @@ class RunFolderExists(FileExistsError):
 
 def prepare_run_folder(folder: Path, force: bool = False) -> Path:
     """Check that ``folder`` may receive a run: refuse a non-empty one unless ``force``, which removes the
-    files a run writes there (and ``logs/*.log``), never anything else."""
+    files and checkpoints a run writes there, never anything else (logs of processes already running in it,
+    e.g. those ``fedhop testbed up`` started, are kept)."""
     if folder.exists() and not folder.is_dir():
         raise RunFolderExists(f"--out {folder} is a file, not a folder")
     if folder.is_dir() and any(folder.iterdir()):
         if not force:
             raise RunFolderExists(f"run folder {folder} already exists and is not empty; choose another --out, "
-                                  "or add --force to overwrite its run files")
+                                  "add --force to overwrite its run files, or continue a run in it with --resume")
         for name in RUN_FILES:
             (folder / name).unlink(missing_ok=True)
-        for f in (folder / "logs").glob("*.log") if (folder / "logs").is_dir() else []:
-            f.unlink()
+        shutil.rmtree(folder / "checkpoints", ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
