@@ -229,7 +229,7 @@ def test_rounds_endpoint_matches_the_run(served_run: tuple[RunResult, str]) -> N
     assert len(got) == len(result.rounds)
     for mine, ref in zip(got, result.rounds, strict=True):
         sent = [r for r in result.links if r["round"] <= ref["round"] - 1]
-        assert mine["payload_bytes"] == sum(r["payload_bytes"] for r in sent) == ref["payload_bytes"]
+        assert mine["payload_bytes"] == sum(r["payload_bytes"] for r in sent) == ref["cum_payload_bytes"]
         assert mine["message_bytes"] == sum(r["message_bytes"] for r in sent)
         for k in ("round", "edge", "accuracy", "loss", "train_loss", "client_steps"):
             assert mine[k] == ref[k], k
@@ -377,7 +377,7 @@ def test_event_stream_follows_a_run_live() -> None:
     assert [r["round"] for r in rounds] == [1, 2, 3, 4]
     for mine, ref in zip(rounds, result.rounds, strict=True):
         assert (mine["accuracy"], mine["payload_bytes"], mine["message_bytes"]) == \
-            (ref["accuracy"], ref["payload_bytes"], ref["message_bytes"])
+            (ref["accuracy"], ref["cum_payload_bytes"], ref["cum_message_bytes"])
     assert [s["edges"][0] for s in route] == [r["edge"] for r in result.rounds]
     assert links is not None and links["totals"]["payload_bytes"] == sum(r["payload_bytes"] for r in result.links)
 
