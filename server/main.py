@@ -112,7 +112,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                on_listening: Callable[[int], None] | None = None,
                startup_failure: Callable[[], str | None] | None = None,
                on_join: Callable[[str, dict[str, int]], None] | None = None,
-               resume: Resume | None = None, events: RunEvents | None = None) -> RunResult:
+               resume: Resume | None = None, events: RunEvents | None = None, security: Any = None) -> RunResult:
     """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
 
     ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
@@ -130,7 +130,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     ws = Workspace(spec, device)
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
-    hub = ParentHub(topo.server, meter, missing)
+    hub = ParentHub(topo.server, meter, missing, security=security)
     hub.on_ready = on_join
     hub.on_join = lambda node, role: events.emit("node_joined", node=node, role=role)
     hub.on_lost = lambda node, why: events.emit("node_lost", node=node, reason=why)
@@ -147,10 +147,10 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     hub.configure(spec, topo, run_id)
     events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
                 resumed_at=start.next_round)
-    server = make_server(len(hub.children) + 16)
+    server = make_server(len(hub.children) + 16, security)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     serve_parent(hub, server)
-    port = add_port(server, listen)
+    port = add_port(server, listen, security)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()
@@ -169,7 +169,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                               f"(expected {list(hub.children)})")
         if absent:
             log.warning("ps: starting without %s (not ready within %gs)", absent, spec.transport.join_timeout_s)
-        comm = NetComm(topo.server, topo, missing, hub, spec)
+        comm = NetComm(topo.server, topo, missing, hub, spec, security=security)
         ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm)
         comm.ctx = ctx
         if resume is not None:
