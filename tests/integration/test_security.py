@@ -261,3 +261,31 @@ def test_a_client_claiming_another_data_size_is_rejected(tmp_path: Path) -> None
                 and "client-2 claims n = 1000000000000 samples, but reported" in m["reason"]}
     assert rejected == set(range(1, spec.rounds + 1)), res["missing"]
     assert "client-2" in fed.ps_log() and "rejected reply" in str(res["missing"])
+
+
+# -- listening in the clear -----------------------------------------------------------------------------------
+
+
+def _role(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fedhop", *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("role", ["server", "edge"])
+def test_listening_beyond_loopback_in_plaintext_needs_insecure(role: str, tmp_path: Path) -> None:
+    from fedhop.launch import free_port
+
+    args = (["server", "--out", str(tmp_path / "run")] if role == "server"
+            else ["edge", "--id", "edge-0", "--connect", f"127.0.0.1:{free_port()}", "--connect-timeout", "1"])
+    p = _role(*args, "--listen", "0.0.0.0:0")
+    assert p.returncode == 2, p.stderr
+    assert "refusing to listen on 0.0.0.0:0 without TLS or tokens" in p.stderr and "--insecure" in p.stderr
+    assert not (tmp_path / "run").exists()
+    p = _role(*args, "--listen", "0.0.0.0:0", "--insecure", "--tls", str(tmp_path))
+    assert p.returncode == 2 and "--insecure contradicts --tls/--token" in p.stderr, p.stderr
+
+
+def test_bad_tls_folder_is_a_usage_error(tmp_path: Path) -> None:
+    p = _role("client", "--id", "client-0", "--connect", "127.0.0.1:1", "--tls", str(tmp_path / "nope"))
+    assert p.returncode == 2 and "no such folder" in p.stderr, p.stderr
+    p = _role("client", "--id", "client-0", "--connect", "127.0.0.1:1", "--token", str(tmp_path / "t.toml"))
+    assert p.returncode == 2 and "needs --tls DIR too" in p.stderr, p.stderr
