@@ -104,6 +104,8 @@ def _launch_security(a: argparse.Namespace, spec: Any, out: Path) -> tuple[Any, 
     tls_dir = launch_tls_dir(a.tls, out, topo.all_nodes())
     a.tls = str(tls_dir) if tls_dir is not None else None
     sec = security_from_args(a, topo.server, "127.0.0.1:0")
+    for node in topo.all_nodes():  # every child's material too, before any process starts
+        security_from_args(a, node, None)
     return sec, child_args(tls_dir, Path(a.token) if a.token else None)
 
 

@@ -122,7 +122,8 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     Checkpoints: after every ``spec.checkpoint_every`` rounds the PS writes its state (the algorithm's S, the
     byte rows, the missing log, the rounds) to ``out/checkpoints/ps``. ``resume``: continue such a run from its
     last checkpoint; the run keeps its id, so nodes that stayed up re-join it, and every node is told the
-    round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own)."""
+    round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own).
+    ``security``: the PS's :class:`~fedhop.transport.credentials.Security` (None: plaintext)."""
     torch.set_num_threads(1)
     events = events or RunEvents()
     if out is not None:

@@ -289,3 +289,15 @@ def test_bad_tls_folder_is_a_usage_error(tmp_path: Path) -> None:
     assert p.returncode == 2 and "no such folder" in p.stderr, p.stderr
     p = _role("client", "--id", "client-0", "--connect", "127.0.0.1:1", "--token", str(tmp_path / "t.toml"))
     assert p.returncode == 2 and "needs --tls DIR too" in p.stderr, p.stderr
+
+
+def test_launch_checks_every_nodes_certificate_before_starting(tmp_path: Path) -> None:
+    spec = small_spec("fedavg", clients=2, rounds=1)
+    pki = certs_for(spec, tmp_path)
+    node_files(pki, "client-1").key.unlink()
+    spec_file = tmp_path / "spec.toml"
+    spec_file.write_text(spec.to_toml())
+    p = _role("launch", str(spec_file), "--out", str(tmp_path / "run"), "--quiet", "--tls", str(pki))
+    assert p.returncode == 2, p.stderr
+    assert "client-1 has no certificate there" in p.stderr and "client-1.key" in p.stderr
+    assert not (tmp_path / "run" / "logs").exists()
