@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,14 +19,16 @@ log = logging.getLogger("fedhop.client")
 
 
 def run_client(node_id: str, parent: str, *, data_path: str | None = None, device: str | None = None,
-               connect_timeout_s: float = 60.0, state_dir: Path | None = None) -> int:
+               connect_timeout_s: float = 60.0, state_dir: Path | None = None, security: Any = None) -> int:
     """Join the run at ``parent``, serve its tasks until Bye; returns the exit code
     (:class:`~fedhop.common.exit_codes.ExitCode`: 0 only when the run finished). ``state_dir``: where this
-    client saves its state after every task (restored when it restarts); without it, in memory."""
+    client saves its state after every task (restored when it restarts); without it, in memory.
+    ``security``: a :class:`~fedhop.transport.credentials.Security` for the link to the parent."""
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     store = NodeStore(node_id, state_dir)
     session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s,
-                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1})
+                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
+                           security=security)
     try:
         welcome, ws = session.join(device, data_path)
     except JoinError as e:

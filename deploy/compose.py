@@ -88,7 +88,8 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     services: dict[str, Any] = {
         topo.server: {
             **role,
-            "command": ["server", SPEC_TARGET, "--listen", f"0.0.0.0:{PS_PORT}", "--device", opts.device,
+            "command": ["server", SPEC_TARGET, "--listen", f"0.0.0.0:{PS_PORT}", "--insecure",
+                        "--device", opts.device,
                         "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}"],
             "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
             "healthcheck": _healthcheck(PS_PORT, opts.health_interval_s),
@@ -100,7 +101,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
         services[e] = {
             **role,
             "command": ["edge", "--id", e, "--connect", ps_addr, "--listen", f"0.0.0.0:{EDGE_PORT}",
-                        "--advertise", f"{e}:{EDGE_PORT}", "--device", opts.device, *linger],
+                        "--insecure", "--advertise", f"{e}:{EDGE_PORT}", "--device", opts.device, *linger],
             "healthcheck": _healthcheck(EDGE_PORT, opts.health_interval_s),
             "deploy": _placement("edges"),
         }

@@ -198,12 +198,13 @@ class Testbed:
         topo = self.topo
         listen, ps_public = self._serve_addr(topo.server, PS_PORT)
         self._start("ps", self.net.nodes[topo.server].ns,
-                    [*py, "server", str(self.spec_path), "--listen", listen, "--out", str(self.out), "--force", *dev])
+                    [*py, "server", str(self.spec_path), "--listen", listen, "--insecure", "--out", str(self.out),
+                     "--force", *dev])
         public = {topo.server: ps_public}
         for e in topo.edges:
             listen, public[e] = self._serve_addr(e, EDGE_PORT)
             self._start(e, self.net.nodes[e].ns, [*py, "edge", "--id", e, "--connect", ps_public, "--listen", listen,
-                                                  "--advertise", public[e], *dev])
+                                                  "--insecure", "--advertise", public[e], *dev])
         for c in topo.clients:
             self._start(c, self.net.nodes[c].ns, [*py, "client", "--id", c, "--connect", public[topo.parent[c]], *dev])
 

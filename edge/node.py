@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,21 +30,22 @@ log = logging.getLogger("fedhop.edge")
 
 
 def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, advertise: str | None = None,
-             connect_timeout_s: float = 60.0, state_dir: Path | None = None) -> int:
+             connect_timeout_s: float = 60.0, state_dir: Path | None = None, security: Any = None) -> int:
     """Serve clients and neighbour edges on ``listen``, join the run at ``ps``, serve until Bye; returns the
     exit code (:class:`~fedhop.common.exit_codes.ExitCode`).
 
     ``advertise`` is the address neighbour edges dial (default: the listen address, 127.0.0.1 for a
-    wildcard host; set it when edges run on different machines)."""
+    wildcard host; set it when edges run on different machines). ``security``: a
+    :class:`~fedhop.transport.credentials.Security` for every link (None: plaintext)."""
     torch.set_num_threads(1)
     meter, missing = ByteMeter(), MissingLog()
-    hub = ParentHub(node_id, meter, missing)
-    service = EdgeService(node_id)
-    server = make_server(1024)
+    hub = ParentHub(node_id, meter, missing, security=security)
+    service = EdgeService(node_id, security)
+    server = make_server(1024, security)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`)
     serve_parent(hub, server)
     service.register(server)
-    port = add_port(server, listen)
+    port = add_port(server, listen, security)
     if port == 0:
         log.error("%s: cannot listen on %s", node_id, listen)
         return ExitCode.USAGE
@@ -52,7 +54,8 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
     address = advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
     store = NodeStore(node_id, state_dir)
     session = ChildSession(node_id, "edge", ps, address=address, connect_timeout_s=connect_timeout_s,
-                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1})
+                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
+                           security=security)
     try:
         try:
             welcome, ws = session.join(device)
@@ -62,7 +65,7 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
         spec = ws.spec
         hub.configure(spec, ws.topology, welcome.run_id)
         service.max_bytes = spec.transport.max_bundle_bytes
-        comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers)
+        comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security)
         ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)
         comm.ctx = ctx
         try:

@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +42,8 @@ def pick_devices(choice: str, n: int) -> list[str]:
 
 
 def role_cmd(role: str, node: str, connect: str, *, listen: str | None = None, device: str | None = None,
-             data_path: str | None = None, state_dir: Path | None = None) -> list[str]:
-    cmd = [sys.executable, "-m", "fedhop", role, "--id", node, "--connect", connect]
+             data_path: str | None = None, state_dir: Path | None = None, extra: Sequence[str] = ()) -> list[str]:
+    cmd = [sys.executable, "-m", "fedhop", role, "--id", node, "--connect", connect, *extra]
     if state_dir is not None:
         cmd += ["--state-dir", str(state_dir)]
     if listen:
@@ -74,17 +74,19 @@ class Processes:
         return p
 
     def start_nodes(self, topo: Topology, ps_addr: str, devices: dict[str, str] | None = None,
-                    data_path: str | None = None, state_dir: Path | None = None) -> dict[str, str]:
-        """Every edge and client of ``topo`` (each saving its state under ``state_dir``, if given); returns the
-        edges' addresses."""
+                    data_path: str | None = None, state_dir: Path | None = None,
+                    extra: Sequence[str] = ()) -> dict[str, str]:
+        """Every edge and client of ``topo`` (each saving its state under ``state_dir``, if given; ``extra``:
+        options for every child, e.g. ``--tls DIR``); returns the edges' addresses."""
         devices = devices or {}
         addr = {topo.server: ps_addr}
         for e in topo.edges:
             addr[e] = f"127.0.0.1:{free_port()}"
-            self.start(e, role_cmd("edge", e, ps_addr, listen=addr[e], device=devices.get(e), state_dir=state_dir))
+            self.start(e, role_cmd("edge", e, ps_addr, listen=addr[e], device=devices.get(e), state_dir=state_dir,
+                                   extra=extra))
         for c in topo.clients:
             self.start(c, role_cmd("client", c, addr[topo.parent[c]], device=devices.get(c), data_path=data_path,
-                                   state_dir=state_dir))
+                                   state_dir=state_dir, extra=extra))
         return {e: addr[e] for e in topo.edges}
 
     def wait(self, timeout_s: float) -> dict[str, int | None]:
@@ -132,12 +134,13 @@ class Processes:
 def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
            on_round: Callable[[dict[str, Any]], None] | None = None,
            on_join: Callable[[str, dict[str, int]], None] | None = None, resume: Any = None,
-           events: Any = None) -> RunResult:
+           events: Any = None, security: Any = None, child_args: Sequence[str] = ()) -> RunResult:
     """Run ``spec`` with the PS in this process and every edge and client in its own process.
 
     Every child saves its state after each task under ``out/state/<node>`` (the PS checkpoints into
     ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
-    run with every node restored. ``on_join(child, data sizes)``: a child of the PS said Ready."""
+    run with every node restored. ``on_join(child, data sizes)``: a child of the PS said Ready. ``security``:
+    the PS's links (transport.credentials.Security); ``child_args``: the same for every child (``--tls DIR``)."""
     from fedhop.server.main import run_server
 
     topo = build_topology(spec.topology, spec.seed)
@@ -155,12 +158,12 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
     root.propagate = False  # the PS's log goes to logs/ps.log; the terminal shows the progress bar
 
     def spawn(port: int) -> None:
-        procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path, out / "state")
+        procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path, out / "state", child_args)
 
     try:
         result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
                             on_listening=spawn, startup_failure=procs.startup_failure, on_join=on_join,
-                            resume=resume, events=events)
+                            resume=resume, events=events, security=security)
         codes = procs.wait(30)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:

@@ -12,6 +12,7 @@ import errno
 import socket
 import time
 from collections.abc import Callable
+from typing import Any
 
 from fedhop.common.exit_codes import ExitCode, Fatal
 
@@ -59,7 +60,7 @@ def _tcp_error(host: str, port: int, timeout_s: float) -> str | None:
         return e.strerror or str(e)
 
 
-def _fedhop_error(addr: str, timeout_s: float) -> str | None:
+def _fedhop_error(addr: str, timeout_s: float, security: Any = None) -> str | None:
     """None when ``addr`` serves ``fedhop.v1.Parent``; otherwise what answers there instead.
 
     The probe opens a Session and closes it at once without a Hello: a fedhop parent ends such a session
@@ -67,10 +68,16 @@ def _fedhop_error(addr: str, timeout_s: float) -> str | None:
     completes the HTTP/2 handshake."""
     import grpc
 
-    with grpc.insecure_channel(addr) as ch:
+    from fedhop.transport.channels import make_channel
+
+    with make_channel(addr, security=security) as ch:
         try:
             grpc.channel_ready_future(ch).result(timeout=timeout_s)
         except grpc.FutureTimeoutError:
+            if security is not None and security.mode != "insecure":
+                return (f"no TLS handshake within {timeout_s:.0f}s: the parent refused this node's certificate "
+                        f"(another CA, expired), or its own is not trusted here or does not name {addr}, or it "
+                        f"does not speak TLS ({security.describe()})")
             return f"it accepts TCP connections but does not speak gRPC within {timeout_s:.0f}s (not a fedhop node)"
         rpc = ch.stream_stream(SESSION_METHOD, request_serializer=bytes, response_deserializer=bytes)
         try:
@@ -83,7 +90,7 @@ def _fedhop_error(addr: str, timeout_s: float) -> str | None:
     return None
 
 
-def wait_for_parent(addr: str, timeout_s: float, say: Callable[[str], None]) -> None:
+def wait_for_parent(addr: str, timeout_s: float, say: Callable[[str], None], security: Any = None) -> None:
     """Return once ``addr`` is a reachable fedhop parent; retry refused connections until ``timeout_s``,
     saying each retry; raise ``UNREACHABLE`` with the last reason."""
     host, port = parse_address(addr, "--connect")
@@ -94,7 +101,7 @@ def wait_for_parent(addr: str, timeout_s: float, say: Callable[[str], None]) -> 
         left = end - time.monotonic()
         why = _tcp_error(host, port, max(0.5, min(3.0, left)))
         if why is None:
-            bad = _fedhop_error(addr, max(1.0, min(5.0, left)))
+            bad = _fedhop_error(addr, max(1.0, min(5.0, left)), security)
             if bad is None:
                 return
             raise Fatal(ExitCode.UNREACHABLE, f"parent {addr}: {bad}")

@@ -62,11 +62,13 @@ def cmd_launch(a: argparse.Namespace) -> int:
         n = spec.topology.edges + spec.topology.clients
         print(f"fedhop launch: starting {n} processes ({spec.topology.edges} edges, {spec.topology.clients} "
               f"clients) beside the PS; logs in {logs}", file=sys.stderr)
+    security, child_security = _launch_security(a, spec, out)
     events, http = _web(a)
     bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
     try:
         result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
-                        on_join=bar.on_join, resume=resume, events=events)
+                        on_join=bar.on_join, resume=resume, events=events, security=security,
+                        child_args=child_security)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"every process was stopped; the rounds done are in {out} (logs in {logs})") from None
@@ -89,6 +91,24 @@ def cmd_launch(a: argparse.Namespace) -> int:
     return 0
 
 
+def _launch_security(a: argparse.Namespace, spec: Any, out: Path) -> tuple[Any, list[str]]:
+    """The PS's Security and the options that give every child process the same (``--tls auto``: a
+    throw-away CA under the run folder)."""
+    from fedhop.common.engine.topology import build_topology
+    from fedhop.secure_args import child_args, launch_tls_dir, security_from_args
+
+    topo = build_topology(spec.topology, spec.seed)
+    if a.tls == "auto" and a.token:
+        raise Fatal(ExitCode.USAGE, "--token needs the folder its CA is in: give --tls DIR (from `fedhop certs "
+                                    "init`), not --tls auto")
+    tls_dir = launch_tls_dir(a.tls, out, topo.all_nodes())
+    a.tls = str(tls_dir) if tls_dir is not None else None
+    sec = security_from_args(a, topo.server, "127.0.0.1:0")
+    for node in topo.all_nodes():  # every child's material too, before any process starts
+        security_from_args(a, node, None)
+    return sec, child_args(tls_dir, Path(a.token) if a.token else None)
+
+
 def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli import check_device, load_spec, print_summary, run_folder
     from fedhop.common.engine.loop import RoundFailed
@@ -103,12 +123,14 @@ def cmd_server(a: argparse.Namespace) -> int:
     spec = resume.spec if resume is not None else load_spec(a.spec, a.set)
     check_user_code(spec, clients=False, source=a.spec or "<default spec>")  # clients check their own at join
     check_listen(a.listen)
+    security = _server_security(a, spec)
     check_device(a.device or spec.device)
     out = Path(a.resume) if resume is not None else run_folder(a, spec.name, "server")
     exit_zero_on_sigterm_once_written(out)
     events, http = _web(a)
     try:
-        result = run_server(spec, a.listen, out=out, device=a.device, resume=resume, events=events)
+        result = run_server(spec, a.listen, out=out, device=a.device, resume=resume, events=events,
+                            security=security)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"the rounds done are in {out}") from None
@@ -127,6 +149,13 @@ def cmd_server(a: argparse.Namespace) -> int:
     # Leave at once: an interpreter teardown under gRPC's threads can take seconds, and during it Python
     # restores the default SIGTERM action, so an orchestrator's SIGTERM then would turn a finished run into 143.
     return _exit_now(0)
+
+
+def _server_security(a: argparse.Namespace, spec: Any) -> Any:
+    from fedhop.common.engine.topology import build_topology
+    from fedhop.secure_args import security_from_args
+
+    return security_from_args(a, build_topology(spec.topology, spec.seed).server, a.listen)
 
 
 def _web(a: argparse.Namespace) -> tuple[Any, Any]:
@@ -194,10 +223,14 @@ def cmd_edge(a: argparse.Namespace) -> int:
     _logging()
 
     def body() -> int:
+        from fedhop.secure_args import security_from_args
+
         check_listen(a.listen)
-        wait_for_parent(a.connect, a.connect_timeout, log.warning)
+        security = security_from_args(a, a.id, a.listen)
+        wait_for_parent(a.connect, a.connect_timeout, log.warning, security)
         rc = run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
-                      connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
+                      connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None,
+                      security=security)
         return linger(a.id, rc, a.linger_until, a.linger_timeout)
 
     return _role("edge", body)
@@ -211,14 +244,18 @@ def cmd_client(a: argparse.Namespace) -> int:
     _logging()
 
     def body() -> int:
+        from fedhop.secure_args import security_from_args
+
+        security = security_from_args(a, a.id, None)
         health = None
         if a.health:
             from fedhop.transport.health import serve_health
 
             health = serve_health(a.health)
-        wait_for_parent(a.connect, a.connect_timeout, log.warning)
+        wait_for_parent(a.connect, a.connect_timeout, log.warning, security)
         rc = run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
-                        connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None)
+                        connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None,
+                        security=security)
         rc = linger(a.id, rc, a.linger_until, a.linger_timeout)
         if health is not None:
             health.stop()
@@ -237,6 +274,7 @@ def _add_linger(s: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter],
                  add_run_options: Callable[[argparse.ArgumentParser, str], None]) -> None:
+    from fedhop.secure_args import add_security_args
     from fedhop.server.web.cli import add_http_args
 
     s = sub.add_parser("launch", help="run a spec as real local processes: PS, edges and clients over gRPC",
@@ -249,6 +287,7 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
                    "(every process is started again and restores its state)")
     add_http_args(s, default="127.0.0.1:0")
+    add_security_args(s, launch=True)
     s.set_defaults(fn=cmd_launch)
 
     s = sub.add_parser("server", help="the parameter server: owns the spec, waits for every node, runs it",
@@ -260,6 +299,7 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from the PS's last checkpoint; "
                    "nodes still up re-join it and roll back to it, restarted ones restore from their --state-dir")
     add_http_args(s)
+    add_security_args(s)
     s.set_defaults(fn=cmd_server)
 
     s = sub.add_parser("edge", help="an edge server: dials the PS, serves its clients and neighbour edges",
@@ -274,6 +314,7 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--state-dir", help="save this node's state here after every task; restart with the same "
                    "--id and --state-dir to restore it (default: kept in memory only)")
     _add_linger(s)
+    add_security_args(s)
     s.set_defaults(fn=cmd_edge)
 
     s = sub.add_parser("client", help="a client: dials its parent (edge or PS) and serves its tasks",
@@ -289,4 +330,5 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--health", metavar="HOST:PORT",
                    help="serve grpc.health.v1 on this address (clients listen on nothing else), for healthchecks")
     _add_linger(s)
+    add_security_args(s)
     s.set_defaults(fn=cmd_client)

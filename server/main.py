@@ -107,7 +107,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                on_listening: Callable[[int], None] | None = None,
                startup_failure: Callable[[], str | None] | None = None,
                on_join: Callable[[str, dict[str, int]], None] | None = None,
-               resume: Resume | None = None, events: RunEvents | None = None) -> RunResult:
+               resume: Resume | None = None, events: RunEvents | None = None, security: Any = None) -> RunResult:
     """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
 
     ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
@@ -117,7 +117,8 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     Checkpoints: after every ``spec.checkpoint_every`` rounds the PS writes its state (the algorithm's S, the
     byte rows, the missing log, the rounds) to ``out/checkpoints/ps``. ``resume``: continue such a run from its
     last checkpoint; the run keeps its id, so nodes that stayed up re-join it, and every node is told the
-    round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own)."""
+    round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own).
+    ``security``: the PS's :class:`~fedhop.transport.credentials.Security` (None: plaintext)."""
     torch.set_num_threads(1)
     events = events or RunEvents()
     if out is not None:
@@ -125,7 +126,8 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     ws = Workspace(spec, device)
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
-    hub = ParentHub(topo.server, meter, missing)
+    hub = ParentHub(topo.server, meter, missing, security=security)
+
     def ready(node: str, sizes: dict[str, int]) -> None:  # an edge's Ready names the clients that joined it
         for c in sizes:
             if c != node:
@@ -149,10 +151,10 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     hub.configure(spec, topo, run_id)
     events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
                 resumed_at=start.next_round)
-    server = make_server(len(hub.children) + 16)
+    server = make_server(len(hub.children) + 16, security)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     serve_parent(hub, server)
-    port = add_port(server, listen)
+    port = add_port(server, listen, security)
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()
@@ -171,7 +173,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                               f"(expected {list(hub.children)})")
         if absent:
             log.warning("ps: starting without %s (not ready within %gs)", absent, spec.transport.join_timeout_s)
-        comm = NetComm(topo.server, topo, missing, hub, spec)
+        comm = NetComm(topo.server, topo, missing, hub, spec, security=security)
         ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm)
         comm.ctx = ctx
         if resume is not None:

@@ -1,13 +1,14 @@
 """The one place that makes gRPC servers and channels: options, message limits, keep-alive, credentials.
 
-``security`` is where transport security plugs in (``transport/credentials.py``: ``server_credentials`` /
-``channel_credentials``); None means plaintext, and this module holds the only ``add_insecure_port`` and
-``insecure_channel`` calls of the code base.
+``security`` (a :class:`~fedhop.transport.credentials.Security`) says how: None or insecure mode means
+plaintext, and this module holds the only ``add_insecure_port`` and ``insecure_channel`` calls of the code
+base; otherwise mutual TLS or tokens over TLS (``transport/credentials.py``).
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 from concurrent import futures
 from typing import Any
@@ -33,34 +34,51 @@ KEEPALIVE_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
 ]
+log = logging.getLogger("fedhop.channels")
 HANDSHAKE_TIMEOUT_S = 5.0  # a listener that does not finish a gRPC handshake in this time is not a fedhop node
 
 
-def _credentials(security: Any, side: str) -> Any:
-    from fedhop.transport import credentials  # written beside this module; imported only when security is on
+def _plain(security: Any) -> bool:
+    """No transport security: None or a ``Security`` in insecure mode."""
+    return security is None or security.mode == "insecure"
 
-    return credentials.server_credentials(security) if side == "server" else credentials.channel_credentials(security)
 
+def make_server(max_workers: int, security: Any = None) -> grpc.Server:
+    """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``); in token
+    mode with the interceptor that refuses calls without a good token before any handler runs."""
+    interceptors: list[grpc.ServerInterceptor] = []
+    if not _plain(security):
+        from fedhop.transport.credentials import server_interceptors
 
-def make_server(max_workers: int) -> grpc.Server:
-    """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``)."""
+        def refused(method: str, why: str) -> None:
+            log.warning("%s: refused a call to %s: %s", security.node_id, method, why)
+
+        interceptors = server_interceptors(security, refused)
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                       options=SERVER_OPTIONS)
+                       options=SERVER_OPTIONS, interceptors=interceptors)
 
 
 def add_port(server: grpc.Server, listen: str, security: Any = None) -> int:
-    """Bind ``listen`` (HOST:PORT); returns the port, 0 when it cannot be bound."""
-    if security is None:
+    """Bind ``listen`` (HOST:PORT) in plaintext or with ``security``'s TLS credentials; returns the port, 0
+    when it cannot be bound."""
+    if _plain(security):
         return server.add_insecure_port(listen)
-    return server.add_secure_port(listen, _credentials(security, "server"))
+    from fedhop.transport.credentials import server_credentials
+
+    return server.add_secure_port(listen, server_credentials(security))
 
 
-def make_channel(address: str, *, security: Any = None, keepalive: bool = False) -> grpc.Channel:
-    """A channel to a fedhop node; ``keepalive``: HTTP/2 pings (long-lived session streams)."""
+def make_channel(address: str, *, security: Any = None, keepalive: bool = False,
+                 peer_id: str | None = None) -> grpc.Channel:
+    """A channel to a fedhop node; ``keepalive``: HTTP/2 pings (long-lived session streams); ``peer_id``
+    (with TLS): the server must present that node's certificate."""
     options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else [])]
-    if security is None:
+    if _plain(security):
         return grpc.insecure_channel(address, options=options)
-    return grpc.secure_channel(address, _credentials(security, "channel"), options=options)
+    from fedhop.transport.credentials import channel_credentials, channel_options
+
+    return grpc.secure_channel(address, channel_credentials(security),
+                               options=[*options, *channel_options(security, peer_id)])
 
 
 def listening(address: str, timeout_s: float = 2.0) -> bool | None:

@@ -134,8 +134,10 @@ class ChildSession:
     """This node's session with its parent, across re-joins."""
 
     def __init__(self, node_id: NodeId, role: str, parent: str, *, address: str = "",
-                 info: Mapping[str, Scalar] | None = None, connect_timeout_s: float = 60.0) -> None:
+                 info: Mapping[str, Scalar] | None = None, connect_timeout_s: float = 60.0,
+                 security: Any = None) -> None:
         self.node = node_id
+        self.security = security  # transport.credentials.Security for the channel to the parent (None: plaintext)
         self.role = role
         self.parent_addr = parent
         self.address = address
@@ -189,13 +191,19 @@ class ChildSession:
 
     def _open(self, *, rejoin: bool) -> pb.Welcome:
         """One attempt: channel, handshake, Hello, Welcome; on success the new stream becomes current."""
-        channel = make_channel(self.parent_addr, keepalive=True)
+        channel = make_channel(self.parent_addr, keepalive=True, security=self.security)
         try:
             grpc.channel_ready_future(channel).result(timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.FutureTimeoutError:
             channel.close()
             if rejoin:
                 raise _Retry("no gRPC handshake") from None
+            if self.security is not None and self.security.mode != "insecure":
+                raise JoinError(f"{self.node}: no TLS handshake with {self.parent_addr} within "
+                                f"{HANDSHAKE_TIMEOUT_S:g}s: the parent refused this node's certificate (another CA, "
+                                f"expired) or presented one this node does not trust or that does not name "
+                                f"{self.parent_addr}, or it does not speak TLS ({self.security.describe()})",
+                                ExitCode.JOIN_FAILED) from None
             raise JoinError(f"{self.node}: {self.parent_addr} accepts connections but does not complete a gRPC "
                             f"(HTTP/2) handshake within {HANDSHAKE_TIMEOUT_S:g}s: it is not a fedhop node (or it is "
                             "stalled)", ExitCode.NOT_FEDHOP) from None

@@ -173,14 +173,15 @@ class _TokenGate(grpc.ServerInterceptor):
         try:
             _token_identity(self._tokens, details.invocation_metadata)
         except Unauthenticated as e:
-            if self._on_refuse is not None:
-                self._on_refuse(details.method, str(e))
-            return _refusal(handler, str(e))
+            return _refusal(handler, str(e), details.method, self._on_refuse)
         return handler
 
 
-def _refusal(handler: grpc.RpcMethodHandler, why: str) -> grpc.RpcMethodHandler:
+def _refusal(handler: grpc.RpcMethodHandler, why: str, method: str = "",
+             on_refuse: Callable[[str, str], None] | None = None) -> grpc.RpcMethodHandler:
     def abort(_request: Any, context: grpc.ServicerContext) -> Any:
+        if on_refuse is not None:  # told here, where the peer's address is known
+            on_refuse(f"{method} from {context.peer()}", why)
         context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
     if handler.request_streaming and handler.response_streaming:
@@ -195,8 +196,8 @@ def _refusal(handler: grpc.RpcMethodHandler, why: str) -> grpc.RpcMethodHandler:
 def server_interceptors(sec: Security, on_refuse: Callable[[str, str], None] | None = None,
                         ) -> list[grpc.ServerInterceptor]:
     """Interceptors for ``grpc.server(..., interceptors=...)``: in token mode, one that refuses unauthenticated
-    calls before a handler runs (``on_refuse(method, reason)`` is told, e.g. to log). mTLS needs none: the
-    TLS handshake already refused peers without a good certificate."""
+    calls before a handler runs (``on_refuse("<method> from <peer>", reason)`` is told, e.g. to log). mTLS
+    needs none: the TLS handshake already refused peers without a good certificate."""
     return [_TokenGate(sec.tokens, on_refuse)] if sec.mode == "token" else []
 
 

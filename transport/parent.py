@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.transport.credentials import Unauthenticated, peer_identity
 from fedhop.transport.session import ChildLink, ParentHub
 
 log = logging.getLogger("fedhop.parent")
@@ -30,7 +31,13 @@ class ParentServicer:
                                                                              {"Session": handler}),))
 
     def Session(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
-        link = self.hub.open(context.peer())
+        identity, why = None, ""
+        if self.hub.secure:
+            try:
+                identity = peer_identity(context, self.hub.security)
+            except Unauthenticated as e:
+                why = str(e)
+        link = self.hub.open(context.peer(), identity, why)
         reader = threading.Thread(target=self._read, args=(link, request_iterator),
                                   name=f"session-{link.peer}", daemon=True)
         reader.start()

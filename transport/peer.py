@@ -35,6 +35,7 @@ from fedhop.common.wire.messages import (
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import make_channel
+from fedhop.transport.credentials import Unauthenticated, peer_identity
 from fedhop.transport.inbound import Rejection, accept_request
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -63,7 +64,7 @@ class PeerClient:
             raise HandOffError(f"{self.node} does not know the address of {peer} (known: {sorted(self.peers)})")
         addr = self.peers[peer]
         if addr not in self._channels:
-            self._channels[addr] = make_channel(addr, security=self.security)
+            self._channels[addr] = make_channel(addr, security=self.security, peer_id=peer)
         return self._channels[addr]
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar], rnd: int) -> None:
@@ -129,8 +130,9 @@ class PeerClient:
 class EdgeService:
     """``Edge.HandOff`` and ``Edge.Describe`` of one edge; refuses calls until the edge is in a run."""
 
-    def __init__(self, node_id: NodeId) -> None:
+    def __init__(self, node_id: NodeId, security: Any = None) -> None:
         self.node = node_id
+        self.security = security  # with TLS or tokens, who calls is what its certificate or token proves
         self.ctx: NodeContext | None = None
         self.max_bytes: int | None = None
         self.on_received: Callable[[NodeContext, int], None] | None = None  # (ctx, round): save the node's state
@@ -145,9 +147,28 @@ class EdgeService:
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fedhop.v1.Edge", handlers),))
 
+    @property
+    def secure(self) -> bool:
+        return self.security is not None and self.security.mode != "insecure"
+
     def _caller(self, context: grpc.ServicerContext) -> tuple[str, str]:
+        """(who calls, the hand-off's slot); who calls is "" when it cannot be established. With TLS or
+        tokens it comes from the certificate or token, never from the ``fedhop-node`` entry the caller writes."""
         md = dict(context.invocation_metadata())
-        return str(md.get(NODE_HEADER, "")), str(md.get(SLOT_HEADER, ""))
+        slot = str(md.get(SLOT_HEADER, ""))
+        if not self.secure:
+            return str(md.get(NODE_HEADER, "")), slot
+        try:
+            return str(peer_identity(context, self.security)), slot
+        except Unauthenticated as e:
+            log.warning("%s: unauthenticated caller %s: %s", self.node, context.peer(), e)
+            return "", slot
+
+    def _stranger(self, sender: str, ctx: NodeContext) -> str | None:
+        """Why ``sender`` may not call this edge (None: a neighbour). Says nothing of the topology."""
+        if sender in ctx.neighbours:
+            return None
+        return f"{sender or 'an unauthenticated caller'} is not a neighbour of {self.node}"
 
     def _refuse(self, code: int, message: str) -> pb.Ack:
         log.warning("%s: hand-off refused: %s", self.node, message)
@@ -158,9 +179,10 @@ class EdgeService:
         ctx = self.ctx
         if ctx is None:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, "not in a run yet")
-        if sender not in ctx.neighbours:
-            return self._refuse(pb.ERROR_CODE_BAD_REQUEST,
-                                f"{sender or '(anonymous)'} is not a neighbour (neighbours: {list(ctx.neighbours)})")
+        why = self._stranger(sender, ctx)
+        if why is not None:
+            log.warning("%s: hand-off from %s refused: %s", self.node, context.peer(), why)
+            return pb.Ack(ok=False, error=pb.Error(code=pb.ERROR_CODE_BAD_REQUEST, message=f"{self.node}: {why}"))
         if not slot:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} names no slot")
         asm = MessageAssembler(max_bytes=self.max_bytes)
@@ -188,4 +210,10 @@ class EdgeService:
         if ctx is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.node} is not in a run yet")
         assert ctx is not None
+        if self.secure:
+            sender, _ = self._caller(context)
+            why = self._stranger(sender, ctx)
+            if why is not None:
+                log.warning("%s: describe from %s refused: %s", self.node, context.peer(), why)
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         return describe_reply({"data_size": ctx.sizes.get(self.node, 0), **ctx.public})

@@ -91,8 +91,11 @@ class Call:
 class ChildLink:
     """One child's session, seen from the parent: an outbound frame queue and what the child said."""
 
-    def __init__(self, peer: str, max_bytes: int | None = None) -> None:
+    def __init__(self, peer: str, max_bytes: int | None = None, identity: str | None = None,
+                 unauthenticated: str = "") -> None:
         self.peer = peer  # the transport address, for log lines
+        self.identity = identity  # the node id the peer's certificate or token proves (None: not verified)
+        self.unauthenticated = unauthenticated  # why the peer could not be identified ("" where it was)
         self.node_id: NodeId | None = None
         self.role = ""
         self.address = ""  # an edge's Edge service
@@ -142,8 +145,10 @@ class ParentHub:
     """The parent side of the session protocol for one node (the PS or an edge): its children's sessions,
     their calls, admission, keep-alives and reports."""
 
-    def __init__(self, node_id: NodeId, meter: ByteMeter, missing: MissingLog | None = None) -> None:
+    def __init__(self, node_id: NodeId, meter: ByteMeter, missing: MissingLog | None = None,
+                 security: Any = None) -> None:
         self.node = node_id
+        self.security = security  # transport.credentials.Security; None or insecure: Hellos are taken at their word
         self.meter = meter
         self.missing = missing if missing is not None else MissingLog()
         self.configured = threading.Event()
@@ -275,8 +280,14 @@ class ParentHub:
         self._stop.set()
 
     # -- one session's frames -----------------------------------------------------------------------------
-    def open(self, peer: str) -> ChildLink:
-        return ChildLink(peer, self.max_bytes)
+    @property
+    def secure(self) -> bool:
+        return self.security is not None and self.security.mode != "insecure"
+
+    def open(self, peer: str, identity: str | None = None, unauthenticated: str = "") -> ChildLink:
+        """A new session from ``peer``; ``identity``: the node id its certificate or token proves (the
+        servicer's :func:`~fedhop.transport.credentials.peer_identity`), or why it could not be proved."""
+        return ChildLink(peer, self.max_bytes, identity, unauthenticated)
 
     def on_frame(self, link: ChildLink, frame: Frame) -> bool:
         """Handle one frame from a child; False ends the session (a refused Hello)."""
@@ -319,8 +330,8 @@ class ParentHub:
 
     def _hello(self, link: ChildLink, frame: Frame) -> bool:
         """Check the first frame of a session; answer Welcome, or Error and close."""
-        def reject(code: int, message: str) -> bool:
-            log.warning("%s: rejected %s: %s", self.node, link.peer, message)
+        def reject(code: int, message: str, detail: str = "") -> bool:
+            log.warning("%s: rejected %s: %s%s", self.node, link.peer, message, detail)
             link.send([error_frame(0, code, message)])
             link.alive = False
             link.close()
@@ -339,9 +350,15 @@ class ParentHub:
             return reject(pb.ERROR_CODE_INTERNAL, f"{self.node} has not joined a run yet")
         assert self.topology is not None and self.spec is not None
         node = hello.node_id
-        if node not in self.children:
-            return reject(pb.ERROR_CODE_BAD_REQUEST,
-                          f"unknown node id {node!r}: the children of {self.node} are {list(self.children)}")
+        if self.secure:
+            if link.identity is None:
+                return reject(pb.ERROR_CODE_BAD_REQUEST, f"unauthenticated peer: {link.unauthenticated}")
+            if link.identity != node:
+                return reject(pb.ERROR_CODE_BAD_REQUEST, f"the peer's certificate or token is {link.identity}'s, "
+                              f"but it said Hello as {node!r}")
+        if node not in self.children:  # the refusal does not list the topology's node ids (the log line does)
+            return reject(pb.ERROR_CODE_BAD_REQUEST, f"{node!r} is not a child of {self.node} in this run",
+                          f" (its children: {list(self.children)})")
         role = self.topology.role(node)
         if ROLE_NAMES.get(hello.role, "") != role:
             return reject(pb.ERROR_CODE_BAD_REQUEST,

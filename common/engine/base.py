@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from fedhop.common.engine.api import NodeId, Reply, Scalar
+from fedhop.common.engine.size_claims import size_claim_error
 from fedhop.common.engine.topology import Topology
 from fedhop.common.wire.bundle import Bundle, non_finite
 
@@ -102,6 +103,8 @@ class BaseComm(ABC):
                 if reason is None and sizes is not None and t not in sizes:
                     reason = f"{self.node} does not know the data size of {t} yet (joined late; admitted at the " \
                              "next round boundary)"
+                if reason is None:
+                    reason = size_claim_error(self.topology, t, r.scalars, sizes)
                 if reason is None:
                     out[t] = r
                     self.last_ok[t] = rnd

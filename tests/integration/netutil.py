@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +36,14 @@ def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, r
     })
 
 
-def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240) -> Path:
-    """``fedhop launch`` in a subprocess (PS in the launcher, one process per edge and client)."""
+def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequence[str] = ()) -> Path:
+    """``fedhop launch`` in a subprocess (PS in the launcher, one process per edge and client); ``security``:
+    launch's options for the links (``--tls DIR``, ``--token FILE``)."""
     spec_file = tmp / "spec.toml"
     spec_file.write_text(spec.to_toml())
     out = tmp / "run"
     proc = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
-                           "--device", "cpu", "--quiet"], capture_output=True, text=True, timeout=timeout)
+                           "--device", "cpu", "--quiet", *security], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs(out)}"
     assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
     return out
@@ -57,12 +59,14 @@ def logs(out: Path) -> str:
 class Federation:
     """``fedhop server`` plus every edge and client as separate processes, each with a known pid.
 
-    ``hold``: nodes not started with the others (start them later with :meth:`start_node`)."""
+    ``hold``: nodes not started with the others (start them later with :meth:`start_node`). ``security``:
+    options every process gets (``--tls DIR``, ``--token FILE``)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
-                 state_dir: Path | None = None, out: Path | None = None,
+                 state_dir: Path | None = None, out: Path | None = None, security: Sequence[str] = (),
                  server_args: tuple[str, ...] = ()) -> None:
         self.spec = spec
+        self.security = list(security)
         self.state_dir = state_dir
         self.out = out or tmp / "run"
         self.spec_file = tmp / "spec.toml"
@@ -71,7 +75,7 @@ class Federation:
         self.procs = Processes(tmp / "logs")
         self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
-                                          "--device", "cpu", *server_args])
+                                          "--device", "cpu", *self.security, *server_args])
         self.topology = build_topology(spec.topology, spec.seed)
         self.addr = {self.topology.server: f"127.0.0.1:{self.port}"}
         self.addr.update({e: f"127.0.0.1:{free_port()}" for e in self.topology.edges})
@@ -79,16 +83,19 @@ class Federation:
             if n not in hold:
                 self.start_node(n)
 
-    def start_node(self, node: str) -> None:
+    def start_node(self, node: str, security: Sequence[str] | None = None) -> None:
+        """Start ``node`` with the federation's security options (or ``security`` instead)."""
         role = self.topology.role(node)
         self.procs.start(node, role_cmd(role, node, self.addr[self.topology.parent[node]], device="cpu",
                                         listen=self.addr[node] if role == "edge" else None,
-                                        state_dir=self.state_dir))
+                                        state_dir=self.state_dir,
+                                        extra=self.security if security is None else security))
 
     def restart_ps(self, name: str = "ps2") -> None:
         """A new PS process that resumes the run from its last checkpoint, on the same address."""
         self.ps = self.procs.start(name, [sys.executable, "-m", "fedhop", "server", "--resume", str(self.out),
-                                          "--listen", f"127.0.0.1:{self.port}", "--device", "cpu"])
+                                          "--listen", f"127.0.0.1:{self.port}", "--device", "cpu",
+                                          *self.security])
 
     def log_of(self, node: str) -> str:
         return (self.procs.logs / f"{node}.log").read_text(errors="replace")
