@@ -74,7 +74,8 @@ CASES: dict[str, dict[str, Any]] = {
     "fgdro-kl": dict(algorithm="fgdro-kl", clients=3, edges=0, rounds=2, options={
         "local_steps": 2, "u_init": "first_batch", "v_init": "mean_exp_u"}),
     "local-adam": dict(algorithm="local-adam", clients=3, edges=0, rounds=2, options={"local_steps": 2}),
-    "fedadam": dict(algorithm="fedadam", clients=3, edges=0, rounds=2, options={"local_steps": 2}),
+    "fedadam": dict(algorithm="fedadam", clients=3, edges=0, rounds=2,
+                    options={"local_steps": 2, "participation": {"kind": "full"}}),
     "drfa": dict(algorithm="drfa", clients=3, edges=0, rounds=2, options={"local_steps": 2, "clients_per_round": 2}),
     "dr-dsgd": dict(algorithm="dr-dsgd", clients=3, edges=0, rounds=2, options={"local_steps": 2}),
 }
