@@ -78,6 +78,15 @@ CASES: dict[str, dict[str, Any]] = {
                     options={"local_steps": 2, "participation": {"kind": "full"}}),
     "drfa": dict(algorithm="drfa", clients=3, edges=0, rounds=2, options={"local_steps": 2, "clients_per_round": 2}),
     "dr-dsgd": dict(algorithm="dr-dsgd", clients=3, edges=0, rounds=2, options={"local_steps": 2}),
+    # baselines of the papers' headline claims
+    "fedavg-qsgd-edges": dict(algorithm="fedavg", clients=4, edges=2, rounds=2,
+                              options={"local_steps": 2, "upload_levels": 7}),
+    "proxskip": dict(algorithm="proxskip", clients=3, edges=0, rounds=2,
+                     options={"local_steps": 2, "participation": {"kind": "uniform", "m": 2}}),
+    "centralized-sgd": dict(algorithm="centralized-sgd", clients=1, edges=0, rounds=2,
+                            options={"iters_per_round": 3, "batch_size": 8}),
+    "drfa-prox-snapshot-entropic": dict(algorithm="drfa-prox", clients=3, edges=0, rounds=2, options={
+        "local_steps": 2, "clients_per_round": 2, "loss_at": "snapshot", "prox": "entropic"}),
 }
 TRACE_ROWS = [[1, 0, 1], [0, 1, 1]]
 
