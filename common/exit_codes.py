@@ -29,6 +29,7 @@ class ExitCode(IntEnum):
     RUN_NOT_FINISHED = 12  # the parent ended the session, but the run did not finish (e.g. the PS was lost)
     LATE_JOIN_REFUSED = 13  # the run had started and its transport.late_join is "refuse"
     RUN_MISMATCH = 14  # the parent came back running another run (another run_id), or a resume found another run
+    USER_CODE = 15  # this node's user code (the modules the spec names) differs from the parameter server's
     INTERRUPTED = 130  # Ctrl-C (SIGINT); the PS first writes what it has (results of the rounds done)
 
 
@@ -49,6 +50,8 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.RUN_NOT_FINISHED: "the parent ended the session but the run did not finish (e.g. the PS died)",
     ExitCode.LATE_JOIN_REFUSED: "the run had started and transport.late_join is \"refuse\"",
     ExitCode.RUN_MISMATCH: "the parent runs another run (another run_id), or --state-dir holds another run's state",
+    ExitCode.USER_CODE: "this node runs another version of the user code the spec names (model.name, model.loss, "
+                        "data.source, metrics) than the PS: its code digest differs",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the PS writes the results of the rounds done first",
 }
 

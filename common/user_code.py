@@ -27,7 +27,7 @@ import importlib
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,6 +130,17 @@ def code_digest(spec: RunSpec) -> str:
             h.update(Path(path).read_bytes())
         h.update(b"\0")
     return h.hexdigest()
+
+
+CODE_DIGEST = "code_digest"  # the Welcome.info entry with the parameter server's code digest
+
+
+def check_parent_code(spec: RunSpec, welcome_info: Mapping[str, object], node: str) -> None:
+    """A joining node's check (client or edge): the digest of its own copy of the modules ``spec`` names must
+    equal the parameter server's, which every Welcome carries under :data:`CODE_DIGEST` (an edge forwards the
+    PS's digest to its clients). A UserCodeError says which node differs."""
+    ps = welcome_info.get(CODE_DIGEST, "")
+    check_same_code(ps if isinstance(ps, str) else "", code_digest(spec), node)
 
 
 def check_same_code(own: str, reported: str, node: str) -> None:

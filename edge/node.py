@@ -17,7 +17,9 @@ from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
 from fedhop.common.exit_codes import ExitCode
+from fedhop.common.user_code import CODE_DIGEST
 from fedhop.common.wire.meter import ByteMeter
+from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.health import add_health
@@ -63,6 +65,7 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
             log.error("%s", e)
             return e.code
         spec = ws.spec
+        hub.welcome_info[CODE_DIGEST] = get_scalars(welcome.info).get(CODE_DIGEST, "")  # the PS's, to clients
         hub.configure(spec, ws.topology, welcome.run_id)
         service.max_bytes = spec.transport.max_bundle_bytes
         comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security)

@@ -29,6 +29,7 @@ from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, load_
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.testhooks import gate
+from fedhop.common.user_code import CODE_DIGEST, code_digest
 from fedhop.common.wire.bundle import Bundle, clone
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
@@ -148,6 +149,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         start = Start(resume.next_round, ck.state)
         hub.welcome_info = {"resume_round": resume.next_round}
         log.info("ps: resuming run %s at round %d from %s", run_id, resume.next_round + 1, resume.path)
+    hub.welcome_info[CODE_DIGEST] = code_digest(spec)  # every node checks its user code against it
     hub.configure(spec, topo, run_id)
     events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
                 resumed_at=start.next_round)

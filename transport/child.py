@@ -32,6 +32,7 @@ from fedhop.common.engine.node_store import NEWEST, NodeStore, Restored
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec, TransportSpec
+from fedhop.common.user_code import UserCodeError, check_parent_code
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
@@ -248,7 +249,12 @@ class ChildSession:
         """connect(), then build this process's Workspace from the RunSpec in the Welcome and check that the
         run gives this node the role it joined as; a JoinError says what went wrong."""
         welcome = self.connect()
-        ws = Workspace(RunSpec.model_validate_json(welcome.spec), device, data_path)
+        spec = RunSpec.model_validate_json(welcome.spec)
+        try:
+            check_parent_code(spec, get_scalars(welcome.info), self.node)
+        except UserCodeError as e:
+            raise JoinError(str(e), ExitCode.USER_CODE) from None
+        ws = Workspace(spec, device, data_path)
         try:
             role = ws.topology.role(self.node)
         except KeyError:

@@ -1,36 +1,238 @@
 """The central integration test (DESIGN.md section 3): the same spec and seed through real processes over
-gRPC and through the in-process engine give bit-identical final models and identical byte counts."""
+gRPC and through the in-process engine give bit-identical final models and identical byte counts.
+
+Every registered algorithm has a case, and so does every reading or option that changes the message flow
+(FedAvg readings A and B, the participation models, Fed-CHS E > 1 with QSGD uploads, FedCluster's local
+solvers and fixed order, the random edge graph). On the networked result of some cases the paper's payload
+formula is asserted too (:data:`FORMULAS`), so each launch serves both checks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
 import pytest
 import torch
 
+import fedhop.common.algorithms  # noqa: F401  (registers every algorithm)
+from fedhop.common.engine.api import ALGORITHMS
 from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.topology import build_topology
+from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.control import CONTROL_KINDS
 from tests.integration.netutil import launch_run, load_result, rows_by_key, small_spec
 
-CASES = {
+BERN = {"kind": "bernoulli", "p": [0.9, 0.5, 0.2]}
+MARKOV = {"kind": "markov", "p_stay": 0.5}
+TRACE = "TRACE"  # replaced by a rounds x clients 0/1 table written into the test's folder
+
+CASES: dict[str, dict[str, Any]] = {
     "fedavg-flat": dict(algorithm="fedavg", clients=3, edges=0),
     "fedavg-edges": dict(algorithm="fedavg", clients=4, edges=2),
+    # Fed-CHS spec sec. 5: reading A (one local step, syncs_per_round averages a round), Markov participation
+    "fedavg-reading-a-markov": dict(algorithm="fedavg", clients=3, edges=0, rounds=2, options={
+        "local_steps": 1, "syncs_per_round": 2, "lr_schedule_K": 2, "participation": MARKOV}),
+    # reading B (K local steps, one average a round), passive (weighted) participation
+    "fedavg-reading-b-weighted": dict(algorithm="fedavg", clients=3, edges=0, rounds=2, options={
+        "local_steps": 2, "lr_schedule_K": 2, "participation": {"kind": "weighted", "m": 2}}),
     "hierfavg": dict(algorithm="hierfavg", clients=4, edges=2, options={"edge_rounds": 2}),
     # edge -> edge hand-offs and describes (Fed-CHS walks the model over a ring of edges)
-    "fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring"),
-    # the model cycles edge -> edge inside every round, in a reshuffled order
-    "fedcluster": dict(algorithm="fedcluster", clients=4, edges=2, edge_graph="complete",
-                       options={"participation": 1.0, "local_steps": 2, "batch_size": 16}),
+    "fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring", options={"K": 2}),
+    # E > 1 (spec 3.6) with QSGD uploads (Fig. 2 "with compression") over the random edge graph
+    "fedchs-e2-qsgd-random": dict(algorithm="fedchs", clients=4, edges=3, edge_graph="random", rounds=2,
+                                  options={"K": 4, "E": 2, "upload_levels": 8}),
+    "hier-local-qsgd": dict(algorithm="hier-local-qsgd", clients=4, edges=2, rounds=2,
+                            options={"local_steps": 2, "edge_rounds": 2}),
+    "wrwgd": dict(algorithm="wrwgd", clients=3, edges=0, rounds=2, options={"K": 3}),
+    # the model cycles edge -> edge inside every round, in a reshuffled order; the Adam local solver, half of
+    # each cluster sampled per cycle
+    "fedcluster-adam": dict(algorithm="fedcluster", clients=4, edges=2, edge_graph="complete",
+                            options={"participation": 0.5, "local_steps": 2, "batch_size": 16, "solver": "adam"}),
+    # Algorithm 1's fixed order with the SGDm solver and FedProx's proximal term
+    "fedcluster-momentum-prox-fixed": dict(algorithm="fedcluster", clients=4, edges=2, edge_graph="complete",
+                                           rounds=2, options={"participation": 1.0, "local_steps": 2,
+                                                              "batch_size": 16, "solver": "momentum",
+                                                              "momentum": 0.5, "prox_mu": 0.1, "order": "fixed"}),
     # clients keep state across rounds (their last gradient); Bernoulli participation drawn by the PS
     "focus-bernoulli": dict(algorithm="focus", clients=4, edges=0,
                             options={"participation": {"kind": "bernoulli", "p": [0.9, 0.5, 0.5, 0.2]}}),
+    "focus-matched-markov": dict(algorithm="focus", clients=3, edges=0, rounds=2,
+                                 options={"lr": 0.05, "init": "matched", "participation": MARKOV}),
+    "sg-focus-trace": dict(algorithm="sg-focus", clients=3, edges=0, rounds=2,
+                           options={"lr": 0.05, "participation": TRACE}),
+    "fedau": dict(algorithm="fedau", clients=3, edges=0, rounds=2, options={"participation": BERN}),
+    "scaffold-cyclic": dict(algorithm="scaffold", clients=3, edges=0, rounds=2,
+                            options={"participation": {"kind": "cyclic", "m": 2}}),
+    "mifa": dict(algorithm="mifa", clients=3, edges=0, rounds=2,
+                 options={"participation": {"kind": "uniform", "m": 2}}),
     # scalars travel as 0-d tensors next to the model, momentum and second moment (3d + 1 values)
     "fgdro-kl-adam": dict(algorithm="fgdro-kl-adam", clients=3, edges=0, options={"local_steps": 3}),
+    "fgdro-cvar": dict(algorithm="fgdro-cvar", clients=3, edges=0, rounds=2, options={"K": 2, "local_steps": 2}),
+    "fgdro-kl": dict(algorithm="fgdro-kl", clients=3, edges=0, rounds=2, options={
+        "local_steps": 2, "u_init": "first_batch", "v_init": "mean_exp_u"}),
+    "local-adam": dict(algorithm="local-adam", clients=3, edges=0, rounds=2, options={"local_steps": 2}),
+    "fedadam": dict(algorithm="fedadam", clients=3, edges=0, rounds=2,
+                    options={"local_steps": 2, "participation": {"kind": "full"}}),
+    "drfa": dict(algorithm="drfa", clients=3, edges=0, rounds=2, options={"local_steps": 2, "clients_per_round": 2}),
+    "dr-dsgd": dict(algorithm="dr-dsgd", clients=3, edges=0, rounds=2, options={"local_steps": 2}),
+    # baselines of the papers' headline claims
+    "fedavg-qsgd-edges": dict(algorithm="fedavg", clients=4, edges=2, rounds=2,
+                              options={"local_steps": 2, "upload_levels": 7}),
+    "proxskip": dict(algorithm="proxskip", clients=3, edges=0, rounds=2,
+                     options={"local_steps": 2, "participation": {"kind": "uniform", "m": 2}}),
+    "centralized-sgd": dict(algorithm="centralized-sgd", clients=1, edges=0, rounds=2,
+                            options={"iters_per_round": 3, "batch_size": 8}),
+    "drfa-prox-snapshot-entropic": dict(algorithm="drfa-prox", clients=3, edges=0, rounds=2, options={
+        "local_steps": 2, "clients_per_round": 2, "loss_at": "snapshot", "prox": "entropic"}),
+}
+TRACE_ROWS = [[1, 0, 1], [0, 1, 1]]
+
+
+def spec_of(case: str, tmp: Path) -> RunSpec:
+    kw = dict(CASES[case])
+    opts = dict(kw.pop("options", {}))
+    if opts.get("participation") == TRACE:
+        table = tmp / "trace.npy"
+        np.save(table, np.array(TRACE_ROWS, dtype=np.int8))
+        opts["participation"] = {"kind": "trace", "path": str(table)}
+    return small_spec(**kw, options=opts)
+
+
+# -- the papers' payload formulas, asserted on the networked result ------------------------------------------
+def _d(final: dict[str, torch.Tensor]) -> int:
+    assert all(v.dtype == torch.float32 for v in final.values())
+    return sum(v.numel() for v in final.values())
+
+
+def _per_round(links: list[dict[str, Any]], kinds: set[str] | None = None) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for r in links:
+        if kinds is None or r["kind"] in kinds:
+            out[r["round"]] = out.get(r["round"], 0) + r["payload_bytes"]
+    return out
+
+
+def _ps_moves_no_model(res: dict[str, Any], final: dict[str, torch.Tensor], collect: str,
+                       first: str | None = None) -> None:
+    """Fed-CHS / FedCluster: the PS is control plane only. No PS link carries payload, except the final model
+    that the PS fetches once, after the last round, from the edge holding it (``collect``), and, for
+    FedCluster, W_0 that the PS sends once to the first cluster of round 1 (task ``first``; Fed-CHS's edges
+    build w_0 from the seed themselves)."""
+    d = _d(final)
+    ps_rows = [r for r in res["links"] if "ps" in (r["src"], r["dst"])]
+    assert ps_rows, "the PS exchanged no messages at all"
+    carrying = sorted((r for r in ps_rows if r["payload_bytes"]), key=lambda r: r["round"])
+    last = max(r["round"] for r in res["links"])
+    expected = [(collect, "reply", "ps", last, 1, 4 * d)]
+    if first is not None:
+        expected.insert(0, (first, "request", "ps", 1, 1, 4 * d))
+    got = [(r["kind"], r["phase"], r["dst"] if r["phase"] == "reply" else r["src"], r["round"], r["messages"],
+            r["payload_bytes"]) for r in carrying]
+    assert got == expected, carrying
+    # the model itself went edge -> edge (hand-offs) and edge <-> client
+    assert any(r["src"].startswith("edge-") and r["dst"].startswith("edge-") and r["payload_bytes"]
+               for r in res["links"])
+
+
+def _fedavg_flat(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """FedAvg without edges: each participating client receives and returns the model, 2 * d * 4 bytes per
+    round (float32), and nothing else carries payload."""
+    d = _d(final)
+    assert payload_bytes(final) == 4 * d
+    assert _per_round(res["links"]) == {t: 2 * d * 4 * spec.topology.clients for t in range(1, spec.rounds + 1)}
+    for r in res["links"]:
+        assert r["payload_bytes"] == d * 4 * r["messages"]
+        assert {r["src"], r["dst"]} & {"ps"}
+    cumulative = [r["cum_payload_bytes"] for r in res["rounds"]]
+    assert cumulative == [2 * d * 4 * spec.topology.clients * (t + 1) for t in range(spec.rounds)]
+
+
+def _fedchs(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """Fed-CHS sec. 7: per round t, K interactions with every client of the active cluster m(t), each a model
+    down (d floats) and an upload up, then one hand-off of the model (d floats): 2 K |N_m(t)| d + d floats
+    for E = 1. With E > 1 there are K / E interactions; with QSGD an upload is 1 byte per coordinate plus
+    one float32 norm per tensor."""
+    _ps_moves_no_model(res, final, "fedchs.collect")
+    o, d = spec.algorithm.options, _d(final)
+    topo = build_topology(spec.topology, spec.seed)
+    interactions = o.get("K", 20) // o.get("E", 1)
+    up = d + 4 * len(final) if o.get("upload_levels", 0) else 4 * d
+    work = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS and r["kind"] != "fedchs.collect"]
+    per_round = _per_round(work)
+    assert set(per_round) - {0} == set(range(1, spec.rounds + 1)) and per_round.get(0, 0) == 0
+    for rec in res["rounds"]:
+        t, n_m = rec["round"], len(topo.children(rec["edge"]))
+        assert per_round[t] == interactions * n_m * (4 * d + up) + 4 * d, (t, rec["edge"])
+    for r in work:
+        if r["kind"] == "fedchs.grad":
+            assert r["payload_bytes"] == r["messages"] * (4 * d if r["phase"] == "request" else up), r
+
+
+def _fedcluster(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    _ps_moves_no_model(res, final, "fedcluster.collect", first="fedcluster.cycle")
+
+
+def _fgdro(extra: int, scalar: bool) -> Callable[[dict[str, Any], dict[str, torch.Tensor], RunSpec], None]:
+    def check(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+        """FGDRO sec. 6: each client receives and returns (1 + extra) d floats (+ 1 scalar) per round."""
+        d = _d(final)
+        size = 4 * ((1 + extra) * d + (1 if scalar else 0))
+        rows = [r for r in res["links"] if r["kind"].endswith(".round")]
+        assert {r["round"] for r in rows} == set(range(1, spec.rounds + 1))
+        for r in rows:
+            assert r["payload_bytes"] == size * r["messages"] and r["messages"] == 1, r
+        assert _per_round(rows) == {t: 2 * size * spec.topology.clients for t in range(1, spec.rounds + 1)}
+    return check
+
+
+def _focus(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """FOCUS: a participant pulls x (d floats down) and pushes its tracker y (d floats up); nothing else."""
+    d = _d(final)
+    rows = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
+    assert {r["kind"] for r in rows} == {"focus.local"}
+    for r in rows:
+        assert r["payload_bytes"] == 4 * d * r["messages"], r
+    for rec in res["rounds"]:
+        t = rec["round"]
+        pulls = sum(r["messages"] for r in rows if r["round"] == t and r["phase"] == "request")
+        pushes = sum(r["messages"] for r in rows if r["round"] == t and r["phase"] == "reply")
+        assert pulls == pushes == rec["participants"], t
+
+
+def _focus_trace(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """The trace is replayed row by row: round r's participants are the clients marked 1 in row r."""
+    _focus(res, final, spec)
+    assert [rec["participants"] for rec in res["rounds"]] == [sum(row) for row in TRACE_ROWS]
+    pulled = [{r["dst"] for r in res["links"] if r["round"] == t and r["phase"] == "request"} for t in (1, 2)]
+    assert pulled == [{f"client-{i}" for i, x in enumerate(row) if x} for row in TRACE_ROWS]
+
+
+FORMULAS = {
+    "fedavg-flat": _fedavg_flat,
+    "fedchs-handoff": _fedchs,
+    "fedchs-e2-qsgd-random": _fedchs,
+    "fedcluster-adam": _fedcluster,
+    "fedcluster-momentum-prox-fixed": _fedcluster,
+    "focus-bernoulli": _focus,
+    "focus-matched-markov": _focus,
+    "sg-focus-trace": _focus_trace,
+    "fgdro-cvar": _fgdro(0, True),
+    "fgdro-kl": _fgdro(1, True),
+    "fgdro-kl-adam": _fgdro(2, True),
+    "local-adam": _fgdro(2, False),
 }
 
 
+def test_every_algorithm_has_a_networked_case() -> None:
+    assert {c["algorithm"] for c in CASES.values()} == set(ALGORITHMS)
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_network_matches_inprocess(case: str, tmp_path) -> None:
-    spec = small_spec(**CASES[case])
+def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
+    spec = spec_of(case, tmp_path)
     oracle = InProcessEngine(spec, device="cpu").run()
     res, final = load_result(launch_run(spec, tmp_path))
 
@@ -44,39 +246,24 @@ def test_network_matches_inprocess(case: str, tmp_path) -> None:
     # Reports (byte-meter rows sent up after each task) exist only over the network: their own kind, no payload.
     control = [r for r in res["links"] if r["kind"] in CONTROL_KINDS]
     assert all(r["payload_bytes"] == 0 and r["phase"] == "request" for r in control)
-    res["links"] = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
-    net_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): r for r in res["links"]}
+    work = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
+    net_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): r for r in work}
     ora_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"] + 1): r for r in oracle.links}
     assert set(net_rows) == set(ora_rows)
-    assert rows_by_key(res["links"], "payload_bytes") == rows_by_key(oracle.links, "payload_bytes")
+    assert rows_by_key(work, "payload_bytes") == rows_by_key(oracle.links, "payload_bytes")
     for k, r in ora_rows.items():
         assert net_rows[k]["messages"] == r["messages"], k
         assert net_rows[k]["payload_bytes"] == r["payload_bytes"], k
         assert net_rows[k]["message_bytes"] == r["message_bytes"], k
-    assert [r["accuracy"] for r in res["rounds"]] == [r["accuracy"] for r in oracle.rounds]
-    if case == "fedchs-handoff":
-        assert {"handoff", "describe"} <= {r["kind"] for r in res["links"]}
+    assert [r.get("accuracy") for r in res["rounds"]] == [r.get("accuracy") for r in oracle.rounds]
+    if case.startswith(("fedchs", "fedcluster")):
+        assert "handoff" in {r["kind"] for r in work}
+    if case.startswith("fedchs"):
+        assert {"handoff", "describe"} <= {r["kind"] for r in work}
     if CASES[case].get("edges"):  # edges report the links they counted (their clients') to the PS as they go
         edges = {f"edge-{m}" for m in range(CASES[case]["edges"])}
         assert control and {r["src"] for r in control} <= edges and {r["dst"] for r in control} == {"ps"}
     else:  # clients have no meter of their own: nothing to report
         assert control == []
-
-
-def test_fedavg_flat_payload_formula(tmp_path) -> None:
-    """FedAvg without edges: each participating client receives and returns the model, 2 * d * 4 bytes per
-    round (float32), and nothing else carries payload."""
-    spec = small_spec("fedavg", clients=3, edges=0, rounds=2)
-    res, final = load_result(launch_run(spec, tmp_path))
-    d = sum(v.numel() for v in final.values())
-    assert all(v.dtype == torch.float32 for v in final.values())
-    assert payload_bytes(final) == 4 * d
-    per_round: dict[int, int] = {}
-    for r in res["links"]:
-        per_round[r["round"]] = per_round.get(r["round"], 0) + r["payload_bytes"]
-    assert per_round == {t: 2 * d * 4 * spec.topology.clients for t in range(1, spec.rounds + 1)}
-    for r in res["links"]:
-        assert r["payload_bytes"] == d * 4 * r["messages"]
-        assert {r["src"], r["dst"]} & {"ps"}
-    cumulative = [r["cum_payload_bytes"] for r in res["rounds"]]
-    assert cumulative == [2 * d * 4 * spec.topology.clients * (t + 1) for t in range(spec.rounds)]
+    if case in FORMULAS:
+        FORMULAS[case](res, final, spec)

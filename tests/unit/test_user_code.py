@@ -14,7 +14,14 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.preflight import check_user_code
 from fedhop.common.spec import RunSpec, SpecError
-from fedhop.common.user_code import UserCodeError, check_same_code, code_digest, load_callable
+from fedhop.common.user_code import (
+    CODE_DIGEST,
+    UserCodeError,
+    check_parent_code,
+    check_same_code,
+    code_digest,
+    load_callable,
+)
 
 FX = "tests.unit.byo_fixtures"
 
@@ -175,3 +182,17 @@ def test_code_digest_tracks_the_named_modules_source(tmp_path: Path, monkeypatch
     with pytest.raises(UserCodeError, match="client-0 runs different user code than the parameter server"):
         check_same_code(d1, d2, "client-0")
     sys.modules.pop("byo_digest_mod", None)
+
+
+def test_a_joining_node_checks_the_digest_of_the_welcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    check_parent_code(RunSpec.parse({"rounds": 1}), {CODE_DIGEST: ""}, "client-0")  # no user code: nothing to differ
+    shutil.copy(Path(__file__).with_name("byo_fixtures.py"), tmp_path / "byo_welcome_mod.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = RunSpec.parse(spec_dict(model={"name": "byo_welcome_mod:build"}))
+    own = code_digest(spec)
+    check_parent_code(spec, {CODE_DIGEST: own, "resume_round": 3}, "edge-1")
+    with pytest.raises(UserCodeError, match="edge-1 runs different user code"):
+        check_parent_code(spec, {CODE_DIGEST: "0" * 64}, "edge-1")
+    with pytest.raises(UserCodeError, match="edge-1 runs different user code"):  # a parent that sent no digest
+        check_parent_code(spec, {}, "edge-1")
+    sys.modules.pop("byo_welcome_mod", None)
