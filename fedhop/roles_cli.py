@@ -293,7 +293,8 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s = sub.add_parser("server", help="the parameter server: owns the spec, waits for every node, runs it",
                        formatter_class=formatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
-    s.add_argument("--listen", default="0.0.0.0:50051", help="HOST:PORT to serve on")
+    s.add_argument("--listen", default="127.0.0.1:50051",
+                   help="HOST:PORT to serve on (beyond loopback: give --tls/--token, or --insecure)")
     add_run_options(s, "server")
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from the PS's last checkpoint; "
@@ -306,7 +307,8 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                        formatter_class=formatter)
     s.add_argument("--id", required=True, help="this edge's id, e.g. edge-0")
     s.add_argument("--connect", required=True, help="the PS's HOST:PORT")
-    s.add_argument("--listen", default="0.0.0.0:0", help="HOST:PORT for clients and neighbour edges (port 0: any)")
+    s.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT for clients and neighbour edges (port 0: "
+                   "any; beyond loopback: give --tls/--token, or --insecure)")
     s.add_argument("--advertise", help="HOST:PORT neighbour edges dial (default: the listen address)")
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--connect-timeout", type=float, default=60.0,
