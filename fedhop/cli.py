@@ -51,6 +51,9 @@ def run_folder(a: argparse.Namespace, spec_name: str, engine: str) -> Path:
         return prepare_run_folder(out, force=a.force)
     except RunFolderExists as e:
         raise Fatal(ExitCode.USAGE, str(e)) from None
+    except OSError as e:  # cannot even be created (read-only place, a file in the way, /proc ...)
+        raise Fatal(ExitCode.RUN_FOLDER, f"the run folder {out} cannot be written ({e.strerror or e}); "
+                                         "choose another --out") from None
 
 
 def check_device(device: str) -> None:

@@ -104,7 +104,7 @@ def wait_for_parent(addr: str, timeout_s: float, say: Callable[[str], None], sec
             bad = _fedhop_error(addr, max(1.0, min(5.0, left)), security)
             if bad is None:
                 return
-            raise Fatal(ExitCode.UNREACHABLE, f"parent {addr}: {bad}")
+            raise Fatal(ExitCode.NOT_FEDHOP, f"parent {addr}: {bad}")
         left = end - time.monotonic()
         if left <= 0:
             raise Fatal(ExitCode.UNREACHABLE, f"parent {addr} unreachable after {attempt} attempts in "

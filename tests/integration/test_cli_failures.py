@@ -81,7 +81,7 @@ def test_a_listener_that_is_not_grpc_is_reported_before_the_connect_timeout(tmp_
         # a connect timeout far beyond the subprocess timeout: waiting for it would fail the test
         p = run(["client", "--id", "client-0", "--connect", f"127.0.0.1:{port}", "--connect-timeout", "600"],
                 timeout=60)
-    assert p.returncode == ExitCode.UNREACHABLE, p.stderr
+    assert p.returncode == ExitCode.NOT_FEDHOP, p.stderr
     assert "does not speak gRPC" in last_line(p)
 
 
@@ -94,7 +94,7 @@ def test_a_grpc_server_that_is_not_fedhop_is_reported():
                 timeout=60)
     finally:
         server.stop(0)
-    assert p.returncode == ExitCode.UNREACHABLE, p.stderr
+    assert p.returncode == ExitCode.NOT_FEDHOP, p.stderr
     assert "without the fedhop.v1.Parent service" in last_line(p)
 
 
