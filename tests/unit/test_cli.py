@@ -91,7 +91,7 @@ def test_explain_of_an_unknown_algorithm_is_a_usage_error(capsys):
 
 def test_help_shows_defaults():
     text = build_parser()._subparsers._group_actions[0].choices["server"].format_help()
-    assert "(default: 0.0.0.0:50051)" in text
+    assert "(default: 127.0.0.1:50051)" in text
     text = build_parser()._subparsers._group_actions[0].choices["client"].format_help()
     assert "(default: 60.0)" in text
 
