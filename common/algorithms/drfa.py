@@ -118,15 +118,22 @@ def init(ctx: NodeContext) -> ServerState:
     return ServerState(ctx.initial_params(), lam, o.gamma)
 
 
+def draw_clients(ctx: NodeContext, o: DRFAOptions, lam: np.ndarray) -> tuple[np.random.Generator, np.ndarray, int]:
+    """Step 1 (DRFA and DRFA-Prox): m draws with replacement from lambda on the round's stream; returns the
+    stream (later steps draw from it too), how often each client was drawn, and m."""
+    n = len(ctx.children)
+    m = min(o.clients_per_round or n, n)
+    rng = ctx.np_rng("drfa", ctx.round)
+    return rng, np.bincount(rng.choice(n, size=m, replace=True, p=lam), minlength=n), m
+
+
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     """Steps 1-5 of DRFA's round r."""
     o: DRFAOptions = ctx.opts
     clients = ctx.children
     n = len(clients)
-    m = min(o.clients_per_round or n, n)
     w, lam, gamma = s.model, s.lam, s.gamma
-    rng = ctx.np_rng("drfa", ctx.round)
-    draws = np.bincount(rng.choice(n, size=m, replace=True, p=lam), minlength=n)          # step 1
+    rng, draws, m = draw_clients(ctx, o, lam)                                            # step 1
     t_snap = int(rng.integers(1, o.local_steps + 1))
     chosen = [clients[i] for i in range(n) if draws[i] > 0]
     replies = ctx.comm.scatter(chosen, "drfa.train", w, {"t_snap": t_snap},            # step 2
@@ -214,10 +221,8 @@ def prox_round(ctx: NodeContext, s: ServerState) -> ServerState:
     o: DRFAProxOptions = ctx.opts
     clients = ctx.children
     n = len(clients)
-    m = min(o.clients_per_round or n, n)
     w, lam, gamma = s.model, s.lam, s.gamma
-    rng = ctx.np_rng("drfa", ctx.round)
-    draws = np.bincount(rng.choice(n, size=m, replace=True, p=lam), minlength=n)          # step 1
+    rng, draws, m = draw_clients(ctx, o, lam)                                            # step 1
     chosen = [clients[i] for i in range(n) if draws[i] > 0]
     snapshot = o.loss_at == "snapshot"
     if snapshot:                                                                         # step 2
