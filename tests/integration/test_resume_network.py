@@ -9,7 +9,6 @@ any sleep."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
@@ -223,11 +222,20 @@ def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(tmp_path: Path,
     assert all(torch.isfinite(v).all() for v in final.values())
 
 
-def test_gate_is_off_without_the_variable() -> None:
-    from fedhop.common.testhooks import gate
+def test_gate_holds_only_when_asked(tmp_path: Path, monkeypatch) -> None:
+    """The hook returns at once without the variable or without a stop file, and with one it says where it
+    stopped and waits for go (the go file exists beforehand here, so a broken gate hangs or skips the at-file)."""
+    from fedhop.common.testhooks import gate as hook
 
-    assert "FEDHOP_TEST_GATE" not in os.environ
-    gate("3")  # returns at once (a hanging gate would hang this test)
+    monkeypatch.delenv("FEDHOP_TEST_GATE", raising=False)
+    hook("3")
+    monkeypatch.setenv("FEDHOP_TEST_GATE", str(tmp_path))
+    hook("3")
+    assert not (tmp_path / "at-3").exists()
+    (tmp_path / "stop-3").touch()
+    (tmp_path / "go-3").touch()
+    hook("3")
+    assert (tmp_path / "at-3").exists()
 
 
 def test_launch_killed_and_resumed(tmp_path: Path, gate: Path) -> None:
