@@ -21,11 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
 from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.state_io import from_tree, to_tree
+from fedhop.common.engine.state_io import copy_state
 from fedhop.common.wire.bundle import Bundle
 
 log = logging.getLogger("fedhop.engine")
@@ -43,12 +41,6 @@ class Start:
 
     next_round: int = 0
     state: Any = None
-
-
-def _copy_state(state: Any) -> Any:
-    tensors: dict[str, torch.Tensor] = {}
-    tree = to_tree(state, tensors)
-    return from_tree(tree, {k: v.clone() for k, v in tensors.items()})
 
 
 def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Commit | None = None,
@@ -89,7 +81,7 @@ def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callab
              on_redo: Callable[[int, int], None] | None) -> Any:
     transport = ctx.spec.transport
     retries = transport.round_retries
-    before = _copy_state(state) if retries > 0 and ctx.comm.can_fail else None
+    before = copy_state(state) if retries > 0 and ctx.comm.can_fail else None
     for attempt in range(retries + 1):
         ctx.round = t
         ctx.comm.begin_round(t)
@@ -111,5 +103,5 @@ def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callab
         if on_redo is not None:
             on_redo(t, attempt)
         assert before is not None
-        state = _copy_state(before)
+        state = copy_state(before)
     raise AssertionError("unreachable")

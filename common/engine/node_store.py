@@ -16,14 +16,11 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.snapshot import NodeSnapshot, restore, snapshot
-from fedhop.common.engine.state_io import from_tree, to_tree
+from fedhop.common.engine.state_io import copy_state
 
 log = logging.getLogger("fedhop.node_store")
 NEWEST = 1 << 30  # rollback(ctx, NEWEST): restore the newest saved state (a restarted node)
@@ -35,12 +32,6 @@ class Restored:
 
     tag: int | None
     source: str  # "disk" | "memory" | "fresh"
-
-
-def _copy(value: Any) -> Any:
-    tensors: dict[str, torch.Tensor] = {}
-    tree = to_tree(value, tensors)
-    return from_tree(tree, {k: v.clone() for k, v in tensors.items()})
 
 
 class NodeStore:
@@ -71,7 +62,7 @@ class NodeStore:
             self.bytes_written += self.disk.save(tag, {"node": self.node, "run_id": run_id}, snap,
                                                  keep_before=self.committed)
             return
-        self.memory[tag] = _copy(snap)
+        self.memory[tag] = copy_state(snap)
         tags = sorted(self.memory)
         keep = set(tags[-self.keep:])
         if self.committed is not None:
@@ -98,7 +89,7 @@ class NodeStore:
         else:
             below = [t for t in sorted(self.memory) if t < resume_round]
             tag = below[-1] if below else None
-            snap = _copy(self.memory[tag]) if tag is not None else None
+            snap = copy_state(self.memory[tag]) if tag is not None else None
             source = "memory" if tag is not None else "fresh"
             for t in [t for t in self.memory if t >= resume_round]:
                 del self.memory[t]

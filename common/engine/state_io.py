@@ -149,3 +149,10 @@ def _tensor(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in tensors:
         raise StateError(f"state tree refers to tensor {key!r}, which the checkpoint does not hold")
     return tensors[key]
+
+
+def copy_state(value: Any) -> Any:
+    """A deep copy of a state value through the same tree a checkpoint uses (tensors cloned)."""
+    tensors: dict[str, torch.Tensor] = {}
+    tree = to_tree(value, tensors)
+    return from_tree(tree, {k: v.clone() for k, v in tensors.items()})
