@@ -1,6 +1,7 @@
 """Runtime failures of real ``fedhop`` processes end in one clear line and the documented exit code
-(common/exit_codes.py), never a traceback: a port in use, the PS's join timeout, an unreachable parent or one
-that is not a fedhop node, Ctrl-C on a client, and Ctrl-C on launch, which writes the rounds done."""
+(common/exit_codes.py), never a traceback: a port in use, the PS's join timeout, an unreachable parent (one
+that is not a fedhop node: test_network_faults_startup.py), Ctrl-C on a client, and Ctrl-C on launch, which
+writes the rounds done."""
 
 from __future__ import annotations
 
@@ -11,10 +12,8 @@ import socket
 import subprocess
 import sys
 import time
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 
 from fedhop.common.exit_codes import ExitCode
@@ -71,31 +70,6 @@ def test_unreachable_parent_is_retried_visibly_then_given_up():
     retries = [line for line in p.stderr.splitlines() if "connection refused" in line and "retry" in line]
     assert len(retries) >= 2, p.stderr
     assert "unreachable after" in last_line(p) and "connection refused" in last_line(p)
-
-
-def test_a_listener_that_is_not_grpc_is_reported_before_the_connect_timeout(tmp_path):
-    with socket.socket() as s:  # accepts connections, never answers
-        s.bind(("127.0.0.1", 0))
-        s.listen(16)
-        port = s.getsockname()[1]
-        # a connect timeout far beyond the subprocess timeout: waiting for it would fail the test
-        p = run(["client", "--id", "client-0", "--connect", f"127.0.0.1:{port}", "--connect-timeout", "600"],
-                timeout=60)
-    assert p.returncode == ExitCode.NOT_FEDHOP, p.stderr
-    assert "does not speak gRPC" in last_line(p)
-
-
-def test_a_grpc_server_that_is_not_fedhop_is_reported():
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        p = run(["edge", "--id", "edge-0", "--connect", f"127.0.0.1:{port}", "--connect-timeout", "600"],
-                timeout=60)
-    finally:
-        server.stop(0)
-    assert p.returncode == ExitCode.NOT_FEDHOP, p.stderr
-    assert "without the fedhop.v1.Parent service" in last_line(p)
 
 
 def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
