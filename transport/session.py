@@ -31,7 +31,7 @@ from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_tas
 from fedhop.common.engine.base import Failure, MissingLog
 from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
-from fedhop.common.testhooks import gate
+from fedhop.common.testhooks import gate, released
 from fedhop.common.wire.bundle import Bundle, payload_bytes
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.control import (
@@ -212,7 +212,7 @@ class ParentHub:
             while True:
                 absent = [c for c in self.children if not (c in self.links and self.links[c].ready.is_set())]
                 left = end - time.monotonic()
-                if not absent or left <= 0 or (give_up is not None and give_up()):
+                if not absent or left <= 0 or (give_up is not None and give_up()) or released(f"join-{self.node}"):
                     return absent
                 self._changed.wait(min(left, 1.0))
 

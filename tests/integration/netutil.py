@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -59,8 +60,9 @@ def logs(out: Path) -> str:
 class Federation:
     """``fedhop server`` plus every edge and client as separate processes, each with a known pid.
 
-    ``hold``: nodes not started with the others (start them later with :meth:`start_node`). ``security``:
-    options every process gets (``--tls DIR``, ``--token FILE``)."""
+    ``hold``: nodes not started with the others (start them later with :meth:`start_node`; :meth:`release_join`
+    starts the run without them, instead of waiting out the join timeout). ``security``: options every process
+    gets (``--tls DIR``, ``--token FILE``)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
                  state_dir: Path | None = None, out: Path | None = None, security: Sequence[str] = (),
@@ -73,6 +75,11 @@ class Federation:
         self.spec_file.write_text(spec.to_toml())
         self.port = free_port()
         self.procs = Processes(tmp / "logs")
+        self.hold = hold
+        self._env_gate = None
+        if hold and "FEDHOP_TEST_GATE" not in os.environ:  # for release_join (common/testhooks.py)
+            (tmp / "gate").mkdir(exist_ok=True)
+            os.environ["FEDHOP_TEST_GATE"] = self._env_gate = str(tmp / "gate")
         self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
                                           "--device", "cpu", *self.security, *server_args])
@@ -90,6 +97,14 @@ class Federation:
                                         listen=self.addr[node] if role == "edge" else None,
                                         state_dir=self.state_dir,
                                         extra=self.security if security is None else security))
+
+    def release_join(self, parent: str = "ps", timeout: float = 120) -> None:
+        """Once every child of ``parent`` that is not held back said Ready, end ``parent``'s wait for the
+        held ones (the test hook ``go-join-<parent>``): the run starts, and they can join late."""
+        children = [n for n, p in self.topology.parent.items() if p == parent and n not in self.hold]
+        for n in children:
+            self.wait_for_log(f"{parent}: {n} is ready", timeout, node="ps" if parent == "ps" else parent)
+        (Path(os.environ["FEDHOP_TEST_GATE"]) / f"go-join-{parent}").touch()
 
     def restart_ps(self, name: str = "ps2") -> None:
         """A new PS process that resumes the run from its last checkpoint, on the same address."""
@@ -126,6 +141,8 @@ class Federation:
 
     def close(self) -> None:
         self.procs.kill_all()
+        if self._env_gate is not None and os.environ.get("FEDHOP_TEST_GATE") == self._env_gate:
+            del os.environ["FEDHOP_TEST_GATE"]
 
 
 def load_result(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
