@@ -26,7 +26,7 @@ from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.messages import on_host, to_device
 from fedhop.transport.peer import PeerClient
-from fedhop.transport.session import ParentHub
+from fedhop.transport.session import Call, ParentHub
 
 
 class NetComm(BaseComm):
@@ -140,8 +140,9 @@ class NetComm(BaseComm):
         self.peer_client.close()
 
 
-def _wait_quorum(calls: list[Any], quorum: int, end: float) -> bool:
-    """Wait until ``quorum`` of ``calls`` have a reply (True) or every call is done or ``end`` passed (False)."""
+def _wait_quorum(calls: list[Call], quorum: int, end: float) -> bool:
+    """Wait until ``quorum`` of ``calls`` have a reply (True), or every call is done or ``end`` passed (False).
+    A reply counts when it arrives; one that scatter then rejects (a bad bundle) counted all the same."""
     changed = threading.Event()
     for c in calls:
         c.on_finish = changed.set

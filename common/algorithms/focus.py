@@ -135,7 +135,7 @@ class FocusOptions(BaseModel):
                         if isinstance(self.participation, float) else f"kind {self.participation.kind!r}")
                 raise ValueError(f"decided_by = 'client' needs a participation model each client can draw alone "
                                  f"(full, bernoulli, markov or trace); participation is {what}")
-        elif "round_close" in self.model_fields_set:
+        elif self.round_close != RoundClose():  # (the defaults, as `fedhop spec` fills them in, are fine)
             raise ValueError("round_close applies only with decided_by = 'client' (the server draws S_r itself and "
                              "waits transport.round_deadline_s for each participant)")
         return self

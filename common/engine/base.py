@@ -74,7 +74,8 @@ class BaseComm(ABC):
         self._sent = self._ok = 0
 
     def round_counts(self) -> tuple[int, int]:
-        """(tasks sent, usable replies) since :meth:`begin_round`."""
+        """(tasks sent, usable replies) since :meth:`begin_round`; a target of an ``optional`` scatter that stayed
+        silent is not counted as sent (it chose not to take part: an empty round is not a failed one)."""
         return self._sent, self._ok
 
     @abstractmethod

@@ -232,3 +232,22 @@ def test_bad_options_are_named(opts, edges, transport, needle):
     with pytest.raises(SpecError, match=None) as e:
         make_spec(opts, edges=edges, transport=transport)
     assert needle in str(e.value), str(e.value)
+
+
+# -- the networked engine's quorum wait (transport/netcomm.py) -----------------------------------------------------
+
+def test_network_quorum_wait_counts_replies_not_failures():
+    import time
+
+    from fedhop.common.engine.api import Reply
+    from fedhop.common.engine.base import Failure
+    from fedhop.transport.netcomm import _wait_quorum
+    from fedhop.transport.session import Call
+
+    calls = [Call(i, f"client-{i}", "focus.open", 0) for i in range(3)]
+    calls[0].finish(Reply())
+    calls[1].finish(Failure("connection lost"))
+    assert _wait_quorum(calls, 1, time.monotonic() + 60)  # already there: returns at once
+    assert not _wait_quorum(calls, 2, time.monotonic())  # a failure is no answer; the deadline has passed
+    calls[2].finish(Reply())
+    assert _wait_quorum(calls, 2, time.monotonic() + 60)
