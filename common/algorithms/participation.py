@@ -325,6 +325,7 @@ class ClientAvailability:
     p_init: float = 1.0  # markov: P(available in round 0)
     on: bool | None = None  # markov: the chain's state in round ``drawn``
     drawn: int = -1  # the last round drawn
+    column: np.ndarray | None = None  # trace: this client's column of the table
 
     @classmethod
     def build(cls, model: Any, index: int, n: int, rng: np.random.Generator) -> ClientAvailability:
@@ -346,6 +347,11 @@ class ClientAvailability:
                 g = model.groups[group_index(model.groups, n, index)]
                 av.p = model.join_scale * float(rng.uniform(g.low, g.high))
             av.p_init = float(rng.uniform(model.init_low, model.init_high))
+        elif isinstance(model, TraceParticipation):
+            table = model.table()
+            if table.shape[1] != n:
+                raise ValueError(f"trace {model.path} has {table.shape[1]} columns for {n} clients")
+            av.column = table[:, index].astype(bool)
         return av
 
     def available(self, round_idx: int, rng_of: Any) -> bool:
@@ -354,10 +360,11 @@ class ClientAvailability:
         if isinstance(m, FullParticipation):
             return True
         if isinstance(m, TraceParticipation):
-            table = m.table()
-            if round_idx >= table.shape[0] and not m.wrap:
-                raise IndexError(f"trace {m.path} has {table.shape[0]} rows; round {round_idx} is past its end")
-            return bool(table[round_idx % table.shape[0], self.index])
+            assert self.column is not None
+            rows = len(self.column)
+            if round_idx >= rows and not m.wrap:
+                raise IndexError(f"trace {m.path} has {rows} rows; round {round_idx} is past its end")
+            return bool(self.column[round_idx % rows])
         if isinstance(m, BernoulliParticipation):
             return bool(rng_of(round_idx).random() < self.p)
         assert isinstance(m, MarkovParticipation)
