@@ -70,7 +70,7 @@ class LeafComm(BaseComm):
         return -1
 
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
-                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]:
+                  deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
         raise RuntimeError(f"{self.node} is a client; it has nobody to scatter to")
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_task
+from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, Reply, Scalar, get_task, meter_kind
 from fedhop.common.engine.base import Failure, MissingLog
 from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
@@ -81,11 +81,14 @@ class Call:
     round: int
     done: threading.Event = field(default_factory=threading.Event)
     result: Reply | Failure | None = None
+    on_finish: Callable[[], None] | None = None  # called once the result is in (a caller waiting on several)
 
     def finish(self, result: Reply | Failure) -> None:
         if self.result is None:
             self.result = result
             self.done.set()
+            if self.on_finish is not None:
+                self.on_finish()
 
 
 class ChildLink:
@@ -468,7 +471,7 @@ class ParentHub:
         payload = payload_bytes(bundle)
 
         def sent(n: int) -> None:
-            self.meter.record(self.node, target, task, "request", payload, n, round_idx)
+            self.meter.record(self.node, target, meter_kind(task, "request"), "request", payload, n, round_idx)
 
         link.send(frames, sent)
         return call
@@ -493,7 +496,7 @@ class ParentHub:
         with self._lock:
             if self._calls.pop(call.call_id, None) is not None:
                 self._expired[call.call_id] = call
-        call.finish(Failure(why))
+        call.finish(Failure(why, silent=True))
 
     def _result(self, link: ChildLink, msg: Message) -> None:
         with self._lock:
@@ -507,8 +510,8 @@ class ParentHub:
             self._complain(link, msg.call_id, pb.ERROR_CODE_BAD_REQUEST,
                            f"{link.name} answered call {msg.call_id}, which is not pending for it")
             return
-        self.meter.record(info.node, self.node, info.task, "reply", msg.payload_bytes, msg.message_bytes,
-                          info.round)
+        self.meter.record(info.node, self.node, meter_kind(info.task, "reply"), "reply", msg.payload_bytes,
+                          msg.message_bytes, info.round)
         if late is not None:
             log.info("%s: late reply from %s to %s (round %d) dropped", self.node, info.node, info.task,
                      info.round + 1)
@@ -609,6 +612,11 @@ class ChildProtocol:
             out = on_host(reply.bundle)
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
                                     self.chunk_bytes)
+        except NoAnswer:  # this node chose not to answer (e.g. not available this round): no Result at all
+            if self.after_task is not None:
+                self.after_task(ctx)
+            self.send_report(ctx.round)
+            return ctx.round
         except Exception as e:  # the handler failed: the parent sees this node as missing for this call
             log.exception("%s: task %s failed", self.node, req.name)
             self.send_report(ctx.round)

@@ -42,6 +42,11 @@ NodeId = str
 SETUP_ROUND = -1  # the round index of an algorithm's set-up step (before round 0)
 
 
+class NoAnswer(Exception):
+    """Raised by a task handler whose node chooses not to answer (FOCUS: a client that is not available this
+    round). No reply is sent, in either engine: the caller sees silence until its deadline, or its quorum."""
+
+
 @dataclass(frozen=True)
 class Reply:
     """What a task handler returns: tensors (counted as payload) and small scalars (control)."""
@@ -62,12 +67,19 @@ class Comm(Protocol):
         *,
         expect: Mapping[str, torch.Tensor] | None = None,
         deadline_s: float | None = None,
+        quorum: int | None = None,
+        optional: bool = False,
     ) -> dict[NodeId, Reply]:
         """Send ``task`` with ``bundle`` to each node in ``to`` and gather replies.
 
         Returns the replies that arrived in time and passed validation, in canonical node order. A node
         that failed, timed out or sent an invalid bundle (non-finite values; names/shapes/dtypes other
         than ``expect``'s, when given) is absent from the result and logged as missing.
+
+        ``quorum``: stop waiting once that many replies are in (the in-process engine takes the first ones in
+        canonical order, the networked one the first to arrive; the others are late and dropped).
+        ``optional``: a node that stays silent (its handler raised :class:`NoAnswer`, or no reply before the
+        deadline or the quorum) is simply absent, not logged as missing.
         """
         ...
 
@@ -217,6 +229,7 @@ class Algorithm:
 
 ALGORITHMS: dict[str, Algorithm] = {}
 TASKS: dict[str, Handler] = {}
+MESSAGE_KINDS: dict[str, tuple[str, str]] = {}  # task -> (its request's meter kind, its reply's meter kind)
 
 
 def register(algo: Algorithm) -> Algorithm:
@@ -226,15 +239,29 @@ def register(algo: Algorithm) -> Algorithm:
     return algo
 
 
-def task(name: str) -> Callable[[Handler], Handler]:
-    """Decorator: register a task handler under a global name, e.g. ``@task("fedavg.train")``."""
+def task(name: str, *, kinds: tuple[str, str] | None = None) -> Callable[[Handler], Handler]:
+    """Decorator: register a task handler under a global name, e.g. ``@task("fedavg.train")``.
+
+    ``kinds``: the meter kinds its request and its reply are counted under (default: both under ``name``),
+    e.g. FOCUS's ``("pull", "push")``: the model goes down as a pull, the tracker comes up as a push."""
     def deco(fn: Handler) -> Handler:
         if name in TASKS and TASKS[name] is not fn:
             raise ValueError(f"task {name!r} registered twice")
         TASKS[name] = fn
+        if kinds is not None:
+            MESSAGE_KINDS[name] = kinds
         return fn
 
     return deco
+
+
+def meter_kind(task_name: str, phase: str) -> str:
+    """The kind a message of ``task_name`` is counted under in the byte meter: the task's own name unless it
+    registered ``kinds`` (then its request's or its reply's, by ``phase``)."""
+    kinds = MESSAGE_KINDS.get(task_name)
+    if kinds is None:
+        return task_name
+    return kinds[0] if phase == "request" else kinds[1]
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -21,9 +21,11 @@ class HandOffError(RuntimeError):
 
 @dataclass(frozen=True)
 class Failure:
-    """A target that did not produce a usable reply."""
+    """A target that did not produce a usable reply. ``silent``: it did not answer at all (it chose not to, or
+    no reply came before the deadline or the quorum), as opposed to answering with an error."""
 
     reason: str
+    silent: bool = False
 
 
 def check_bundle(bundle: Mapping[str, torch.Tensor], expect: Mapping[str, torch.Tensor] | None = None) -> str | None:
@@ -72,7 +74,8 @@ class BaseComm(ABC):
         self._sent = self._ok = 0
 
     def round_counts(self) -> tuple[int, int]:
-        """(tasks sent, usable replies) since :meth:`begin_round`."""
+        """(tasks sent, usable replies) since :meth:`begin_round`; a target of an ``optional`` scatter that stayed
+        silent is not counted as sent (it chose not to take part: an empty round is not a failed one)."""
         return self._sent, self._ok
 
     @abstractmethod
@@ -80,20 +83,24 @@ class BaseComm(ABC):
 
     @abstractmethod
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
-                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]: ...
+                  deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]: ...
 
     def scatter(self, to: Sequence[NodeId], task: str, bundle: Bundle | None = None,
                 args: Mapping[str, Scalar] | None = None, *, expect: Mapping[str, torch.Tensor] | None = None,
-                deadline_s: float | None = None) -> dict[NodeId, Reply]:
+                deadline_s: float | None = None, quorum: int | None = None,
+                optional: bool = False) -> dict[NodeId, Reply]:
         children = set(self.topology.children(self.node))
         stray = [t for t in to if t not in children]
         if stray:
             raise ValueError(f"{self.node} can only scatter to its children; {stray} are not among them")
         if len(set(to)) != len(to):
             raise ValueError(f"{self.node}: duplicate targets in scatter: {list(to)}")
+        if quorum is not None and quorum < 1:
+            raise ValueError(f"{self.node}: a scatter's quorum must be >= 1, got {quorum}")
         targets = self.topology.sort(to)
-        raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s)
+        raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, quorum)
         out: dict[NodeId, Reply] = {}
+        silent = 0
         sizes = getattr(self.ctx, "sizes", None)
         rnd = self.current_round()
         for t in targets:
@@ -110,8 +117,11 @@ class BaseComm(ABC):
                     self.last_ok[t] = rnd
                     continue
                 r = Failure(f"rejected reply: {reason}")
+            if optional and r.silent:
+                silent += 1
+                continue
             self.missing.add(rnd, self.node, t, task, r.reason)
-        self._sent += len(targets)
+        self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed
         self._ok += len(out)
         return out
 

@@ -13,7 +13,16 @@ from typing import Any
 
 import torch
 
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm, get_task
+from fedhop.common.engine.api import (
+    NoAnswer,
+    NodeContext,
+    NodeId,
+    Reply,
+    Scalar,
+    get_algorithm,
+    get_task,
+    meter_kind,
+)
 from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, check_bundle
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.loop import Start, drive
@@ -111,8 +120,9 @@ class InProcessEngine:
     # -- one message over a simulated link ----------------------------------------------------------------
     def send(self, src: NodeId, dst: NodeId, kind: str, phase: str, bundle: Bundle,
              scalars: dict[str, Scalar]) -> Bundle:
+        """``kind``: the task (or ``handoff`` / ``describe``); counted under its :func:`meter_kind`."""
         chunk = self.spec.transport.chunk_bytes
-        self.meter.record(src, dst, kind, phase, payload_bytes(bundle),
+        self.meter.record(src, dst, meter_kind(kind, phase), phase, payload_bytes(bundle),
                           message_bytes(kind, phase, bundle, scalars, chunk), self.round)
         return clone(bundle)
 
@@ -126,9 +136,13 @@ class _LocalComm(BaseComm):
         return self.engine.round
 
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
-                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]:
+                  deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
+        """Every target runs the task, in canonical order. A handler that raises :class:`NoAnswer` sends
+        nothing back. With a ``quorum``, the replies after the first ``quorum`` usable ones are sent (and
+        counted) but arrive after the caller stopped waiting: they are late, as over the network."""
         handler = get_task(task)
         out: dict[NodeId, Reply | Failure] = {}
+        ok = 0
         for t in targets:
             if self.engine.faults.dead(t, task, self.engine.round):
                 self.engine.send(self.node, t, task, "request", bundle, args)
@@ -143,11 +157,18 @@ class _LocalComm(BaseComm):
                 continue
             try:
                 reply = handler(ctx, received, dict(args))
+            except NoAnswer:
+                out[t] = Failure("did not answer", silent=True)
+                continue
             except Exception as e:  # a failing node is a missing node, as over the network
                 out[t] = Failure(f"{type(e).__name__}: {e}")
                 continue
             back = self.engine.send(t, self.node, task, "reply", reply.bundle, reply.scalars)
+            if quorum is not None and ok >= quorum:
+                out[t] = Failure(f"late: the call closed at its quorum of {quorum}", silent=True)
+                continue
             out[t] = Reply(back, dict(reply.scalars))
+            ok += 1
         return out
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: dict[str, Scalar] | None = None) -> None:

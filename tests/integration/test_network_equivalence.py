@@ -192,7 +192,7 @@ def _focus(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -
     """FOCUS: a participant pulls x (d floats down) and pushes its tracker y (d floats up); nothing else."""
     d = _d(final)
     rows = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
-    assert {r["kind"] for r in rows} == {"focus.local"}
+    assert {r["kind"] for r in rows} == {"pull", "push"}
     for r in rows:
         assert r["payload_bytes"] == 4 * d * r["messages"], r
     for rec in res["rounds"]:
