@@ -91,8 +91,8 @@ class TransportSpec(Strict):
                                        "Hello (or not finished its TLS handshake) this long after is disconnected")
     max_open_bundles: int = Field(4, ge=1, description="bundles one peer may have arriving at once (a child's "
                                   "replies, a neighbour's hand-offs); more are refused before allocating")
-    max_inflight_bytes: int | None = Field(None, ge=1, description="payload bytes one peer may have arriving at "
-                                           "once, summed over its open bundles (default: max_bundle_bytes)")
+    max_inflight_bytes: int = Field(0, ge=0, description="payload bytes one peer may have arriving at once, summed "
+                                    "over its open bundles (0 = max_bundle_bytes)")
 
     @model_validator(mode="after")
     def _keepalive_fits(self) -> TransportSpec:
@@ -103,15 +103,15 @@ class TransportSpec(Strict):
 
     @model_validator(mode="after")
     def _inflight_fits(self) -> TransportSpec:
-        if self.max_inflight_bytes is not None and self.max_inflight_bytes < self.max_bundle_bytes:
+        if self.max_inflight_bytes and self.max_inflight_bytes < self.max_bundle_bytes:
             raise ValueError(f"transport.max_inflight_bytes ({self.max_inflight_bytes}) must be at least "
                              f"transport.max_bundle_bytes ({self.max_bundle_bytes}), or a largest bundle could never "
                              f"arrive")
         return self
 
     def inflight_bytes(self) -> int:
-        """The per-peer cap on payload bytes in flight (``max_inflight_bytes``, default ``max_bundle_bytes``)."""
-        return self.max_inflight_bytes if self.max_inflight_bytes is not None else self.max_bundle_bytes
+        """The per-peer cap on payload bytes in flight (``max_inflight_bytes``; 0: ``max_bundle_bytes``)."""
+        return self.max_inflight_bytes or self.max_bundle_bytes
 
     def nested_deadline(self, budget_s: float) -> float:
         """What a node given ``budget_s`` by its parent leaves for its own children: the budget less the
