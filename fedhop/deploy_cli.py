@@ -13,7 +13,20 @@ def cmd_health(a: argparse.Namespace) -> int:
     if a.timeout <= 0:
         print(f"fedhop health: --timeout must be positive, got {a.timeout:g}", file=sys.stderr)
         return 2
-    result = probe(a.address, a.timeout, a.service)
+    security = None
+    if a.tls or a.token:
+        from fedhop.transport.credentials import CredentialsError, Security
+
+        if not a.id:
+            print("fedhop health: --tls/--token need --id NODE: the node whose certificate or token the probe "
+                  "presents (e.g. the probed node's own id)", file=sys.stderr)
+            return 2
+        try:
+            security = Security.load(a.id, a.tls, a.token)
+        except CredentialsError as e:
+            print(f"fedhop health: {e}", file=sys.stderr)
+            return 2
+    result = probe(a.address, a.timeout, a.service, security)
     print(f"{result.outcome.name}: {result.detail}", file=sys.stdout if result.outcome == 0 else sys.stderr)
     return int(result.outcome)
 
@@ -72,6 +85,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("address", help="HOST:PORT of a PS, an edge, or a client started with --health")
     s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
     s.add_argument("--service", default="", help="service name to ask about (default: the server as a whole)")
+    s.add_argument("--tls", metavar="DIR", help="the node serves TLS: a folder from `fedhop certs init` (mutual TLS: "
+                                               "the probe presents --id's certificate)")
+    s.add_argument("--token", metavar="FILE", help="token mode: the probe sends --id's token from FILE (with --tls "
+                                                   "DIR for the CA)")
+    s.add_argument("--id", metavar="NODE", help="with --tls/--token: the node whose certificate or token the probe "
+                                                "presents (e.g. the probed node's own id)")
     s.set_defaults(fn=cmd_health)
 
     s = sub.add_parser("compose", help="write a Docker Compose file for a spec, one service per node "

@@ -153,7 +153,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     hub.configure(spec, topo, run_id)
     events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
                 resumed_at=start.next_round)
-    server = make_server(len(hub.children) + 16, security)
+    server = make_server(len(hub.children) + 16, security, spec.transport.handshake_timeout_s)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     serve_parent(hub, server)
     port = add_port(server, listen, security)

@@ -43,9 +43,16 @@ def _plain(security: Any) -> bool:
     return security is None or security.mode == "insecure"
 
 
-def make_server(max_workers: int, security: Any = None) -> grpc.Server:
+def make_server(max_workers: int, security: Any = None, handshake_timeout_s: float | None = None) -> grpc.Server:
     """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``); in token
-    mode with the interceptor that refuses calls without a good token before any handler runs."""
+    mode with the interceptor that refuses calls without a good token before any handler runs.
+    ``handshake_timeout_s`` (default: transport.handshake_timeout_s's default): a connection that has not
+    finished its TLS and HTTP/2 handshakes this long after it opened is closed (it holds no worker thread)."""
+    if handshake_timeout_s is None:
+        from fedhop.common.spec import TransportSpec
+
+        handshake_timeout_s = TransportSpec().handshake_timeout_s
+    options = [*SERVER_OPTIONS, ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_s * 1000)))]
     interceptors: list[grpc.ServerInterceptor] = []
     if not _plain(security):
         from fedhop.transport.credentials import server_interceptors
@@ -55,7 +62,7 @@ def make_server(max_workers: int, security: Any = None) -> grpc.Server:
 
         interceptors = server_interceptors(security, refused)
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                       options=SERVER_OPTIONS, interceptors=interceptors)
+                       options=options, interceptors=interceptors)
 
 
 def add_port(server: grpc.Server, listen: str, security: Any = None) -> int:

@@ -40,7 +40,7 @@ from fedhop.common.wire.messages import MessageAssembler
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
-from fedhop.transport.session import CLOSE, ChildProtocol, hello_frame
+from fedhop.transport.session import CLOSE, ChildProtocol, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.child")
@@ -367,7 +367,9 @@ class ChildSession:
                 continue
             if current:
                 quiet = 0
-            bye = proto.on_frame(item, asms.setdefault(sid, MessageAssembler(max_bytes=self.max_bytes)))
+            if sid not in asms:
+                asms[sid] = child_assembler(self.transport)
+            bye = proto.on_frame(item, asms[sid])
             if bye is not None:
                 return self._finish(proto, bye, on_bye)
 

@@ -225,6 +225,8 @@ class Algorithm:
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     # further checks of a whole spec, run at validation (raise ValueError naming the field to change)
     check: Callable[[RunSpec, Any], None] | None = None
+    # the inbox slots its edges hand models into (``Comm.hand_off``); an edge refuses hand-offs into others
+    handoff_slots: tuple[str, ...] = ()
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
