@@ -82,9 +82,23 @@ def run_spec(spec: RunSpec, folder: Path, customize: Customize | None = None) ->
     return res
 
 
+JOIN_S_PER_PROCESS = 5.0
+
+
+def startup_allowance(spec: RunSpec) -> RunSpec:
+    """``spec`` with ``transport.join_timeout_s`` at least 5 s per edge and client process: a reproduction's
+    federation (up to 41 processes at --quick size, each importing torch) can take longer than the default
+    60 s to start on a small, busy machine. Only the PS's wait for the joins changes, never the math; a child
+    that dies while starting still stops the run at once (the launcher's startup check)."""
+    nodes = spec.topology.clients + spec.topology.edges
+    wait = max(spec.transport.join_timeout_s, JOIN_S_PER_PROCESS * nodes)
+    return spec.model_copy(update={"transport": spec.transport.model_copy(update={"join_timeout_s": wait})})
+
+
 def _launch(spec: RunSpec, folder: Path, customize: Customize | None) -> RunResult:
     from fedhop.launch import launch
 
+    spec = startup_allowance(spec)
     clients = spec.topology.clients
     joined: dict[str, int] = {}
 

@@ -5,7 +5,9 @@ One run of each reproduction, chosen with ``--only`` (the whole --quick reproduc
 per run): focus-fig4's FOCUS under full participation (16 clients, 100 rounds) and fedchs-digits's Fed-CHS at
 lambda = 0.3 (10 edges, 30 clients, 24 rounds). Each is run in-process and networked; the final models must be
 bit-identical, every round's metrics equal, every link's payload bytes equal, the experiment's own tables and
-claims the same; the networked run shows its clients joining on the progress bar.
+claims the same (focus-fig4's FOCUS claim is checked on the one run; fedchs-digits's claims all contrast Fed-CHS
+with baselines, so none is checked with one run); the networked run shows its clients joining on the progress
+bar.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ CASES = {
     "fedchs-digits": "Fed-CHS-lam0.3",
 }
 TIMING = ("elapsed_s", "round_s", "wall_s")
+# also left out: cum_message_bytes, which over the network includes the edges' meter reports to the PS (control
+# messages without payload that only the networked engine sends); payload bytes are compared link by link
 
 
 def _reproduce(name: str, key: str, out: Path, *network: str) -> Path:
@@ -31,9 +35,9 @@ def _reproduce(name: str, key: str, out: Path, *network: str) -> Path:
 
 
 def _untimed(x):
-    """``x`` without its wall-clock fields (the only thing two engines may disagree on)."""
+    """``x`` without its wall-clock fields and cumulative message bytes (see above)."""
     if isinstance(x, dict):
-        return {k: _untimed(v) for k, v in x.items() if k not in TIMING}
+        return {k: _untimed(v) for k, v in x.items() if k not in TIMING and k != "cum_message_bytes"}
     if isinstance(x, list):
         return [_untimed(v) for v in x]
     return x
@@ -52,7 +56,6 @@ def test_networked_reproduction_equals_in_process(name: str, tmp_path: Path, cap
     net = _reproduce(name, key, tmp_path / "network", "--network")
     shown = capsys.readouterr()
     assert "clients ready" in shown.err, "the networked run's bar shows no clients joining"
-    assert "(no claim checked" not in shown.out
 
     # the run folders: one run, same model bits, same metrics each round, same payload on every link
     (run_l,), (run_n,) = sorted((local / "runs").iterdir()), sorted((net / "runs").iterdir())
@@ -70,17 +73,19 @@ def test_networked_reproduction_equals_in_process(name: str, tmp_path: Path, cap
     # the experiment's own results, table and claims
     out_l, out_n = (json.loads((d / "outcome.json").read_text()) for d in (local, net))
     assert (out_l["engine"], out_n["engine"]) == ("inprocess", "network")
-    assert out_l["checks"] and out_l["checks"] == out_n["checks"] and all(out_n["checks"].values())
+    assert out_l["checks"] == out_n["checks"] and all(out_n["checks"].values())
     assert _untimed(json.loads((local / "results.json").read_text())) == _untimed(
         json.loads((net / "results.json").read_text()))
     assert (local / "table.md").read_text() == (net / "table.md").read_text()
     assert [p.name for p in net.glob("compare-*/compare.png")], "no compare figure"
 
     if name == "focus-fig4":  # spec 7.2: FOCUS reaches 1e-12 at round 53 under full participation
+        assert "(a) FOCUS < 1e-12 under full participation" in out_n["checks"]
         err = [r["rel_err"] for r in res_n["rounds"]]
         assert next(i + 1 for i, e in enumerate(err) if e < 1e-12) in range(50, 57)
         assert all(b == 2 * 16 * 50 * 8 for b in _per_round(res_n["links"]).values())  # 2 N d float64
-    else:  # Fed-CHS: no model on a PS link but the final collect
+    else:  # Fed-CHS: no model on a PS link but the final collect (its claims need the baselines: none checked)
+        assert out_n["checks"] == {} and any("claim(s) not checked" in n for n in out_n["notes"])
         ps = {k: v for k, v in _payload(res_n["links"]).items() if "ps" in k[:2]}
         assert {k[2] for k in ps} == {"fedchs.collect"} and len(ps) == 1
 
