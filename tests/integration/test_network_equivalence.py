@@ -172,7 +172,7 @@ def _fedchs(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) 
 
 
 def _fedcluster(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
-    _ps_moves_no_model(res, final, "fedcluster.collect", first="fedcluster.cycle")
+    _ps_moves_no_model(res, final, "fedcluster.collect")  # edge-0.. builds W_0 itself: no model from the PS
 
 
 def _fgdro(extra: int, scalar: bool) -> Callable[[dict[str, Any], dict[str, torch.Tensor], RunSpec], None]:
