@@ -231,7 +231,7 @@ def cmd_edge(a: argparse.Namespace) -> int:
         rc = run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
                       connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None,
                       security=security)
-        return linger(a.id, rc, a.linger_until, a.linger_timeout)
+        return linger(a.id, rc, a.linger_until, a.linger_timeout, security)
 
     return _role("edge", body)
 
@@ -256,7 +256,7 @@ def cmd_client(a: argparse.Namespace) -> int:
         rc = run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
                         connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None,
                         security=security)
-        rc = linger(a.id, rc, a.linger_until, a.linger_timeout)
+        rc = linger(a.id, rc, a.linger_until, a.linger_timeout, security)
         if health is not None:
             health.stop()
         return rc

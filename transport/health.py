@@ -94,9 +94,17 @@ def serve_health(address: str) -> HealthServer:
     return HealthServer(server, h, port)
 
 
-def probe(address: str, timeout_s: float = 3.0, service: str = "") -> ProbeResult:
-    """Ask ``address`` once for its health (waiting up to ``timeout_s`` for the connection)."""
-    with grpc.insecure_channel(address) as channel:
+def _channel(address: str, security: Any) -> grpc.Channel:
+    """Plaintext, or the node's TLS / token credentials (a node probing a TLS peer presents its own)."""
+    from fedhop.transport.channels import make_channel
+
+    return make_channel(address, security=security)
+
+
+def probe(address: str, timeout_s: float = 3.0, service: str = "", security: Any = None) -> ProbeResult:
+    """Ask ``address`` once for its health (waiting up to ``timeout_s`` for the connection); ``security``: the
+    prober's credentials (a Security) for a peer that serves TLS."""
+    with _channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s,
@@ -115,11 +123,11 @@ def probe(address: str, timeout_s: float = 3.0, service: str = "") -> ProbeResul
     return ProbeResult(Probe.NOT_SERVING, f"{address}: {name}")
 
 
-def wait_until_gone(address: str, timeout_s: float) -> bool:
+def wait_until_gone(address: str, timeout_s: float, security: Any = None) -> bool:
     """Block until the server at ``address`` stops serving (its process ended, or it said NOT_SERVING);
     True when it did within ``timeout_s``, False on timeout. Uses the ``Watch`` stream, so it wakes on the
     event itself, not on a poll."""
-    with grpc.insecure_channel(address) as channel:
+    with _channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             for reply in stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s):
