@@ -32,13 +32,14 @@ from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class, link_delay, link_rate
 from fedhop.deploy import kernel_bytes, shaping, testbed_http, testbed_tls
-from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network
+from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
 
 log = logging.getLogger("fedhop.testbed")
 
 PS_PORT = 50051
 EDGE_PORT = 50061
 STOP_GRACE_S = 30.0
+STARTUP_S = 300.0  # a role behind a delay proxy must listen within this (torch imports are slow on busy hosts)
 POLL_S = 0.02
 
 
@@ -218,6 +219,20 @@ class Testbed:
         self._start(f"proxy-{node}", self.net.nodes[node].ns, args)
         return listen, public
 
+    def _await_listening(self, node: str, listen: str) -> None:
+        """Behind a delay proxy, wait until ``node``'s server listens on ``listen`` before its children start:
+        the proxy accepts at once, so a child that dials earlier would see its connection closed (with TLS:
+        a failed handshake) instead of a refused one that it retries."""
+        if not listen.startswith("127.0.0.1:"):
+            return
+        end = time.monotonic() + STARTUP_S  # (the proxy listens on the same port, on the public address)
+        while not run_cmd(in_ns(self.net.nodes[node].ns, ["ss", "-Hltn", "src", listen]), check=False).strip():
+            if self.procs[node].poll() is not None:
+                return  # it died: _wait reports its exit code
+            if time.monotonic() > end:
+                raise TestbedError(f"{node} did not listen on {listen} within {STARTUP_S:g}s")
+            time.sleep(0.05)
+
     def start_roles(self) -> None:
         py = [sys.executable, "-m", "fedhop"]
         dev = ["--device", self.device] if self.device else []
@@ -228,11 +243,16 @@ class Testbed:
         self._start("ps", self.net.nodes[topo.server].ns,
                     [*py, "server", str(self.spec_path), "--listen", listen, *sec, "--out", str(self.out),
                      "--force", *web, *dev], env=web_env)
+        self._await_listening(topo.server, listen)
         public = {topo.server: ps_public}
+        edge_listen: dict[str, str] = {}
         for e in topo.edges:
             listen, public[e] = self._serve_addr(e, EDGE_PORT)
             self._start(e, self.net.nodes[e].ns, [*py, "edge", "--id", e, "--connect", ps_public, "--listen", listen,
                                                   *sec, "--advertise", public[e], *dev])
+            edge_listen[e] = listen
+        for n, listen in edge_listen.items():
+            self._await_listening(n, listen)
         for c in topo.clients:
             self._start(c, self.net.nodes[c].ns, [*py, "client", "--id", c, "--connect", public[topo.parent[c]],
                                                   *sec, *dev])

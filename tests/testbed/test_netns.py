@@ -275,7 +275,7 @@ def test_tls_delay_and_live_page_in_one_run(tmp_path: Path) -> None:
     plain = tmp_path / "certs-plain"
     subprocess.run([*fedhop, "certs", "init", str(spec), "--out", str(plain)], check=True, capture_output=True)
     refused = subprocess.run(up_cmd(spec, tmp_path / "refused", "--tls", str(plain)), capture_output=True, text=True,
-                             timeout=120)
+                             timeout=RUN_TIMEOUT_S)
     assert refused.returncode == 2, refused
     assert "do not name the testbed address" in refused.stderr and "--host ps=10.231.0.1" in refused.stderr
 
@@ -284,21 +284,21 @@ def test_tls_delay_and_live_page_in_one_run(tmp_path: Path) -> None:
                    check=True, capture_output=True)
     gate = tmp_path / "gate"
     gate.mkdir()
-    (gate / "stop-3").touch()
+    (gate / "stop-2").touch()
     out = tmp_path / "run"
     proc = subprocess.Popen(up_cmd(out=out, spec=spec) + ["--tls", str(certs), "--http", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "FEDHOP_TEST_GATE": str(gate)})
     try:
         end = time.monotonic() + RUN_TIMEOUT_S
-        while not (gate / "at-3").exists():
+        while not (gate / "at-2").exists():
             assert proc.poll() is None, (proc.communicate(), logs(out))
             assert time.monotonic() < end, f"round 2 did not end within {RUN_TIMEOUT_S}s\n{logs(out)}"
             time.sleep(0.1)
         url = json.loads((out / "testbed.json").read_text())["http"]
         status = _get_json(f"{url}api/status")
         live_rounds = _get_json(f"{url}api/rounds")["rounds"]
-        (gate / "go-3").touch()
+        (gate / "go-2").touch()
         stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
