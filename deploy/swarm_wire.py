@@ -5,12 +5,15 @@ A Swarm overlay network has, on every machine with a task on it, its own network
 the VXLAN device to other machines. The same :class:`~fedhop.deploy.wire.PairCounters` that compose-run puts on
 the compose bridge is put on that bridge, as soon as the namespace appears (when the first local task
 attaches, before its process has started talking), and container addresses are mapped to node ids as compose-run
-does (the Swarm service name without the stack prefix). On several machines, run it on each: every packet a
-local container sends or receives crosses its local bridge.
+does (the Swarm service name without the stack prefix). Docker removes that namespace when the last local task
+exits, so an open descriptor of it is held until the counters are read (a namespace lives as long as something
+refers to it). On several machines, run it on each: every packet a local container sends or receives crosses its
+local bridge.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -42,6 +45,7 @@ class SwarmWire:
         self.timeout_s = timeout_s
         self.period_s = period_s
         self.counters: PairCounters | None = None
+        self._ns_fd: int | None = None
         self.error: str | None = None
         self.book = AddressBook(network)
         self._ready = threading.Event()
@@ -57,7 +61,9 @@ class SwarmWire:
                     nid = ""
                 ns = overlay_namespace(nid) if nid else None
                 if ns is not None:
-                    self.counters = PairCounters(self.table, network_subnet(self.network), netns=ns)
+                    self._ns_fd = os.open(ns, os.O_RDONLY)
+                    held = Path(f"/proc/{os.getpid()}/fd/{self._ns_fd}")
+                    self.counters = PairCounters(self.table, network_subnet(self.network), netns=held)
                     self.counters.install()
                     return
                 time.sleep(self.period_s)
@@ -90,3 +96,6 @@ class SwarmWire:
     def remove(self) -> None:
         if self.counters is not None:
             self.counters.remove()
+        if self._ns_fd is not None:
+            os.close(self._ns_fd)
+            self._ns_fd = None

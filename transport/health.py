@@ -95,10 +95,13 @@ def serve_health(address: str) -> HealthServer:
 
 
 def _channel(address: str, security: Any) -> grpc.Channel:
-    """Plaintext, or the node's TLS / token credentials (a node probing a TLS peer presents its own)."""
-    from fedhop.transport.channels import make_channel
+    """Plaintext, or the node's TLS / token credentials (a node probing a TLS peer presents its own). Not
+    transport.channels: that imports the tensor codec (torch), seconds a healthcheck cannot spare."""
+    if security is None:
+        return grpc.insecure_channel(address)
+    from fedhop.transport.credentials import open_channel
 
-    return make_channel(address, security=security)
+    return open_channel(address, security)
 
 
 def probe(address: str, timeout_s: float = 3.0, service: str = "", security: Any = None) -> ProbeResult:
