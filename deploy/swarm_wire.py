@@ -6,14 +6,14 @@ the VXLAN device to other machines. The same :class:`~fedhop.deploy.wire.PairCou
 the compose bridge is put on that bridge, as soon as the namespace appears (when the first local task
 attaches, before its process has started talking), and container addresses are mapped to node ids as compose-run
 does (the Swarm service name without the stack prefix). Docker removes that namespace when the last local task
-exits, so an open descriptor of it is held until the counters are read (a namespace lives as long as something
-refers to it). On several machines, run it on each: every packet a local container sends or receives crosses its
-local bridge.
+exits, taking the counters with it, so they are read every :attr:`SwarmWire.period_s` while the run goes on and
+the last reading is kept (counters only grow; what the last tasks send in their final fraction of a second, after
+the PS has written its results, can be missed). On several machines, run it on each: every packet a local
+container sends or receives crosses its local bridge.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time
@@ -39,13 +39,17 @@ def overlay_namespace(net_id: str) -> Path | None:
 class SwarmWire:
     """Counters on a stack's overlay network from the moment it exists here until :meth:`collect`."""
 
-    def __init__(self, network: str, table: str, timeout_s: float = 300.0, period_s: float = 0.05) -> None:
+    def __init__(self, network: str, table: str, timeout_s: float = 300.0, period_s: float = 0.05,
+                 read_period_s: float = 0.25) -> None:
         self.network = network
         self.table = table
         self.timeout_s = timeout_s
         self.period_s = period_s
         self.counters: PairCounters | None = None
-        self._ns_fd: int | None = None
+        self.read_period_s = read_period_s
+        self.last: dict = {}
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, name="swarm-wire-read", daemon=True)
         self.error: str | None = None
         self.book = AddressBook(network)
         self._ready = threading.Event()
@@ -61,10 +65,14 @@ class SwarmWire:
                     nid = ""
                 ns = overlay_namespace(nid) if nid else None
                 if ns is not None:
-                    self._ns_fd = os.open(ns, os.O_RDONLY)
-                    held = Path(f"/proc/{os.getpid()}/fd/{self._ns_fd}")
-                    self.counters = PairCounters(self.table, network_subnet(self.network), netns=held)
-                    self.counters.install()
+                    counters = PairCounters(self.table, network_subnet(self.network), netns=ns)
+                    try:
+                        counters.install()
+                    except RuntimeError:  # the file is there before docker has mounted the namespace on it
+                        time.sleep(self.period_s)
+                        continue
+                    self.counters = counters
+                    self._reader.start()
                     return
                 time.sleep(self.period_s)
             self.error = f"no namespace of overlay network {self.network} appeared within {self.timeout_s:g}s"
@@ -79,6 +87,15 @@ class SwarmWire:
         self.book.__enter__()
         return self
 
+    def _read_loop(self) -> None:
+        assert self.counters is not None
+        while not self._stop.is_set():
+            try:
+                self.last = self.counters.read()
+            except RuntimeError:
+                return  # the namespace is gone: the last reading stands
+            self._stop.wait(self.read_period_s)
+
     def wait_installed(self, timeout_s: float) -> bool:
         return self._ready.wait(timeout_s) and self.counters is not None
 
@@ -88,14 +105,16 @@ class SwarmWire:
         self.book.__exit__(None, None, None)
         if self.counters is None:
             raise RuntimeError(f"swarm wire counters: {self.error or 'not installed'}")
-        pairs = self.counters.read()
+        try:
+            pairs = self.counters.read()
+        except RuntimeError:
+            pairs = self.last
+        self._stop.set()
         rows = link_table(run_dir, by_node(pairs, self.book.book))
         write_wire_csv(run_dir, rows)
         return rows
 
     def remove(self) -> None:
+        self._stop.set()
         if self.counters is not None:
             self.counters.remove()
-        if self._ns_fd is not None:
-            os.close(self._ns_fd)
-            self._ns_fd = None
