@@ -37,10 +37,12 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests --ignore=tests/testbed
 
-# Root only. Installs Docker from Debian's packages if missing, starts dockerd, builds the base and fedhop
-# images locally (no registry needed), then runs the compose, swarm and namespace testbeds.
+# Root only. Installs Docker, Compose v1/v2, debootstrap, nftables and Chromium if missing, starts dockerd,
+# builds the base and fedhop images locally (no registry needed), then runs the compose, swarm, namespace and
+# browser tests.
+# Each set-up step prints how long it took; then pytest prints every test's duration.
 test-testbed: $(STAMP)
-	@command -v nft >/dev/null || (apt-get update -q && apt-get install -y -q nftables)
+	$(PY) -m tests.testbed.docker_env
 	$(PY) -m pytest tests/testbed -s --durations=0
 
 bench: $(STAMP)

@@ -246,7 +246,8 @@ def cmd_spec(a: argparse.Namespace) -> int:
 def cmd_testbed_up(a: argparse.Namespace) -> int:
     from fedhop.deploy.testbed import cmd_up
 
-    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet)
+    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet, tls=a.tls,
+                  http=None if a.http == "off" else a.http, http_token=a.http_token)
 
 
 def cmd_testbed_clean(a: argparse.Namespace) -> int:
@@ -344,6 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", help="override the spec's device for every process")
     t.add_argument("--timeout", type=float, help="stop everything if the run has not finished after this many s")
     t.add_argument("--quiet", action="store_true", help="no start-up line")
+    t.add_argument("--tls", metavar="DIR", help="mutual TLS on every link: `auto` makes a CA and certificates naming "
+                   "the testbed's addresses under RUN/tls; or a folder from `fedhop certs init` whose PS and edge "
+                   "certificates name them (checked first; the error gives the certs init command)")
+    from fedhop.server.web.cli import add_http_args
+
+    add_http_args(t)  # served by the PS inside its namespace, forwarded from HOST:PORT here
     t.set_defaults(fn=cmd_testbed_up)
     t = tb.add_parser("clean", help="remove namespaces left by testbeds whose owner died")
     t.set_defaults(fn=cmd_testbed_clean)

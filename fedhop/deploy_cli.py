@@ -36,7 +36,22 @@ def cmd_compose(a: argparse.Namespace) -> int:
     from fedhop.deploy.compose import OVERRIDE_HEADER, ComposeOptions, compose_files, dump, write_compose
 
     spec = load_spec(a.spec)
-    kw = dict(image=a.image, gpu_image=a.gpu_image, runs=a.runs, device=a.device)
+    if a.tls:
+        from fedhop.common.engine.topology import build_topology
+        from fedhop.deploy.certs import CA_CERT, node_files
+
+        # the folder as the compose file will see it: relative to --out-dir (or here, for stdout)
+        folder = Path(a.out_dir or ".") / a.tls
+        nodes = build_topology(spec.topology, spec.seed).all_nodes()
+        missing = [str(p) for p in [folder / CA_CERT, *(f for n in nodes for f in (node_files(folder, n).cert,
+                                                                                    node_files(folder, n).key))]
+                   if not p.is_file()]
+        if missing:
+            print(f"fedhop compose: --tls {a.tls}: missing {', '.join(missing[:4])}"
+                  f"{' ...' if len(missing) > 4 else ''} (make them with `fedhop certs init {a.spec} --out "
+                  f"{folder}`; service names are node ids, which every certificate names)", file=sys.stderr)
+            return 2
+    kw = dict(image=a.image, gpu_image=a.gpu_image, runs=a.runs, device=a.device, tls=a.tls)
     if a.out_dir:
         base, override = write_compose(spec, a.spec_path or a.spec, Path(a.out_dir), **kw)
         print(f"wrote {base} and {override}", file=sys.stderr)
@@ -106,6 +121,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--runs", default="./runs", help="host folder for run folders (default ./runs; "
                                                    "FEDHOP_RUNS overrides it when the file is used)")
     s.add_argument("--device", default="cpu", help="--device of every role (default cpu)")
+    s.add_argument("--tls", metavar="DIR", help="mutual TLS on every link: a `fedhop certs init SPEC` folder, "
+                   "relative to the compose file's folder; each container mounts ca.crt and its own certificate "
+                   "and key (default: plaintext with --insecure)")
     s.set_defaults(fn=cmd_compose)
 
     s = sub.add_parser("compose-run", help="docker compose up --exit-code-from ps with wire bytes per link from "

@@ -96,7 +96,8 @@ def serve_health(address: str) -> HealthServer:
 
 def _channel(address: str, security: Any) -> grpc.Channel:
     """Plaintext, or with ``security``'s credentials (a :class:`~fedhop.transport.credentials.Security`: mutual
-    TLS presents its node's certificate, token mode its node's token over TLS)."""
+    TLS presents its node's certificate, token mode its node's token over TLS). Not transport.channels: that
+    imports the tensor codec (torch), seconds a healthcheck cannot spare."""
     if security is None or security.mode == "insecure":
         return grpc.insecure_channel(address)
     from fedhop.transport.credentials import open_channel
