@@ -52,6 +52,20 @@ def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequenc
     return out
 
 
+def node_log(out: Path, node: str) -> str:
+    """The log of the process that ran ``node`` in a launch: ``logs/<node>.log``, or its client host's
+    (``logs/client-0..client-3.log``)."""
+    from fedhop.client_ids import parse_ids
+
+    own = out / "logs" / f"{node}.log"
+    if own.is_file():
+        return own.read_text(errors="replace")
+    for f in sorted((out / "logs").glob("client-*..*.log")):
+        if node in parse_ids(f.name.removesuffix(".log")):
+            return f.read_text(errors="replace")
+    raise AssertionError(f"no log of {node} in {out / 'logs'}")
+
+
 def logs(out: Path) -> str:
     parts = []
     for f in sorted((out / "logs").glob("*.log")) if (out / "logs").is_dir() else []:
