@@ -30,7 +30,7 @@ from fedhop.common.spec import RunSpec
 
 log = logging.getLogger("fedhop.clients")
 
-JOIN_SLOTS = 16  # ids dialing and joining at once: a thousand simultaneous handshakes would outlast their timeout
+JOIN_SLOTS = 8  # ids dialing and joining at once: a thousand simultaneous handshakes would outlast their timeout
 
 
 class HostShare:

@@ -6,12 +6,14 @@ compact one for given ids (``launch`` uses it for its client hosts' command line
 
 from __future__ import annotations
 
+import argparse
+import math
+import os
 import re
 from collections.abc import Sequence
 
-# launch's clients per client host by default: a process costs ~2 s of CPU to import torch, so a few hosts start far
-# faster than one process per client, and 64 ids still spread a large run over several processes (and cores).
-CLIENTS_PER_PROCESS = 64
+AUTO = "auto"
+MIN_AUTO_PER_PROCESS = 16
 PREFIX = "client-"
 _ID = re.compile(r"client-(0|[1-9][0-9]*)")
 
@@ -70,3 +72,38 @@ def format_ids(ids: Sequence[str]) -> str:
         if k is not None:
             start = prev = k
     return ",".join(items)
+
+
+def cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_per_process(choice: int | str, clients: int) -> int:
+    """``launch --clients-per-process``: a number, or ``auto`` = ``ceil(clients / cores)``, at least 16.
+
+    A host runs one task at a time (one core) and a process costs ~2 s of CPU and ~250 MB to import torch, so
+    about one host per core trains on every core while starting and holding as few processes as that allows;
+    the floor of 16 keeps small runs in one host per parent on any machine."""
+    if choice == AUTO:
+        return max(MIN_AUTO_PER_PROCESS, math.ceil(clients / cores()))
+    k = int(choice)
+    if k < 1:
+        raise ValueError(f"--clients-per-process must be >= 1 or auto, got {k}")
+    return k
+
+
+def per_process_arg(text: str) -> int | str:
+    """argparse type of ``--clients-per-process``: ``auto`` or a positive integer."""
+    if text == AUTO:
+        return AUTO
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor 'auto'") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 or auto, got {k}")
+    return k

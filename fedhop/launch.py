@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedhop.client_ids import CLIENTS_PER_PROCESS, format_ids
+from fedhop.client_ids import AUTO, format_ids, resolve_per_process
 from fedhop.common.engine.results import RunResult
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
@@ -160,9 +160,10 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
            on_round: Callable[[dict[str, Any]], None] | None = None,
            on_join: Callable[[str, dict[str, int]], None] | None = None, resume: Any = None,
            events: Any = None, security: Any = None, child_args: Sequence[str] = (),
-           clients_per_process: int = CLIENTS_PER_PROCESS) -> RunResult:
+           clients_per_process: int | str = AUTO) -> RunResult:
     """Run ``spec`` with the PS in this process, every edge in its own process and the clients in client hosts
-    of up to ``clients_per_process`` ids (1: a ``fedhop client`` process per client).
+    of up to ``clients_per_process`` ids (1: a ``fedhop client`` process per client; ``auto``: see
+    :func:`~fedhop.client_ids.resolve_per_process`).
 
     Every child saves its state after each task under ``out/state/<node>`` (the PS checkpoints into
     ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
@@ -186,7 +187,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
 
     def spawn(port: int) -> None:
         procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path, out / "state", child_args,
-                          clients_per_process)
+                          resolve_per_process(clients_per_process, len(topo.clients)))
 
     try:
         result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,

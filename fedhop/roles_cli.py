@@ -33,6 +33,7 @@ def _exit_now(rc: int) -> int:
 
 def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import Progress, check_device, load_spec, print_summary, run_folder
+    from fedhop.client_ids import resolve_per_process
     from fedhop.common.engine.loop import RoundFailed
     from fedhop.common.engine.topology import build_topology
     from fedhop.common.preflight import check_user_code
@@ -48,8 +49,6 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
-    if a.clients_per_process < 1:
-        raise Fatal(ExitCode.USAGE, f"--clients-per-process must be >= 1, got {a.clients_per_process}")
     resume = _resume(a)
     spec = resume.spec if resume is not None else load_spec(a.spec, a.set)
     check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
@@ -61,8 +60,9 @@ def cmd_launch(a: argparse.Namespace) -> int:
     except RunFolderError as e:
         raise Fatal(ExitCode.RUN_FOLDER, str(e)) from None
     logs = out / "logs"
+    per_process = resolve_per_process(a.clients_per_process, spec.topology.clients)
     if not a.quiet:
-        hosts = len(client_groups(build_topology(spec.topology, spec.seed), a.clients_per_process))
+        hosts = len(client_groups(build_topology(spec.topology, spec.seed), per_process))
         print(f"fedhop launch: starting {spec.topology.edges + hosts} processes ({spec.topology.edges} edges, "
               f"{spec.topology.clients} clients in {hosts} client processes) beside the PS; logs in {logs}",
               file=sys.stderr)
@@ -72,7 +72,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
     try:
         result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
                         on_join=bar.on_join, resume=resume, events=events, security=security,
-                        child_args=child_security, clients_per_process=a.clients_per_process)
+                        child_args=child_security, clients_per_process=per_process)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"every process was stopped; the rounds done are in {out} (logs in {logs})") from None
@@ -314,7 +314,7 @@ def _add_linger(s: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter],
                  add_run_options: Callable[[argparse.ArgumentParser, str], None]) -> None:
-    from fedhop.client_ids import CLIENTS_PER_PROCESS
+    from fedhop.client_ids import AUTO, MIN_AUTO_PER_PROCESS, per_process_arg
     from fedhop.secure_args import add_security_args
     from fedhop.server.web.cli import add_http_args
 
@@ -327,10 +327,11 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
                    "(every process is started again and restores its state)")
-    s.add_argument("--clients-per-process", type=int, default=CLIENTS_PER_PROCESS, metavar="K",
+    s.add_argument("--clients-per-process", type=per_process_arg, default=AUTO, metavar="K",
                    help="clients per client process (`fedhop clients` host): each parent's clients are split into "
                         "hosts of at most K ids, each id with its own session, state and byte counts; 1: one "
-                        "`fedhop client` process per client")
+                        "`fedhop client` process per client; auto: ceil(clients / CPU cores), at least "
+                        f"{MIN_AUTO_PER_PROCESS} (about one host per core; small runs: one host per parent)")
     add_http_args(s, default="127.0.0.1:0")
     add_security_args(s, launch=True)
     s.set_defaults(fn=cmd_launch)

@@ -1,5 +1,6 @@
 """Many clients on one machine over real gRPC: ``fedhop launch`` with 10 / 100 / 1,000 clients (FedAvg, a small
-MLP, no edges), clients served by client hosts (``fedhop clients``). Prints a table:
+MLP, no edges), clients served by client hosts (``fedhop clients``; launch's ``--clients-per-process``, default
+auto). Prints a table:
 
 * join: from starting ``fedhop launch`` to the start of round 1 (every process started, every client joined);
 * per client: join / clients;
@@ -13,7 +14,7 @@ The baseline, in the same run: 10 clients with ``--clients-per-process 1`` (one 
 client, as before client hosts).
 
     .venv/bin/python tests/bench/bench_many_clients.py                  # 10, 100, 1000 clients + baseline
-    .venv/bin/python tests/bench/bench_many_clients.py --clients 10 100 --baseline 10 30
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 10 100 --baseline 10 30 --per-process auto 64
 """
 
 from __future__ import annotations
@@ -112,21 +113,21 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
     ap.add_argument("--baseline", type=int, nargs="*", default=[10],
                     help="client counts also run with one process per client")
-    ap.add_argument("--per-process", type=int, default=None,
-                    help="--clients-per-process for the host runs (default: launch's)")
+    ap.add_argument("--per-process", nargs="+", default=["auto"],
+                    help="--clients-per-process values for the host runs (each a number or auto; default: auto)")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    from fedhop.client_ids import CLIENTS_PER_PROCESS
+    from fedhop.client_ids import resolve_per_process
 
-    k = a.per_process or CLIENTS_PER_PROCESS
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-many-") as tmp:
         for n in a.baseline:
             rows.append(run(n, 1, a.rounds, Path(tmp)))
             print(f"  done: {rows[-1]}", file=sys.stderr)
         for n in a.clients:
-            rows.append(run(n, k, a.rounds, Path(tmp)))
-            print(f"  done: {rows[-1]}", file=sys.stderr)
+            for k in dict.fromkeys(resolve_per_process(c, n) for c in a.per_process):
+                rows.append(run(n, k, a.rounds, Path(tmp)))
+                print(f"  done: {rows[-1]}", file=sys.stderr)
     floors = {n: inprocess_round_s(n, a.rounds) for n in sorted({r.clients for r in rows})}
     print(f"FedAvg, MLP 20-16-10, synthetic iid, {a.rounds} rounds, no edges, real gRPC on loopback; "
           f"load average at the end {psutil.getloadavg()[0]:.1f}")

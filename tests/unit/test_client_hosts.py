@@ -12,7 +12,7 @@ import torch
 
 from fedhop.cli import build_parser, main
 from fedhop.client.host import ClientPrefix, HostShare, run_clients
-from fedhop.client_ids import IdListError, format_ids, parse_ids
+from fedhop.client_ids import IdListError, format_ids, parse_ids, resolve_per_process
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
@@ -139,9 +139,25 @@ def test_bad_ids_are_a_usage_error_before_anything_starts(capsys: pytest.Capture
     assert "fedhop clients: --ids: range 'client-4..client-2' runs backwards" in capsys.readouterr().err
 
 
-def test_launch_refuses_zero_clients_per_process(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["launch", "--clients-per-process", "0"]) == ExitCode.USAGE
-    assert "--clients-per-process must be >= 1, got 0" in capsys.readouterr().err
+@pytest.mark.parametrize(("value", "needle"), [("0", "must be >= 1 or auto, got 0"),
+                                              ("many", "'many' is neither a number nor 'auto'")])
+def test_launch_refuses_a_bad_clients_per_process(value: str, needle: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["launch", "--clients-per-process", value])
+    assert e.value.code == ExitCode.USAGE
+    assert f"argument --clients-per-process: {needle}" in capsys.readouterr().err
+
+
+def test_auto_is_about_one_host_per_core_and_one_per_parent_for_small_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("fedhop.client_ids.cores", lambda: 2)
+    assert resolve_per_process("auto", 1000) == 500
+    assert resolve_per_process("auto", 6) == 16  # the floor: one host per parent
+    assert resolve_per_process(3, 1000) == 3
+    monkeypatch.setattr("fedhop.client_ids.cores", lambda: 16)
+    assert resolve_per_process("auto", 1000) == 63
+    topo = build_topology(_spec(clients=1000, edges=0).topology, 0)
+    assert len(client_groups(topo, resolve_per_process("auto", 1000))) == 16
 
 
 def test_help_of_the_host_and_launch_options() -> None:
@@ -150,7 +166,7 @@ def test_help_of_the_host_and_launch_options() -> None:
     assert "client-0..client-9,client-12" in text and "(default: 60.0)" in text
     assert "--tls" in text and "--state-dir" in text and "--data-path" in text
     text = " ".join(choices["launch"].format_help().split())
-    assert "--clients-per-process K" in text and "(default: 64)" in text
+    assert "--clients-per-process K" in text and "(default: auto)" in text
 
 
 # -- the host's exit code --------------------------------------------------------------------------------------
