@@ -38,7 +38,7 @@ def run_client(node_id: str, parent: str, *, data_path: str | None = None, devic
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
                            security=security)
     if host is not None:
-        session.task_lock = host.task_lock
+        session.task_lock, session.own_connection = host.task_lock, True
     try:
         welcome, ws = session.join(device, data_path, host.workspace if host is not None else None)
     except JoinError as e:

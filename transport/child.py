@@ -159,6 +159,7 @@ class ChildSession:
         self.meter: ByteMeter | None = None  # this node's byte meter, relabelled on a roll-back
         self._ctx: NodeContext | None = None
         self.task_lock: Any = None  # a client host's: one task handler at a time in the process (shared Workspace)
+        self.own_connection = False  # a client host's: a TCP connection per session, not one shared by its ids
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
@@ -193,7 +194,8 @@ class ChildSession:
 
     def _open(self, *, rejoin: bool) -> pb.Welcome:
         """One attempt: channel, handshake, Hello, Welcome; on success the new stream becomes current."""
-        channel = make_channel(self.parent_addr, keepalive=True, security=self.security)
+        channel = make_channel(self.parent_addr, keepalive=True, security=self.security,
+                               own_connection=self.own_connection)
         try:
             grpc.channel_ready_future(channel).result(timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.FutureTimeoutError:
