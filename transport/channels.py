@@ -76,10 +76,13 @@ def add_port(server: grpc.Server, listen: str, security: Any = None) -> int:
 
 
 def make_channel(address: str, *, security: Any = None, keepalive: bool = False,
-                 peer_id: str | None = None) -> grpc.Channel:
+                 peer_id: str | None = None, own_connection: bool = False) -> grpc.Channel:
     """A channel to a fedhop node; ``keepalive``: HTTP/2 pings (long-lived session streams); ``peer_id``
-    (with TLS): the server must present that node's certificate."""
-    options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else [])]
+    (with TLS): the server must present that node's certificate; ``own_connection``: a TCP connection of its
+    own, never shared with this process's other channels to the same address (a client host's sessions: each
+    id's link is as independent as a process's, and ~900 session streams on one shared connection stall)."""
+    options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else []),
+               *([("grpc.use_local_subchannel_pool", 1)] if own_connection else [])]
     if _plain(security):
         return grpc.insecure_channel(address, options=options)
     from fedhop.transport.credentials import channel_credentials, channel_options

@@ -16,6 +16,7 @@ streams, dialing and re-joining are ``child.py``'s, the servicer is ``parent.py`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -599,7 +600,7 @@ class ChildProtocol:
                  chunk_bytes: int, report: Callable[[], tuple[list[dict], list[dict]]] | None = None,
                  before_task: Callable[[int | None, float], None] | None = None,
                  after_task: Callable[[NodeContext], None] | None = None,
-                 peers: dict[NodeId, str] | None = None) -> None:
+                 peers: dict[NodeId, str] | None = None, task_lock: Any = None) -> None:
         self.node = node
         self.ctx = ctx
         self.send = send
@@ -608,6 +609,7 @@ class ChildProtocol:
         self.before_task = before_task
         self.after_task = after_task
         self.peers = peers if peers is not None else {}  # edge id -> Edge address, from the parent's Ready
+        self.task_lock = task_lock if task_lock is not None else contextlib.nullcontext()  # held while a handler runs
         self.started = threading.Event()
         self.cursor = ReportCursor()
         self._report_lock = threading.Lock()
@@ -674,7 +676,8 @@ class ChildProtocol:
         if self.before_task is not None:
             self.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
         try:
-            reply = handler(ctx, req.bundle, dict(req.args))
+            with self.task_lock:
+                reply = handler(ctx, req.bundle, dict(req.args))
             out = on_host(reply.bundle)
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
                                     self.chunk_bytes)

@@ -37,17 +37,34 @@ def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, r
     })
 
 
-def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequence[str] = ()) -> Path:
-    """``fedhop launch`` in a subprocess (PS in the launcher, one process per edge and client); ``security``:
-    launch's options for the links (``--tls DIR``, ``--token FILE``)."""
+def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequence[str] = (),
+               extra: Sequence[str] = ()) -> Path:
+    """``fedhop launch`` in a subprocess (PS in the launcher, a process per edge, clients in client hosts);
+    ``security``: launch's options for the links (``--tls DIR``, ``--token FILE``); ``extra``: more options (e.g.
+    ``--clients-per-process 1``: a process per client)."""
     spec_file = tmp / "spec.toml"
     spec_file.write_text(spec.to_toml())
     out = tmp / "run"
     proc = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
-                           "--device", "cpu", "--quiet", *security], capture_output=True, text=True, timeout=timeout)
+                           "--device", "cpu", "--quiet", *security, *extra], capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs(out)}"
     assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
     return out
+
+
+def node_log(out: Path, node: str) -> str:
+    """The log of the process that ran ``node`` in a launch: ``logs/<node>.log``, or its client host's
+    (``logs/client-0..client-3.log``)."""
+    from fedhop.client_ids import parse_ids
+
+    own = out / "logs" / f"{node}.log"
+    if own.is_file():
+        return own.read_text(errors="replace")
+    for f in sorted((out / "logs").glob("client-*..*.log")):
+        if node in parse_ids(f.name.removesuffix(".log")):
+            return f.read_text(errors="replace")
+    raise AssertionError(f"no log of {node} in {out / 'logs'}")
 
 
 def logs(out: Path) -> str:

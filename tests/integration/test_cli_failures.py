@@ -128,4 +128,4 @@ def test_ctrl_c_on_launch_writes_the_rounds_done(tmp_path):
     assert (out / "plots.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not (out / "model.pt").exists()
     assert sorted(p.name for p in Path(out / "logs").glob("*.log")) == sorted(
-        ["ps.log", "edge-0.log", "edge-1.log", "client-0.log", "client-1.log", "client-2.log", "client-3.log"])
+        ["ps.log", "edge-0.log", "edge-1.log", "client-0..client-1.log", "client-2..client-3.log"])  # a host per edge

@@ -26,7 +26,7 @@ from fedhop.deploy.tokens import load_tokens
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.credentials import CredentialsError, Security
 from fedhop.transport.peer import PeerClient
-from tests.integration.netutil import Federation, launch_run, load_result, rows_by_key, small_spec
+from tests.integration.netutil import Federation, launch_run, load_result, node_log, rows_by_key, small_spec
 
 SESSION = "/fedhop.v1.Parent/Session"
 
@@ -74,7 +74,7 @@ def test_mutual_tls_run_is_bit_identical_to_inprocess(tmp_path: Path) -> None:
     spec = small_spec(**SECURED["fedchs-handoff"])
     pki = certs_for(spec, tmp_path)
     out = launch_run(spec, tmp_path, security=["--tls", str(pki)])
-    assert "mutual TLS" in (out / "logs" / "client-0.log").read_text()
+    assert "mutual TLS" in node_log(out, "client-0")
     assert_same_as_inprocess(spec, *load_result(out))
 
 
