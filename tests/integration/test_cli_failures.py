@@ -72,6 +72,12 @@ def test_unreachable_parent_is_retried_visibly_then_given_up():
     assert "unreachable after" in last_line(p) and "connection refused" in last_line(p)
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child before exec: SIGINT back to its default, which Python turns into KeyboardInterrupt (a shell
+    that runs a job in the background without job control starts it with SIGINT ignored, and Python keeps that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -85,7 +91,8 @@ def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
 
 def test_ctrl_c_on_a_waiting_client():
     proc = subprocess.Popen([*FEDHOP, "client", "--id", "client-0", "--connect", f"127.0.0.1:{free_port()}",
-                             "--connect-timeout", "600"], stderr=subprocess.PIPE, text=True)
+                             "--connect-timeout", "600"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_reaches_it)
     lines: list[str] = []
 
     def retried() -> bool:
@@ -105,7 +112,8 @@ def test_ctrl_c_on_launch_writes_the_rounds_done(tmp_path):
     (tmp_path / "spec.toml").write_text(spec.to_toml())
     out = tmp_path / "run"
     proc = subprocess.Popen([*FEDHOP, "launch", str(tmp_path / "spec.toml"), "--out", str(out), "--device", "cpu",
-                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_reaches_it)
     journal = out / "rounds.jsonl"
     _wait_for(lambda: journal.is_file() and len(journal.read_text().splitlines()) >= 2, 180, "round 2", proc)
     proc.send_signal(signal.SIGINT)
