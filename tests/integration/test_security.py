@@ -90,7 +90,7 @@ def test_launch_tls_auto_makes_a_throwaway_ca(tmp_path: Path) -> None:
     spec = small_spec("fedavg", clients=2, rounds=2)
     out = launch_run(spec, tmp_path, security=["--tls", "auto"])
     assert (out / "tls" / CA_CERT).is_file() and node_files(out / "tls", "client-1").key.is_file()
-    assert "mutual TLS" in (out / "logs" / "client-0.log").read_text()
+    assert "mutual TLS" in node_log(out, "client-0")
     assert_same_as_inprocess(spec, *load_result(out))
 
 
