@@ -167,7 +167,10 @@ def test_fedchs_over_namespaces_reconciles_three_byte_levels(tmp_path: Path) -> 
 
 def test_focus_bernoulli_flat_over_namespaces(tmp_path: Path) -> None:
     """FOCUS, clients straight to the PS, Bernoulli participation; standard mtu 1500 without TCP timestamps
-    (40-byte IP+TCP headers): links carrying >= 1 MB stay within wire/payload <= 1.05 there too."""
+    (40-byte IP+TCP headers). The levels reconcile; wire/payload is printed, not bounded by 1.05: at mtu 1500 the
+    headers alone are 2.8% and each direction also carries the ACKs of the other's model (one per one or two
+    segments, depending on how loaded the receiver is), so it measured 1.03-1.06 here. The 1.05 bound is asserted
+    at mtu 9000 (test_fedchs_over_namespaces_reconciles_three_byte_levels)."""
     options = {"lr": 0.05, "local_steps": 2, "participation": {"kind": "bernoulli", "p": [0.9, 0.6, 0.6, 0.3]}}
     spec = write_spec(tmp_path, "tb-focus", algorithm="focus", options=options, clients=4, edges=0, rounds=3,
                       hidden=[512, 448], testbed="[testbed]\ntcp_timestamps = false\n")
@@ -175,7 +178,7 @@ def test_focus_bernoulli_flat_over_namespaces(tmp_path: Path) -> None:
     run_up(spec, out)
     assert len(read_csv(out / "rounds.csv")) == 3
     assert_distinct_addresses(out, 5)
-    rows = assert_levels_reconciled(out, mtu=1500, big_bytes=1 << 20, header=40)
+    rows = assert_levels_reconciled(out, mtu=1500, big_bytes=None, header=40)
     ratios = {f"{r['src']}->{r['dst']}": r["wire_per_payload"] for r in rows if r["wire_per_payload"]}
     print("wire/payload at mtu 1500, no TCP timestamps:", ratios)
     assert {r["dst"] for r in rows if r["src"] == "ps"} == {f"client-{i}" for i in range(4)}
