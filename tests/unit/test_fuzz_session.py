@@ -17,7 +17,6 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,7 +24,6 @@ from hypothesis import strategies as st
 from fedhop.common.engine.api import NodeContext, Reply, task
 from fedhop.common.engine.base import Failure
 from fedhop.common.engine.workspace import Workspace
-from fedhop.common.wire import codec
 from fedhop.common.wire.control import bye_frame, report_frame
 from fedhop.common.wire.framing import BadFrame, bundle_frames, parse_frame_lenient, serialize_frame
 from fedhop.common.wire.messages import CALL_ID_BASE, PROTOCOL_VERSION, result_frame, task_frame
@@ -45,19 +43,6 @@ ECHO = "fuzz.echo"
 @task(ECHO)
 def _echo(ctx: NodeContext, bundle: dict, args: dict) -> Reply:
     return Reply(dict(bundle), {"n": 10})
-
-
-@pytest.fixture
-def allocations(monkeypatch):
-    sizes: list[int] = []
-    real = codec._allocate
-
-    def record(size: int):
-        sizes.append(size)
-        return real(size)
-
-    monkeypatch.setattr(codec, "_allocate", record)
-    return sizes
 
 
 def _frames_of(cid: int, bundle: dict[str, torch.Tensor]) -> list[pb.Frame | bytes]:

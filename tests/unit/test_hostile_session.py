@@ -18,7 +18,6 @@ from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import Failure
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import SpecError, TransportSpec
-from fedhop.common.wire import codec
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.framing import bundle_frames, parse_frame
 from fedhop.common.wire.messages import CALL_ID_BASE, HANDOFF, result_frame, task_frame
@@ -38,20 +37,6 @@ def wait_for(cond, timeout_s: float = 5.0) -> bool:
             return True
         time.sleep(0.01)
     return cond()
-
-
-@pytest.fixture
-def allocations(monkeypatch):
-    """Every decode buffer the codec allocates (its size)."""
-    sizes: list[int] = []
-    real = codec._allocate
-
-    def record(size: int):
-        sizes.append(size)
-        return real(size)
-
-    monkeypatch.setattr(codec, "_allocate", record)
-    return sizes
 
 
 def header_claiming(nbytes: int) -> pb.BundleHeader:
