@@ -87,6 +87,9 @@ class TransportSpec(Strict):
     deadline_margin_fraction: float = Field(0.1, ge=0, lt=1)
     rejoin_grace_s: float = Field(0.0, ge=0, description="a task for a child that was admitted and is away "
                                   "(restarting, re-joining) waits this long for it to come back before it fails")
+    reply_window: int = Field(0, ge=0, description="a scatter that aggregates while replies arrive (FedAvg) "
+                              "receives the next reply to fold and at most this many more at once; the others "
+                              "wait in their senders (memory: the aggregate + 1 + this many models)")
 
     @model_validator(mode="after")
     def _keepalive_fits(self) -> TransportSpec:

@@ -59,6 +59,7 @@ from fedhop.common.wire.messages import (
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars, put_scalars
 from fedhop.transport.inbound import Rejection, accept_request, accept_result
+from fedhop.transport.reply_gate import ReplyGate
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.session")
@@ -81,6 +82,8 @@ class Call:
     round: int
     done: threading.Event = field(default_factory=threading.Event)
     result: Reply | Failure | None = None
+    answered: threading.Event = field(default_factory=threading.Event)  # its Result frame arrived
+    gate: ReplyGate | None = None  # a folding scatter's admission of replies (reply_gate.py)
 
     def finish(self, result: Reply | Failure) -> None:
         if self.result is None:
@@ -315,6 +318,8 @@ class ParentHub:
             if body == "error" and frame.call_id == 0:
                 log.warning("%s: %s reports: %s", self.node, link.name, frame.error.message)
                 return True
+            if body == "result":
+                self._answered(link, frame)
         try:
             msg = link.asm.feed(frame)
         except FrameError as e:
@@ -323,6 +328,17 @@ class ParentHub:
         if msg is not None:
             self._result(link, msg)
         return True
+
+    def _answered(self, link: ChildLink, frame: pb.Frame) -> None:
+        """A Result frame of a pending call came in: mark the call answered; a reply of a folding scatter then
+        waits for its turn (``ReplyGate``) before its bundle is read, holding this session's reader."""
+        with self._lock:
+            call = self._calls.get(frame.call_id)
+        if call is None or call.node != link.node_id:
+            return
+        call.answered.set()
+        if call.gate is not None and frame.result.has_bundle:
+            call.gate.enter(call.call_id)
 
     def _complain(self, link: ChildLink, call_id: int, code: int, message: str) -> None:
         log.warning("%s: %s", self.node, message)
@@ -446,8 +462,9 @@ class ParentHub:
 
     # -- calls --------------------------------------------------------------------------------------------
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
-             deadline_s: float) -> Call | Failure:
-        """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`."""
+             deadline_s: float, gate: ReplyGate | None = None) -> Call | Failure:
+        """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`. With
+        ``gate``, the reply's bundle is read only when the gate admits it."""
         link, admitted = self.await_link(target)
         if link is None or not link.alive:
             return Failure(f"{target} is not connected")
@@ -462,7 +479,9 @@ class ParentHub:
             frames = message_frames(head, bundle, self.chunk_bytes)
         except CodecError as e:
             return Failure(f"cannot send the bundle: {e}")
-        call = Call(cid, target, task, round_idx)
+        call = Call(cid, target, task, round_idx, gate=gate)
+        if gate is not None:
+            gate.add(cid)
         with self._lock:
             self._calls[cid] = call
         payload = payload_bytes(bundle)

@@ -62,12 +62,19 @@ class Comm(Protocol):
         *,
         expect: Mapping[str, torch.Tensor] | None = None,
         deadline_s: float | None = None,
+        fold: Callable[[NodeId, Reply], None] | None = None,
     ) -> dict[NodeId, Reply]:
         """Send ``task`` with ``bundle`` to each node in ``to`` and gather replies.
 
         Returns the replies that arrived in time and passed validation, in canonical node order. A node
         that failed, timed out or sent an invalid bundle (non-finite values; names/shapes/dtypes other
         than ``expect``'s, when given) is absent from the result and logged as missing.
+
+        ``fold``: aggregate while the replies arrive. Each usable reply is passed to ``fold(node, reply)`` in
+        canonical order, as soon as it and every reply before it are settled, and is owned by ``fold`` (it may
+        change the tensors in place); the returned replies then carry their scalars only. The networked engine
+        receives at most ``transport.reply_window`` replies beyond the next one to fold at a time, so a node
+        holds the aggregate and a few replies rather than every reply (issue 11).
         """
         ...
 
@@ -213,6 +220,9 @@ class Algorithm:
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     # further checks of a whole spec, run at validation (raise ValueError naming the field to change)
     check: Callable[[RunSpec, Any], None] | None = None
+    # round(ctx, S) never changes a tensor of S in place (it builds new ones): the round loop keeps S's tensors
+    # by reference for a retry instead of copying them (checked by their version counters when it restores)
+    round_replaces_tensors: bool = False
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

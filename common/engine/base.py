@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,10 @@ class MissingLog:
         self.entries.append({"round": round_idx + 1, "by": by, "node": node, "task": task, "reason": reason})
 
 
+Fold = Callable[[NodeId, Reply], None]  # takes one usable reply of a scatter, in canonical order
+Settle = Callable[[NodeId, "Reply | Failure"], None]
+
+
 class BaseComm(ABC):
     """Implements :class:`~fedhop.common.engine.api.Comm` on top of one engine-specific exchange."""
 
@@ -82,9 +86,21 @@ class BaseComm(ABC):
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                   deadline_s: float | None) -> dict[NodeId, Reply | Failure]: ...
 
+    def _exchange_settling(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                           deadline_s: float | None, settle: Settle) -> None:
+        """Like :meth:`_exchange`, but hands each target's answer to ``settle`` in canonical order, as soon as
+        it and every answer before it are in (an engine that streams replies overrides this, so that a folded
+        reply's tensors are freed before the later ones arrive). The default waits for all of them."""
+        raw = self._exchange(targets, task, bundle, args, deadline_s)
+        for t in targets:
+            settle(t, raw.get(t, Failure("no reply")))
+
     def scatter(self, to: Sequence[NodeId], task: str, bundle: Bundle | None = None,
                 args: Mapping[str, Scalar] | None = None, *, expect: Mapping[str, torch.Tensor] | None = None,
-                deadline_s: float | None = None) -> dict[NodeId, Reply]:
+                deadline_s: float | None = None, fold: Fold | None = None) -> dict[NodeId, Reply]:
+        """See :meth:`~fedhop.common.engine.api.Comm.scatter`. With ``fold``, each usable reply is passed to
+        ``fold(node, reply)`` in canonical order as soon as it and the replies before it are settled (the reply's
+        bundle is the caller's to keep or change in place), and the result holds the replies without bundles."""
         children = set(self.topology.children(self.node))
         stray = [t for t in to if t not in children]
         if stray:
@@ -92,12 +108,11 @@ class BaseComm(ABC):
         if len(set(to)) != len(to):
             raise ValueError(f"{self.node}: duplicate targets in scatter: {list(to)}")
         targets = self.topology.sort(to)
-        raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s)
         out: dict[NodeId, Reply] = {}
         sizes = getattr(self.ctx, "sizes", None)
         rnd = self.current_round()
-        for t in targets:
-            r = raw.get(t, Failure("no reply"))
+
+        def settle(t: NodeId, r: Reply | Failure) -> None:
             if isinstance(r, Reply):
                 reason = check_bundle(r.bundle, expect)
                 if reason is None and sizes is not None and t not in sizes:
@@ -106,11 +121,23 @@ class BaseComm(ABC):
                 if reason is None:
                     reason = size_claim_error(self.topology, t, r.scalars, sizes)
                 if reason is None:
-                    out[t] = r
                     self.last_ok[t] = rnd
-                    continue
+                    if fold is None:
+                        out[t] = r
+                    else:
+                        fold(t, r)
+                        out[t] = Reply({}, r.scalars)
+                    return
                 r = Failure(f"rejected reply: {reason}")
             self.missing.add(rnd, self.node, t, task, r.reason)
+
+        if fold is None:
+            raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s)
+            for t in targets:
+                settle(t, raw.get(t, Failure("no reply")))
+        else:
+            self._exchange_settling(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, settle)
+        out = {t: out[t] for t in targets if t in out}
         self._sent += len(targets)
         self._ok += len(out)
         return out
