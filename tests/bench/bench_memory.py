@@ -100,8 +100,9 @@ class Poller:
             for p in procs:
                 try:
                     if p.pid not in self.series:
-                        role = role_of(p.cmdline())
-                        if not role:
+                        # a child forked by the launcher shows the launcher's command line until it execs
+                        role = "ps" if p.pid == self.root.pid else role_of(p.cmdline())
+                        if not role or role == "ps" and p.pid != self.root.pid:
                             continue
                         self.series[p.pid] = (role, [])
                     self.series[p.pid][1].append((now, p.memory_info().rss))
@@ -124,7 +125,8 @@ class Row:
     peak: int
 
 
-def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float) -> tuple[list[Row], float]:
+def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
+            trace: Path | None = None) -> tuple[list[Row], float]:
     spec = work / "spec.toml"
     spec.write_text(SPEC.format(rounds=rounds, clients=clients, hidden=hidden, steps=steps))
     out = work / "run"
@@ -148,6 +150,10 @@ def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, time
             continue
         rows.append(Row(role, before[-1], max(rss for _, rss in series)))
     res = json.loads((out / "results.json").read_text())
+    if trace is not None:  # RSS over time per process, with the PS log's round marks
+        marks = [(_log_time(x), x[24:].strip()) for x in log if " round " in x or " is ready" in x]
+        trace.write_text(json.dumps({"marks": marks, "series": {f"{role}-{pid}": s for pid, (role, s)
+                                                                 in poller.series.items()}}))
     return rows, res["wall_s"] / rounds
 
 
@@ -158,6 +164,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="local steps per round")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--trace", type=Path, help="write every process's RSS over time (JSON) to this file")
     a = ap.parse_args()
     if min(a.hidden, a.clients, a.rounds, a.steps) < 1:
         ap.error("--hidden, --clients, --rounds and --steps must be at least 1")
@@ -165,7 +172,7 @@ def main() -> None:
     floor = int(subprocess.run([sys.executable, "-c", IMPORT_ONLY], capture_output=True, text=True,
                                check=True).stdout.strip().splitlines()[-1])
     with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
-        rows, mean_round = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout)
+        rows, mean_round = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace)
     mb = 1 << 20
     print(f"FedAvg, MLP h={a.hidden}: {mlp_params(a.hidden):,} parameters, model {model / mb:.1f} MiB; "
           f"{a.clients} clients, {a.rounds} rounds, mean round {mean_round:.2f} s; import-only process "
