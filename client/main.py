@@ -13,6 +13,7 @@ from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
 from fedhop.common.exit_codes import ExitCode
+from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 
 log = logging.getLogger("fedhop.client")
@@ -25,6 +26,7 @@ def run_client(node_id: str, parent: str, *, data_path: str | None = None, devic
     client saves its state after every task (restored when it restarts); without it, in memory.
     ``security``: a :class:`~fedhop.transport.credentials.Security` for the link to the parent."""
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
+    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     store = NodeStore(node_id, state_dir)
     session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s,
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},

@@ -93,7 +93,7 @@ class Poller:
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                procs = [self.root, *self.root.children(recursive=True)]
+                procs = [self.root, *self.root.children()]  # the PS (launcher) and its node processes
             except psutil.NoSuchProcess:
                 continue
             now = time.time()

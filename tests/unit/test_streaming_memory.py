@@ -45,7 +45,7 @@ def test_weighted_mean_fold_is_bit_identical_to_weighted_mean_when_every_reply_c
 
 
 def test_weighted_mean_fold_rescales_when_a_reply_is_missing():
-    bs, n = bundles(3), [10, 20, 30]
+    bs = bundles(3)
     mean = WeightedMean(lambda node, r: r.scalars["n"], 60)
     mean("c0", Reply(bs[0], {"n": 10}))
     mean("c2", Reply(bs[2], {"n": 30}))
