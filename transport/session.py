@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from fedhop.common import timing
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_task
 from fedhop.common.engine.base import Failure, MissingLog
 from fedhop.common.engine.topology import Topology
@@ -151,6 +152,7 @@ class ParentHub:
     def __init__(self, node_id: NodeId, meter: ByteMeter, missing: MissingLog | None = None,
                  security: Any = None) -> None:
         self.node = node_id
+        timing.set_node(node_id)
         self.security = security  # transport.credentials.Security; None or insecure: Hellos are taken at their word
         self.meter = meter
         self.missing = missing if missing is not None else MissingLog()
@@ -480,6 +482,7 @@ class ParentHub:
         except CodecError as e:
             return Failure(f"cannot send the bundle: {e}")
         call = Call(cid, target, task, round_idx, gate=gate)
+        timing.event("call", at=self.node, call=cid, child=target, task=task, round=round_idx)
         if gate is not None:
             gate.add(cid)
         with self._lock:
@@ -528,6 +531,7 @@ class ParentHub:
             return
         self.meter.record(info.node, self.node, info.task, "reply", msg.payload_bytes, msg.message_bytes,
                           info.round)
+        timing.event("reply", at=self.node, call=msg.call_id, child=info.node)
         if late is not None:
             log.info("%s: late reply from %s to %s (round %d) dropped", self.node, info.node, info.task,
                      info.round + 1)
@@ -551,6 +555,7 @@ class ChildProtocol:
                  after_task: Callable[[NodeContext], None] | None = None,
                  peers: dict[NodeId, str] | None = None) -> None:
         self.node = node
+        timing.set_node(node)
         self.ctx = ctx
         self.send = send
         self.chunk_bytes = chunk_bytes
@@ -591,6 +596,7 @@ class ChildProtocol:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True, name=f"{self.node}-tasks")
                 self._worker.start()
+            timing.event("task_in", at=self.node, call=msg.call_id)
             self._tasks.put((msg, time.monotonic()))
         return None
 
@@ -624,7 +630,9 @@ class ChildProtocol:
         if self.before_task is not None:
             self.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
         try:
+            timing.event("run", at=self.node, call=req.call_id, task=req.name)
             reply = handler(ctx, req.bundle, dict(req.args))
+            timing.event("ran", at=self.node, call=req.call_id)
             out = on_host(reply.bundle)
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
                                     self.chunk_bytes)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from fedhop.common import timing
 from fedhop.common.engine.api import NodeId, Reply, Scalar
 from fedhop.common.engine.size_claims import size_claim_error
 from fedhop.common.engine.topology import Topology
@@ -131,6 +132,7 @@ class BaseComm(ABC):
                 r = Failure(f"rejected reply: {reason}")
             self.missing.add(rnd, self.node, t, task, r.reason)
 
+        timing.event("scatter", at=self.node, task=task)
         if fold is None:
             raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s)
             for t in targets:
@@ -138,6 +140,7 @@ class BaseComm(ABC):
         else:
             self._exchange_settling(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, settle)
         out = {t: out[t] for t in targets if t in out}
+        timing.event("scatter_end", at=self.node)
         self._sent += len(targets)
         self._ok += len(out)
         return out

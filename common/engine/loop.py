@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedhop.common import timing
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
 from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.state_io import snapshot_state
@@ -69,8 +70,10 @@ def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Com
 
 def _timed(events: RunEvents, ctx: NodeContext, t: int, step: Callable[[], Any]) -> Any:
     events.emit("round_started", round=t)
+    timing.event("round", round=t)
     t0 = time.perf_counter()
     state = step()
+    timing.event("round_end", round=t)
     records = getattr(ctx.reporter, "records", None) or [{}]
     record = records[-1] if records[-1].get("round") == t + 1 else {}
     events.emit("round_ended", round=t, record=record, duration_s=time.perf_counter() - t0)
