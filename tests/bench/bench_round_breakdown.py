@@ -13,8 +13,9 @@ CPU seconds it spent in the codec. Per round and per process of a role (mean ove
   outside its scatters (aggregation that is not folded during the scatter, evaluation, the algorithm);
 * down / up: a child's Task from the parent's send to the child holding all of it / its Result from the
   handler's return to the parent holding all of it (serialization, the wire, a reply gate's wait);
-* encode / decode: CPU seconds in the codec over the whole run (set-up and the final collection included) (checksums, chunk frames / copying into the decode buffer), which
-  the chunk pipeline overlaps with the transfer: they are part of down / up, not in addition to them;
+* encode / decode: CPU seconds in the codec over the whole run (set-up and the final collection included):
+  checksums, chunk frames / copying into the decode buffer, which the chunk pipeline overlaps with the
+  transfer: they are part of down / up, not in addition to them;
 * waiting: the rest of the round (a child idle while others are served, a parent waiting for its children).
 
 Cases: Fed-CHS (2 edges, 4 clients, K = 4 interactions per round instead of the paper's 20, to keep the
@@ -76,7 +77,8 @@ CASES = {
        for size, h in HIDDEN.items()},
     **{f"focus-{size}": dict(algorithm="focus", edges=0, hidden=h, options="lr = 0.05\nlocal_steps = 3")
        for size, h in HIDDEN.items()},
-    "fedavg-25M": dict(algorithm="fedavg", edges=0, hidden=4960, options="lr = 0.05\nlocal_steps = 12\nbatch_size = 32"),
+    "fedavg-25M": dict(algorithm="fedavg", edges=0, hidden=4960,
+                       options="lr = 0.05\nlocal_steps = 12\nbatch_size = 32"),
 }
 
 
