@@ -110,10 +110,11 @@ class BaseComm(ABC):
             raise ValueError(f"{self.node}: duplicate targets in scatter: {list(to)}")
         targets = self.topology.sort(to)
         out: dict[NodeId, Reply] = {}
-        sizes = getattr(self.ctx, "sizes", None)
-        rnd = self.current_round()
 
         def settle(t: NodeId, r: Reply | Failure) -> None:
+            # read now, not before the exchange: a networked engine refreshes ctx.sizes when the round begins
+            sizes = getattr(self.ctx, "sizes", None)
+            rnd = self.current_round()
             if isinstance(r, Reply):
                 reason = check_bundle(r.bundle, expect)
                 if reason is None and sizes is not None and t not in sizes:

@@ -231,3 +231,28 @@ def test_a_freed_big_decode_buffer_takes_the_next_bundle_of_its_size_and_a_live_
     gc.collect()
     again = codec.decode(*codec.encode_views({"x": x + 2}))
     assert again["x"].data_ptr() == ptr and torch.equal(again["x"], x + 2) and torch.equal(live["x"], x + 1)
+
+
+def test_scatter_checks_replies_against_the_sizes_the_exchange_refreshed():
+    """A networked engine replaces ctx.sizes when its round begins, inside the exchange: replies are checked
+    against those, with and without a fold (a late joiner's first reply must not be refused)."""
+    from types import SimpleNamespace
+
+    from fedhop.common.engine.base import BaseComm, MissingLog
+    from fedhop.common.engine.topology import build_topology
+
+    topo = build_topology(spec(clients=2).topology, 0)
+
+    class Refreshing(BaseComm):
+        def current_round(self):
+            return 0
+
+        def _exchange(self, targets, task, bundle, args, deadline_s):
+            self.ctx.sizes = {"client-0": 3, "client-1": 4}
+            return {t: Reply({"w": torch.ones(2)}, {"n": self.ctx.sizes[t]}) for t in targets}
+
+    for fold in (None, lambda node, r: None):
+        comm = Refreshing("ps", topo, MissingLog())
+        comm.ctx = SimpleNamespace(sizes={})
+        got = comm.scatter(["client-0", "client-1"], "t", {}, fold=fold)
+        assert list(got) == ["client-0", "client-1"] and comm.missing.entries == []
