@@ -17,8 +17,7 @@ Memory
     :class:`BundleDecoder` allocates one uint8 buffer for the whole bundle when it reads the header and
     copies each chunk into place; the decoded tensors are views of that buffer. Inside the buffer each
     tensor starts at a multiple of its element size (of 64 bytes when it holds at least 4 KiB), so the
-    buffer is at most a few bytes per tensor larger than the payload. Big buffers are reused: one whose decoded
-    tensors are all freed goes back to a small pool and takes the next bundle of its size (no page faults).
+    buffer is at most a few bytes per tensor larger than the payload.
 
 Checksums
     ``xxh3_64`` (default; about 14 GB/s on one core here, against about 2 GB/s for ``zlib.crc32``, see
@@ -33,7 +32,6 @@ import mmap
 import sys
 import threading
 import time
-import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -417,45 +415,6 @@ def _check_header(header: pb.BundleHeader) -> _Layout:
     return _Layout(tuple(slots), stream, -(-at // 64) * 64)
 
 
-class _BufferPool:
-    """Big decode buffers whose tensors are all gone, kept for the next bundle of the same size.
-
-    A node receives bundles of the same few sizes round after round (the model, a gradient). A fresh mapping
-    faults every page in on first write, which costs more than the copy into it (tests/bench/bench_transfer.py);
-    a buffer given back here when its last decoded tensor is freed is already faulted in. At most
-    ``max_buffers`` are kept (their memory stays resident; it is what the node held a moment before)."""
-
-    def __init__(self, max_buffers: int = 2) -> None:
-        self.max_buffers = max_buffers
-        self._free: list[tuple[int, mmap.mmap]] = []
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> mmap.mmap | None:
-        with self._lock:
-            for i, (n, m) in enumerate(self._free):
-                if n == size:
-                    del self._free[i]
-                    return m
-        return None
-
-    def give(self, size: int, m: mmap.mmap) -> None:
-        with self._lock:
-            if len(self._free) < self.max_buffers:
-                self._free.append((size, m))
-                return
-            self._free.pop(0)[1].close()
-            self._free.append((size, m))
-
-    def clear(self) -> None:
-        with self._lock:
-            for _, m in self._free:
-                m.close()
-            self._free.clear()
-
-
-_POOL = _BufferPool()
-
-
 def _allocate(size: int) -> np.ndarray:
     """A writable uint8 buffer of ``size`` bytes (a multiple of 64).
 
@@ -469,14 +428,10 @@ def _allocate(size: int) -> np.ndarray:
     if size >= 1 << 63:
         raise OverflowError("larger than any address space")
     if size >= _HUGE_BUFFER_BYTES and _MADV_HUGEPAGE is not None:
-        m = _POOL.take(size)
-        if m is None:
-            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            with contextlib.suppress(OSError):  # a kernel without THP: plain pages, same contents
-                m.madvise(_MADV_HUGEPAGE)
-        arr = np.frombuffer(m, dtype=np.uint8)
-        weakref.finalize(arr, _POOL.give, size, m)  # back to the pool when the last decoded tensor is freed
-        return arr
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        with contextlib.suppress(OSError):  # a kernel without THP: plain pages, same contents
+            m.madvise(_MADV_HUGEPAGE)
+        return np.frombuffer(m, dtype=np.uint8)
     raw = np.empty(size + 64, dtype=np.uint8)  # numpy aligns to 16 bytes; big tensors start at 64
     start = -raw.ctypes.data % 64
     return raw[start:start + size]

@@ -215,24 +215,6 @@ def test_template_holds_no_parameter_memory_and_initial_params_are_fresh():
         assert torch.equal(a[k], b[k]) and a[k].data_ptr() != b[k].data_ptr()
 
 
-# -- decode buffers are reused once free ----------------------------------------------------------------------
-
-def test_a_freed_big_decode_buffer_takes_the_next_bundle_of_its_size_and_a_live_one_never_does():
-    import gc
-
-    from fedhop.common.wire import codec
-
-    x = torch.arange(codec._HUGE_BUFFER_BYTES // 4, dtype=torch.float32)
-    first = codec.decode(*codec.encode_views({"x": x}))
-    ptr = first["x"].data_ptr()
-    live = codec.decode(*codec.encode_views({"x": x + 1}))  # first is alive: a buffer of its own
-    assert live["x"].data_ptr() != ptr and torch.equal(first["x"], x)
-    del first
-    gc.collect()
-    again = codec.decode(*codec.encode_views({"x": x + 2}))
-    assert again["x"].data_ptr() == ptr and torch.equal(again["x"], x + 2) and torch.equal(live["x"], x + 1)
-
-
 def test_scatter_checks_replies_against_the_sizes_the_exchange_refreshed():
     """A networked engine replaces ctx.sizes when its round begins, inside the exchange: replies are checked
     against those, with and without a fold (a late joiner's first reply must not be refused)."""
