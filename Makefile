@@ -37,10 +37,12 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests --ignore=tests/testbed
 
-# Root only. Installs Docker from Debian's packages if missing, starts dockerd, builds the base and fedhop
-# images locally (no registry needed), then runs the compose, swarm and namespace testbeds.
+# Root only. Installs Docker, Compose v1/v2, debootstrap, nftables and Chromium if missing, starts dockerd,
+# builds the base and fedhop images locally (no registry needed), then runs the compose, swarm, namespace and
+# browser tests.
+# Each set-up step prints how long it took; then pytest prints every test's duration.
 test-testbed: $(STAMP)
-	@command -v nft >/dev/null || (apt-get update -q && apt-get install -y -q nftables)
+	$(PY) -m tests.testbed.docker_env
 	$(PY) -m pytest tests/testbed -s --durations=0
 
 bench: $(STAMP)
@@ -52,7 +54,7 @@ bench: $(STAMP)
 FEDHOP_FUZZ_EXAMPLES ?= 5000
 FEDHOP_FUZZ_RUNS ?= 200000
 fuzz: $(STAMP)
-	FEDHOP_FUZZ_EXAMPLES=$(FEDHOP_FUZZ_EXAMPLES) $(PY) -m pytest tests/unit/test_fuzz_wire.py --hypothesis-show-statistics
+	FEDHOP_FUZZ_EXAMPLES=$(FEDHOP_FUZZ_EXAMPLES) $(PY) -m pytest tests/unit/test_fuzz_wire.py tests/unit/test_fuzz_session.py --hypothesis-show-statistics
 	@if $(PY) -c "import atheris" 2>/dev/null; then $(PY) tests/fuzz/atheris_wire.py --seeds build/fuzz-corpus && \
 	  $(PY) tests/fuzz/atheris_wire.py build/fuzz-corpus -runs=$(FEDHOP_FUZZ_RUNS); \
 	else echo "make fuzz: atheris is not installed, so coverage-guided fuzzing was skipped (pip install atheris)"; fi

@@ -1,11 +1,13 @@
 """``fedhop client``: one client process. It needs only its parent's address, its identity and optionally a
-data path; the RunSpec comes from the parent's Welcome."""
+data path; the RunSpec comes from the parent's Welcome. :func:`run_client` is one client id's whole life; a
+client host (``fedhop clients``, ``client/host.py``) runs it once per id, on threads of one process."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,23 +18,31 @@ from fedhop.common.exit_codes import ExitCode
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 
+if TYPE_CHECKING:
+    from fedhop.client.host import HostShare
+
 log = logging.getLogger("fedhop.client")
 
 
 def run_client(node_id: str, parent: str, *, data_path: str | None = None, device: str | None = None,
-               connect_timeout_s: float = 60.0, state_dir: Path | None = None, security: Any = None) -> int:
+               connect_timeout_s: float = 60.0, state_dir: Path | None = None, security: Any = None,
+               host: HostShare | None = None, on_ready: Callable[[str], None] | None = None) -> int:
     """Join the run at ``parent``, serve its tasks until Bye; returns the exit code
     (:class:`~fedhop.common.exit_codes.ExitCode`: 0 only when the run finished). ``state_dir``: where this
     client saves its state after every task (restored when it restarts); without it, in memory.
-    ``security``: a :class:`~fedhop.transport.credentials.Security` for the link to the parent."""
+    ``security``: a :class:`~fedhop.transport.credentials.Security` for the link to the parent. ``host``: the
+    Workspace and task lock this id shares with the other ids of its client host; ``on_ready(node_id)``: this
+    id said Ready (it is in the run)."""
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     store = NodeStore(node_id, state_dir)
     session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s,
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
                            security=security)
+    if host is not None:
+        session.task_lock, session.own_connection = host.task_lock, True
     try:
-        welcome, ws = session.join(device, data_path)
+        welcome, ws = session.join(device, data_path, host.workspace if host is not None else None)
     except JoinError as e:
         log.error("%s", e)
         session.close()
@@ -55,6 +65,8 @@ def run_client(node_id: str, parent: str, *, data_path: str | None = None, devic
     if got.tag is not None:
         log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
     session.send_ready({node_id: n})
+    if on_ready is not None:
+        on_ready(node_id)
     log.info("%s: joined run %s under %s with %d samples on %s", node_id, welcome.run_id, welcome.parent_id, n,
              ws.device)
     code = session.serve(ctx)

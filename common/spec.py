@@ -90,6 +90,12 @@ class TransportSpec(Strict):
     reply_window: int = Field(0, ge=0, description="a scatter that aggregates while replies arrive (FedAvg) "
                               "receives the next reply to fold and at most this many more at once; the others "
                               "wait in their senders (memory: the aggregate + 1 + this many models)")
+    handshake_timeout_s: float = Field(10.0, gt=0, le=600, description="a peer that connects and has not said "
+                                       "Hello (or not finished its TLS handshake) this long after is disconnected")
+    max_open_bundles: int = Field(4, ge=1, description="bundles one peer may have arriving at once (a child's "
+                                  "replies, a neighbour's hand-offs); more are refused before allocating")
+    max_inflight_bytes: int = Field(0, ge=0, description="payload bytes one peer may have arriving at once, summed "
+                                    "over its open bundles (0 = max_bundle_bytes)")
 
     @model_validator(mode="after")
     def _keepalive_fits(self) -> TransportSpec:
@@ -97,6 +103,18 @@ class TransportSpec(Strict):
             raise ValueError(f"transport.keepalive_timeout_s ({self.keepalive_timeout_s:g}) must exceed "
                              f"transport.keepalive_s ({self.keepalive_s:g})")
         return self
+
+    @model_validator(mode="after")
+    def _inflight_fits(self) -> TransportSpec:
+        if self.max_inflight_bytes and self.max_inflight_bytes < self.max_bundle_bytes:
+            raise ValueError(f"transport.max_inflight_bytes ({self.max_inflight_bytes}) must be at least "
+                             f"transport.max_bundle_bytes ({self.max_bundle_bytes}), or a largest bundle could never "
+                             f"arrive")
+        return self
+
+    def inflight_bytes(self) -> int:
+        """The per-peer cap on payload bytes in flight (``max_inflight_bytes``; 0: ``max_bundle_bytes``)."""
+        return self.max_inflight_bytes or self.max_bundle_bytes
 
     def nested_deadline(self, budget_s: float) -> float:
         """What a node given ``budget_s`` by its parent leaves for its own children: the budget less the

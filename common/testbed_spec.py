@@ -70,6 +70,8 @@ class TestbedSpec(_Strict):
     mtu: int = Field(1500, ge=576, le=9000, description="MTU of every veth and of the bridge")
     offloads: bool = Field(False, description="keep segmentation offloads (TSO/GSO) on; off by default so the "
                            "kernel counters see real MTU-sized packets with their headers")
+    tcp_timestamps: bool = Field(True, description="TCP timestamps (RFC 7323) in every namespace, Linux's default; "
+                                 "false saves their 12 bytes per packet (IP+TCP headers 40 instead of 52)")
 
     @field_validator("nodes")
     @classmethod

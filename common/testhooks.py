@@ -3,7 +3,9 @@
 ``FEDHOP_TEST_GATE=DIR``: at a named point (``gate("3")`` on the PS before round 3, ``gate("edge-1-3")`` on a
 child before running a task of round 3), if the test made ``DIR/stop-<name>``, the process writes
 ``DIR/at-<name>`` and waits until the test makes ``DIR/go-<name>``. Without the variable, or without the
-stop file, a gate returns at once. Nothing else in fedhop reads the variable.
+stop file, a gate returns at once. ``released("join-ps")``: whether the test made ``DIR/go-join-ps``, which
+ends a parent's wait for its children to join at once (a test that holds a node back to join late need not
+wait out the join timeout). Nothing else in fedhop reads the variable.
 """
 
 from __future__ import annotations
@@ -20,3 +22,8 @@ def gate(name: str) -> None:
     (Path(folder) / f"at-{name}").touch()
     while not (Path(folder) / f"go-{name}").exists():
         time.sleep(0.05)
+
+
+def released(name: str) -> bool:
+    folder = os.environ.get("FEDHOP_TEST_GATE")
+    return bool(folder) and (Path(folder) / f"go-{name}").exists()

@@ -33,6 +33,7 @@ PS_PORT = 50051
 EDGE_PORT = 50061
 HEALTH_PORT = 50070
 SPEC_TARGET = "/etc/fedhop/spec.toml"
+TLS_TARGET = "/etc/fedhop/tls"
 RUNS_TARGET = "/runs"
 COMPOSE_VERSION = "3.8"  # docker stack deploy on Docker < 23 needs a version; Compose v2 only warns about it
 CONNECT_S = 600  # a child waits this long for its parent (no start order under Swarm; torch imports are slow)
@@ -49,11 +50,18 @@ class ComposeOptions:
     runs: str = "./runs"  # host folder bind-mounted at /runs; FEDHOP_RUNS overrides it at `up` time
     device: str = "cpu"
     health_interval_s: int = 3
+    tls: str | None = None  # a `fedhop certs init` folder (relative to the compose file's folder): mutual TLS
 
 
-def _healthcheck(port: int, interval_s: int) -> dict[str, Any]:
+def _tls_mounts(folder: str, node: str) -> list[str]:
+    """A node sees the CA certificate and its own certificate and key, nothing else of the folder."""
+    return [f"{folder}/{name}:{TLS_TARGET}/{name}:ro" for name in ("ca.crt", f"{node}.crt", f"{node}.key")]
+
+
+def _healthcheck(port: int, interval_s: int, tls_id: str | None = None) -> dict[str, Any]:
+    tls = ["--tls", TLS_TARGET, "--id", tls_id] if tls_id else []  # a TLS server is probed with the node's own cert
     return {
-        "test": ["CMD", "fedhop", "health", f"127.0.0.1:{port}", "--timeout", "3"],
+        "test": ["CMD", "fedhop", "health", f"127.0.0.1:{port}", "--timeout", "3", *tls],
         "interval": f"{interval_s}s",
         "timeout": "10s",
         "retries": 40,
@@ -76,7 +84,16 @@ def host_path(path: str) -> str:
 
 def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """The base and override documents for ``spec`` (see the module docstring)."""
-    opts = replace(opts, spec_path=host_path(opts.spec_path), runs=host_path(opts.runs))
+    opts = replace(opts, spec_path=host_path(opts.spec_path), runs=host_path(opts.runs),
+                   tls=host_path(opts.tls).rstrip("/") if opts.tls else None)
+    sec = ["--tls", TLS_TARGET] if opts.tls else ["--insecure"]
+
+    def tls_of(node: str) -> dict[str, Any]:
+        return {"volumes": _tls_mounts(opts.tls, node)} if opts.tls else {}
+
+    def hc_id(node: str) -> str | None:
+        return node if opts.tls else None
+
     topo = build_topology(spec.topology, spec.seed)
     ps_addr = f"{topo.server}:{PS_PORT}"
     role: dict[str, Any] = {
@@ -88,11 +105,12 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     services: dict[str, Any] = {
         topo.server: {
             **role,
-            "command": ["server", SPEC_TARGET, "--listen", f"0.0.0.0:{PS_PORT}", "--insecure",
+            "command": ["server", SPEC_TARGET, "--listen", f"0.0.0.0:{PS_PORT}", *sec,
                         "--device", opts.device,
                         "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}"],
-            "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
-            "healthcheck": _healthcheck(PS_PORT, opts.health_interval_s),
+            "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}",
+                        *tls_of(topo.server).get("volumes", [])],
+            "healthcheck": _healthcheck(PS_PORT, opts.health_interval_s, hc_id(topo.server)),
             "deploy": _placement("ps"),
         }
     }
@@ -101,8 +119,9 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
         services[e] = {
             **role,
             "command": ["edge", "--id", e, "--connect", ps_addr, "--listen", f"0.0.0.0:{EDGE_PORT}",
-                        "--insecure", "--advertise", f"{e}:{EDGE_PORT}", "--device", opts.device, *linger],
-            "healthcheck": _healthcheck(EDGE_PORT, opts.health_interval_s),
+                        *sec, "--advertise", f"{e}:{EDGE_PORT}", "--device", opts.device, *linger],
+            **tls_of(e),
+            "healthcheck": _healthcheck(EDGE_PORT, opts.health_interval_s, hc_id(e)),
             "deploy": _placement("edges"),
         }
     for c in topo.clients:
@@ -111,7 +130,8 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
         services[c] = {
             **role,
             "command": ["client", "--id", c, "--connect", parent_addr, "--device", opts.device,
-                        "--health", f"0.0.0.0:{HEALTH_PORT}", *linger],
+                        "--health", f"0.0.0.0:{HEALTH_PORT}", *([] if not opts.tls else sec), *linger],
+            **tls_of(c),  # its health-only port stays plaintext (it tells only whether the client is up)
             "healthcheck": {**_healthcheck(HEALTH_PORT, opts.health_interval_s), "interval": "30s"},
             "deploy": _placement("clients"),
         }
@@ -130,7 +150,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
         "image": opts.gpu_image,
         "build": {"context": ".", "dockerfile": "deploy/Dockerfile",
                   "args": {"TORCH_SPEC": "torch", "TORCH_INDEX_URL": ""}},
-        "command": ["launch", SPEC_TARGET, "--device", "auto", "--quiet",
+        "command": ["launch", SPEC_TARGET, "--device", "auto", "--quiet", *(["--tls", "auto"] if opts.tls else []),
                     "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}-gpu"],
         "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}"],
         "deploy": {"resources": {"reservations": {"devices": [

@@ -55,13 +55,24 @@ def addresses(network: str) -> dict[str, str]:
     ids = list((info.get("Containers") or {}).items())
     if not ids:
         return out
-    names = {c["Id"]: c["Config"]["Labels"].get("com.docker.compose.service", c["Name"].lstrip("/"))
-             for c in _docker_json("inspect", *[i for i, _ in ids])}
+    # a Swarm overlay network also lists its load balancer endpoint ("lb-<network>"), which is no container
+    names = {c["Id"]: service_of(c) for c in _docker_json("inspect", *[i for i, _ in ids if not i.startswith("lb-")])}
     for cid, c in ids:
         ip = c.get("IPv4Address", "").split("/")[0]
         if ip and cid in names:
             out[ip] = names[cid]
     return out
+
+
+def service_of(container: dict) -> str:
+    """The node id a container runs: its Compose service, or its Swarm service without the stack prefix."""
+    labels = container["Config"]["Labels"] or {}
+    if "com.docker.compose.service" in labels:
+        return labels["com.docker.compose.service"]
+    swarm, stack = labels.get("com.docker.swarm.service.name"), labels.get("com.docker.stack.namespace")
+    if swarm and stack and swarm.startswith(f"{stack}_"):
+        return swarm[len(stack) + 1:]
+    return container["Name"].lstrip("/")
 
 
 class AddressBook:

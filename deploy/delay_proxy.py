@@ -18,7 +18,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
+import socket
 import sys
 
 CHUNK = 64 << 10
@@ -68,9 +70,15 @@ async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
             w.close()
 
 
-async def serve(listen: tuple[str, int], target: tuple[str, int], delays: dict[str, float]) -> None:
-    server = await asyncio.start_server(lambda r, w: _handle(r, w, target, delays), *listen)
-    log.info("delay proxy %s:%d -> %s:%d, delays %s", *listen, *target, delays)
+async def serve(listen: tuple[str, int] | socket.socket, target: tuple[str, int], delays: dict[str, float]) -> None:
+    """Forward connections accepted on ``listen`` (an address, or a listening socket, which may belong to
+    another network namespace than this process) to ``target``."""
+    handle = functools.partial(_handle, target=target, delays=delays)
+    if isinstance(listen, socket.socket):
+        server = await asyncio.start_server(handle, sock=listen)
+    else:
+        server = await asyncio.start_server(handle, *listen)
+    log.info("delay proxy %s -> %s:%d, delays %s", server.sockets[0].getsockname(), *target, delays)
     async with server:
         await server.serve_forever()
 
@@ -95,13 +103,17 @@ def _delay(s: str) -> tuple[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedhop.deploy.delay_proxy", description=__doc__.split("\n")[0])
-    p.add_argument("--listen", type=_hostport, required=True, help="HOST:PORT to accept connections on")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--listen", type=_hostport, help="HOST:PORT to accept connections on")
+    where.add_argument("--listen-fd", type=int, metavar="FD",
+                       help="accept on this inherited listening socket (e.g. one made in another network namespace)")
     p.add_argument("--target", type=_hostport, required=True, help="HOST:PORT to forward them to")
     p.add_argument("--delay", type=_delay, action="append", default=[], help="PEER_ADDRESS=MS (repeatable)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(a.listen, a.target, dict(a.delay)))
+        listen = socket.socket(fileno=a.listen_fd) if a.listen_fd is not None else a.listen
+        asyncio.run(serve(listen, a.target, dict(a.delay)))
     return 0
 
 

@@ -77,6 +77,7 @@ class Network:
     nodes: dict[str, NodeNet]
     mtu: int = 1500
     offloads: bool = False
+    tcp_timestamps: bool = True
     created: list[str] = field(default_factory=list)  # namespaces, in creation order
 
     @property
@@ -102,6 +103,8 @@ class Network:
         # IPv4 only: no IPv6 neighbour discovery or MLD chatter in the counters
         for key in ("all", "default"):
             run_cmd(in_ns(name, ["sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"]))
+        if not self.tcp_timestamps:  # a per-namespace setting
+            run_cmd(in_ns(name, ["sysctl", "-qw", "net.ipv4.tcp_timestamps=0"]))
 
     def create(self) -> None:
         """Bridge namespace, then one namespace + veth pair per node; on failure the caller destroys."""
@@ -212,7 +215,7 @@ def _alive(pid: int) -> bool:
 
 
 def plan_network(nodes: list[tuple[str, str]], subnet: str, *, mtu: int = 1500, offloads: bool = False,
-                 tag: str | None = None) -> Network:
+                 tcp_timestamps: bool = True, tag: str | None = None) -> Network:
     """Addresses and names for ``nodes`` ((node id, role), the PS first) on ``subnet``."""
     net = ipaddress.IPv4Network(subnet)
     hosts = net.hosts()
@@ -224,4 +227,4 @@ def plan_network(nodes: list[tuple[str, str]], subnet: str, *, mtu: int = 1500, 
         except StopIteration:
             raise TestbedError(f"testbed.subnet {subnet} has too few addresses for {len(nodes)} nodes") from None
         out[node] = NodeNet(node=node, role=role, ns=f"{tag}-{node}", address=str(addr), bridge_port=f"v{i}")
-    return Network(tag=tag, subnet=net, nodes=out, mtu=mtu, offloads=offloads)
+    return Network(tag=tag, subnet=net, nodes=out, mtu=mtu, offloads=offloads, tcp_timestamps=tcp_timestamps)

@@ -31,14 +31,15 @@ from typing import Any
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class, link_delay, link_rate
-from fedhop.deploy import kernel_bytes, shaping
-from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network
+from fedhop.deploy import kernel_bytes, shaping, testbed_http, testbed_tls
+from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
 
 log = logging.getLogger("fedhop.testbed")
 
 PS_PORT = 50051
 EDGE_PORT = 50061
 STOP_GRACE_S = 30.0
+STARTUP_S = 300.0  # a role behind a delay proxy must listen within this (torch imports are slow on busy hosts)
 POLL_S = 0.02
 
 
@@ -141,7 +142,8 @@ class Testbed:
     __test__ = False
 
     def __init__(self, spec_path: Path, out: Path, *, device: str | None = None, timeout_s: float | None = None,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, tls: str | None = None, http: str | None = None,
+                 http_token: str | None = None) -> None:
         self.spec_path = spec_path
         self.spec = RunSpec.load(spec_path)  # SpecError names the field
         self.tb = self.spec.testbed or TestbedSpec()
@@ -156,20 +158,45 @@ class Testbed:
         self.timeout_s = timeout_s
         self.quiet = quiet
         nodes = [(n, self.topo.role(n)) for n in self.topo.all_nodes()]
-        self.net: Network = plan_network(nodes, self.tb.subnet, mtu=self.tb.mtu, offloads=self.tb.offloads)
+        self.net: Network = plan_network(nodes, self.tb.subnet, mtu=self.tb.mtu, offloads=self.tb.offloads,
+                                         tcp_timestamps=self.tb.tcp_timestamps)
+        self.tls = tls
+        if tls is not None and tls != testbed_tls.AUTO:
+            testbed_tls.check_folder(Path(tls), self.net, spec_path)
+        self.tls_dir: Path | None = None
         self.counters = kernel_bytes.WireCounters(self.net, peers_of(self.links))
         self.procs: dict[str, subprocess.Popen] = {}
         self._logs: list[Any] = []
         self._tearing_down = False
+        # last: binds the host's port (a taken one fails here, before anything is created)
+        self.http = testbed_http.bind(http, http_token) if http else None
 
     # -- processes ------------------------------------------------------------------------------------------
-    def _start(self, name: str, ns: str, cmd: list[str]) -> None:
+    def _start(self, name: str, ns: str, cmd: list[str], env: dict[str, str] | None = None,
+               pass_fds: tuple[int, ...] = ()) -> None:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         f = (self.out / "logs" / f"{name}.log").open("wb")
         self._logs.append(f)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.procs[name] = subprocess.Popen(in_ns(ns, cmd), stdin=subprocess.DEVNULL, stdout=f,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                            pass_fds=pass_fds)
+
+    def _security(self) -> list[str]:
+        """Every role's link options: mutual TLS with --tls, else plaintext (the testbed's addresses are not
+        loopback, so roles must be told --insecure)."""
+        return ["--tls", str(self.tls_dir)] if self.tls_dir else ["--insecure"]
+
+    def _web(self) -> tuple[list[str], dict[str, str]]:
+        """The PS's --http options (and token, through its environment), and the forwarder from the host."""
+        if self.http is None:
+            return [], {}
+        ps = self.net.nodes[self.topo.server]
+        inner = self.http.inner_address(ps.address)
+        fd = self.http.sock.fileno()
+        self._start("http-forward", ps.ns, [sys.executable, "-m", "fedhop.deploy.delay_proxy", "--listen-fd",
+                                            str(fd), "--target", inner], pass_fds=(fd,))
+        return ["--http", inner], ({"FEDHOP_HTTP_TOKEN": self.http.token} if self.http.token else {})
 
     def _delays_into(self, node: str) -> dict[str, float]:
         """Peer address -> one-way delay (ms) of the links into ``node``'s server."""
@@ -192,21 +219,43 @@ class Testbed:
         self._start(f"proxy-{node}", self.net.nodes[node].ns, args)
         return listen, public
 
+    def _await_listening(self, node: str, listen: str) -> None:
+        """Behind a delay proxy, wait until ``node``'s server listens on ``listen`` before its children start:
+        the proxy accepts at once, so a child that dials earlier would see its connection closed (with TLS:
+        a failed handshake) instead of a refused one that it retries."""
+        if not listen.startswith("127.0.0.1:"):
+            return
+        end = time.monotonic() + STARTUP_S  # (the proxy listens on the same port, on the public address)
+        while not run_cmd(in_ns(self.net.nodes[node].ns, ["ss", "-Hltn", "src", listen]), check=False).strip():
+            if self.procs[node].poll() is not None:
+                return  # it died: _wait reports its exit code
+            if time.monotonic() > end:
+                raise TestbedError(f"{node} did not listen on {listen} within {STARTUP_S:g}s")
+            time.sleep(0.05)
+
     def start_roles(self) -> None:
         py = [sys.executable, "-m", "fedhop"]
         dev = ["--device", self.device] if self.device else []
         topo = self.topo
+        sec = self._security()
         listen, ps_public = self._serve_addr(topo.server, PS_PORT)
+        web, web_env = self._web()
         self._start("ps", self.net.nodes[topo.server].ns,
-                    [*py, "server", str(self.spec_path), "--listen", listen, "--insecure", "--out", str(self.out),
-                     "--force", *dev])
+                    [*py, "server", str(self.spec_path), "--listen", listen, *sec, "--out", str(self.out),
+                     "--force", *web, *dev], env=web_env)
+        self._await_listening(topo.server, listen)
         public = {topo.server: ps_public}
+        edge_listen: dict[str, str] = {}
         for e in topo.edges:
             listen, public[e] = self._serve_addr(e, EDGE_PORT)
             self._start(e, self.net.nodes[e].ns, [*py, "edge", "--id", e, "--connect", ps_public, "--listen", listen,
-                                                  "--insecure", "--advertise", public[e], *dev])
+                                                  *sec, "--advertise", public[e], *dev])
+            edge_listen[e] = listen
+        for n, listen in edge_listen.items():
+            self._await_listening(n, listen)
         for c in topo.clients:
-            self._start(c, self.net.nodes[c].ns, [*py, "client", "--id", c, "--connect", public[topo.parent[c]], *dev])
+            self._start(c, self.net.nodes[c].ns, [*py, "client", "--id", c, "--connect", public[topo.parent[c]],
+                                                  *sec, *dev])
 
     def stop_roles(self) -> None:
         for p in self.procs.values():
@@ -236,6 +285,8 @@ class Testbed:
             "nodes": {n: asdict(nn) for n, nn in self.net.nodes.items()},
             "links": [asdict(lk) for lk in self.links],
             "wire_counters": self.counters.backend,
+            "tls": str(self.tls_dir) if self.tls_dir else None,
+            "http": self.http.url if self.http else None,
             "pids": {n: p.pid for n, p in self.procs.items()},
         }
         (self.out / "testbed.json").write_text(json.dumps(plan, indent=1))
@@ -250,7 +301,7 @@ class Testbed:
             time.sleep(POLL_S)
         clock.poll()
         rc = ps.returncode
-        children = [p for n, p in self.procs.items() if n != "ps" and not n.startswith("proxy-")]
+        children = [p for n, p in self.procs.items() if n != "ps" and not n.startswith(("proxy-", "http-"))]
         stop = time.monotonic() + (STOP_GRACE_S if rc == 0 else 0.0)  # a failed PS: no Bye is coming
         for p in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -262,6 +313,10 @@ class Testbed:
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         notes: list[str] = []
         try:
+            if self.tls == testbed_tls.AUTO:
+                self.tls_dir = testbed_tls.auto_folder(self.out, self.net)
+            elif self.tls is not None:
+                self.tls_dir = Path(self.tls).resolve()
             self.net.create()
             shapes = [shaping.LinkShape(lk.a, lk.b, lk.mbit) for lk in self.links if lk.mbit is not None]
             shaping.apply_shaping(self.net, shapes)
@@ -270,8 +325,11 @@ class Testbed:
             self._write_plan()
             if not self.quiet:
                 print(f"fedhop testbed: {len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
-                      f"{len(shapes)} shaped links, wire counters: {self.counters.backend}; logs in "
-                      f"{self.out / 'logs'}", file=sys.stderr)
+                      f"{len(shapes)} shaped links, wire counters: {self.counters.backend}, links: "
+                      f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}",
+                      file=sys.stderr)
+                if self.http:
+                    print(f"fedhop testbed: live page: {self.http.url}", file=sys.stderr, flush=True)
             clock = RoundClock(self.out / "rounds.jsonl")
             rc = self._wait(clock)
             rounds = clock.rows()
@@ -298,6 +356,8 @@ class Testbed:
             self._tearing_down = True
             try:
                 self.stop_roles()
+                if self.http:
+                    self.http.close()
             finally:
                 left = self.net.destroy()
                 for s, h in saved.items():
@@ -313,7 +373,8 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], header: list[str]) -> Non
         w.writerows(rows)
 
 
-def cmd_up(spec: str, out: str | None, device: str | None, timeout_s: float | None, quiet: bool) -> int:
+def cmd_up(spec: str, out: str | None, device: str | None, timeout_s: float | None, quiet: bool,
+           tls: str | None = None, http: str | None = None, http_token: str | None = None) -> int:
     """``fedhop testbed up``: exit code 0 on a finished run, the PS's code when it failed, 2 for a bad spec or
     host, 3 when the testbed could not be built, 130 on SIGINT/SIGTERM."""
     from fedhop.cli import default_out
@@ -326,7 +387,7 @@ def cmd_up(spec: str, out: str | None, device: str | None, timeout_s: float | No
     path = Path(spec)
     try:
         bed = Testbed(path, Path(out) if out else default_out(RunSpec.load(path).name, "testbed"), device=device,
-                      timeout_s=timeout_s, quiet=quiet)
+                      timeout_s=timeout_s, quiet=quiet, tls=tls, http=http, http_token=http_token)
     except TestbedError as e:
         print(f"fedhop testbed: {e}", file=sys.stderr)
         return 2

@@ -59,13 +59,16 @@ class PairBytes:
 class PairCounters:
     """Per address-pair byte counters on bridged IPv4 traffic within ``subnet`` (nftables, host namespace)."""
 
-    def __init__(self, table: str, subnet: str) -> None:
+    def __init__(self, table: str, subnet: str, netns: Path | None = None) -> None:
+        """``netns``: a network namespace file (e.g. a Swarm overlay network's, under /var/run/docker/netns)
+        whose bridge to count on, instead of the host's."""
         if not _NAME.match(table):
             raise ValueError(f"nftables table name must be letters, digits and _ (got {table!r})")
         if not re.match(r"^\d{1,3}(\.\d{1,3}){3}/\d{1,2}$", subnet):
             raise ValueError(f"subnet must be an IPv4 CIDR such as 172.20.0.0/16 (got {subnet!r})")
         self.table = table
         self.subnet = subnet
+        self.netns = netns
 
     def install(self) -> None:
         ruleset = f"""
@@ -83,11 +86,11 @@ table bridge {self.table} {{
 }}
 """
         self.remove()
-        _nft(["-f", "-"], ruleset)
+        _nft(["-f", "-"], ruleset, self.netns)
 
     def read(self) -> dict[tuple[str, str], PairBytes]:
         """Bytes and packets per (source, destination) address seen so far."""
-        doc = json.loads(_nft(["-j", "list", "set", "bridge", self.table, "pairs"]))
+        doc = json.loads(_nft(["-j", "list", "set", "bridge", self.table, "pairs"], netns=self.netns))
         out: dict[tuple[str, str], PairBytes] = {}
         for item in doc.get("nftables", []):
             for elem in item.get("set", {}).get("elem", []):
@@ -98,7 +101,8 @@ table bridge {self.table} {{
         return out
 
     def remove(self) -> None:
-        subprocess.run(["nft", "delete", "table", "bridge", self.table], capture_output=True, check=False)
+        subprocess.run([*_in(self.netns), "nft", "delete", "table", "bridge", self.table], capture_output=True,
+                       check=False)
 
     def __enter__(self) -> PairCounters:
         self.install()
@@ -118,9 +122,13 @@ def by_node(pairs: Mapping[tuple[str, str], PairBytes], node_of: Mapping[str, st
     return out
 
 
-def _nft(args: list[str], stdin: str | None = None) -> str:
+def _in(netns: Path | None) -> list[str]:
+    return ["nsenter", f"--net={netns}"] if netns else []
+
+
+def _nft(args: list[str], stdin: str | None = None, netns: Path | None = None) -> str:
     try:
-        proc = subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True, check=False)
+        proc = subprocess.run([*_in(netns), "nft", *args], input=stdin, capture_output=True, text=True, check=False)
     except FileNotFoundError as e:
         raise RuntimeError("nft not found: wire counters need nftables (apt-get install nftables) and root") from e
     if proc.returncode != 0:

@@ -165,6 +165,7 @@ def print_summary(result, out: Path, total_s: float | None = None, details: bool
 def cmd_reproduce(a: argparse.Namespace) -> int:
     from fedhop.common.engine import results
     from fedhop.reproduce import load_all, run_experiment
+    from fedhop.reproduce.runner import RunOptions
 
     names = sorted(load_all()) if a.name == "all" else [a.name]
     failed = []
@@ -173,14 +174,19 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
         hook = ReproduceProgress(name, a.quiet)
         results.round_observers.append(hook)
         try:
-            outcome = run_experiment(name, out, a.quick, dataset=a.dataset, path=a.data_path)
+            outcome = run_experiment(name, out, a.quick, dataset=a.dataset, path=a.data_path,
+                                     options=RunOptions(network=a.network, only=tuple(a.only)))
         finally:
             results.round_observers.remove(hook)
             hook.close()
-        status = "ok" if outcome.ok else "CLAIM NOT MET"
+        status = ("CLAIM NOT MET" if not outcome.ok else "ok" if outcome.checks
+                  else "no claim checked (--only left out the runs they need)")
         print(f"\n== {name}{' (quick)' if a.quick else ''}: {status}; results in {out}\n{outcome.table_md}")
         for claim, held in outcome.checks.items():
             print(f"  [{'x' if held else ' '}] {claim}")
+        for note in outcome.notes:
+            if note.startswith("--only"):
+                print(f"  {note}")
         if not outcome.ok:
             failed.append(name)
     return 1 if failed else 0
@@ -198,7 +204,12 @@ class ReproduceProgress:
         self.bar = tqdm(total=None, desc=name, unit="round", file=sys.stderr, disable=quiet)
 
     def __call__(self, event: str, payload: dict[str, Any]) -> None:
-        if event == "start":
+        if event == "joining":  # --network: the run's processes are starting (before "start")
+            self.bar.reset(total=payload["clients"])
+            self.bar.n = payload["ready"]
+            self.bar.set_description(f"{self.name}: run {self.runs + 1} ({payload['name']}): clients ready")
+            self.bar.refresh()
+        elif event == "start":
             self.runs += 1
             self.bar.reset(total=payload["rounds"])
             self.bar.set_description(f"{self.name}: run {self.runs} ({payload['name']})")
@@ -235,7 +246,8 @@ def cmd_spec(a: argparse.Namespace) -> int:
 def cmd_testbed_up(a: argparse.Namespace) -> int:
     from fedhop.deploy.testbed import cmd_up
 
-    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet)
+    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet, tls=a.tls,
+                  http=None if a.http == "off" else a.http, http_token=a.http_token)
 
 
 def cmd_testbed_clean(a: argparse.Namespace) -> int:
@@ -248,7 +260,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from fedhop.compare import compare
 
     out = Path(a.out) if a.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-compare"
-    table = compare([Path(r) for r in a.runs], out, a.target_accuracy)
+    from fedhop.compare import Metric
+
+    metric = Metric(a.metric, a.goal or "", a.log_y)
+    table = compare([Path(r) for r in a.runs], out, a.target_accuracy, metric)
     print(table)
     print(f"\nfigure, table.md and table.csv in {out}")
     return 0
@@ -287,15 +302,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dataset", help="fedchs-digits only: run on mnist / fashion-mnist / cifar10 / cifar100 files")
     s.add_argument("--data-path", help="fedchs-digits only: the folder holding those files")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--network", action="store_true",
+                   help="run every run over real processes (PS, edges and clients on loopback, as `fedhop launch` "
+                   "does) instead of the in-process engine; the results are the same")
+    s.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
+                   help="run only the runs whose key (its run folder's name under runs/) contains SUBSTRING "
+                   "(repeatable); the claims that need a run left out are not checked")
     s.set_defaults(fn=cmd_reproduce)
 
     s = sub.add_parser("compare", help="compare run folders: one figure and a table (accuracy, bytes, time)",
                        formatter_class=HelpFormatter)
     s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders written by launch, simulate or server")
     s.add_argument("--out", help="folder for compare.png, table.md and table.csv (default: runs/<time>-compare)")
-    s.add_argument("--target-accuracy", type=float, default=None,
-                   help="the accuracy whose first reach is timed and costed (default: the lowest final "
-                   "accuracy among the runs, so every run reaches it)")
+    s.add_argument("--target-accuracy", "--target", type=float, default=None,
+                   help="the accuracy (or --metric value) whose first reach is timed and costed (default: the "
+                   "worst final value among the runs, so every run reaches it)")
+    s.add_argument("--metric", default="accuracy",
+                   help="the per-round metric compared: accuracy, loss, or one the runs report (e.g. rel_err)")
+    s.add_argument("--goal", choices=("max", "min"),
+                   help="reached at or above the target (max) or at or below it (min); default: max for "
+                   "accuracy, min for any other metric")
+    s.add_argument("--log-y", action="store_true", help="draw the metric on a log scale")
     s.set_defaults(fn=cmd_compare)
 
     s = sub.add_parser("algorithms", help="list the algorithms", formatter_class=HelpFormatter)
@@ -318,6 +345,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", help="override the spec's device for every process")
     t.add_argument("--timeout", type=float, help="stop everything if the run has not finished after this many s")
     t.add_argument("--quiet", action="store_true", help="no start-up line")
+    t.add_argument("--tls", metavar="DIR", help="mutual TLS on every link: `auto` makes a CA and certificates naming "
+                   "the testbed's addresses under RUN/tls; or a folder from `fedhop certs init` whose PS and edge "
+                   "certificates name them (checked first; the error gives the certs init command)")
+    from fedhop.server.web.cli import add_http_args
+
+    add_http_args(t)  # served by the PS inside its namespace, forwarded from HOST:PORT here
     t.set_defaults(fn=cmd_testbed_up)
     t = tb.add_parser("clean", help="remove namespaces left by testbeds whose owner died")
     t.set_defaults(fn=cmd_testbed_clean)

@@ -13,7 +13,20 @@ def cmd_health(a: argparse.Namespace) -> int:
     if a.timeout <= 0:
         print(f"fedhop health: --timeout must be positive, got {a.timeout:g}", file=sys.stderr)
         return 2
-    result = probe(a.address, a.timeout, a.service)
+    security = None
+    if a.tls or a.token:
+        from fedhop.transport.credentials import CredentialsError, Security
+
+        if not a.id:
+            print("fedhop health: --tls/--token need --id NODE: the node whose certificate or token the probe "
+                  "presents (e.g. the probed node's own id)", file=sys.stderr)
+            return 2
+        try:
+            security = Security.load(a.id, a.tls, a.token)
+        except CredentialsError as e:
+            print(f"fedhop health: {e}", file=sys.stderr)
+            return 2
+    result = probe(a.address, a.timeout, a.service, security)
     print(f"{result.outcome.name}: {result.detail}", file=sys.stdout if result.outcome == 0 else sys.stderr)
     return int(result.outcome)
 
@@ -23,7 +36,22 @@ def cmd_compose(a: argparse.Namespace) -> int:
     from fedhop.deploy.compose import OVERRIDE_HEADER, ComposeOptions, compose_files, dump, write_compose
 
     spec = load_spec(a.spec)
-    kw = dict(image=a.image, gpu_image=a.gpu_image, runs=a.runs, device=a.device)
+    if a.tls:
+        from fedhop.common.engine.topology import build_topology
+        from fedhop.deploy.certs import CA_CERT, node_files
+
+        # the folder as the compose file will see it: relative to --out-dir (or here, for stdout)
+        folder = Path(a.out_dir or ".") / a.tls
+        nodes = build_topology(spec.topology, spec.seed).all_nodes()
+        missing = [str(p) for p in [folder / CA_CERT, *(f for n in nodes for f in (node_files(folder, n).cert,
+                                                                                    node_files(folder, n).key))]
+                   if not p.is_file()]
+        if missing:
+            print(f"fedhop compose: --tls {a.tls}: missing {', '.join(missing[:4])}"
+                  f"{' ...' if len(missing) > 4 else ''} (make them with `fedhop certs init {a.spec} --out "
+                  f"{folder}`; service names are node ids, which every certificate names)", file=sys.stderr)
+            return 2
+    kw = dict(image=a.image, gpu_image=a.gpu_image, runs=a.runs, device=a.device, tls=a.tls)
     if a.out_dir:
         base, override = write_compose(spec, a.spec_path or a.spec, Path(a.out_dir), **kw)
         print(f"wrote {base} and {override}", file=sys.stderr)
@@ -72,6 +100,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("address", help="HOST:PORT of a PS, an edge, or a client started with --health")
     s.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for an answer (default 3)")
     s.add_argument("--service", default="", help="service name to ask about (default: the server as a whole)")
+    s.add_argument("--tls", metavar="DIR", help="the node serves TLS: a folder from `fedhop certs init` (mutual TLS: "
+                                               "the probe presents --id's certificate)")
+    s.add_argument("--token", metavar="FILE", help="token mode: the probe sends --id's token from FILE (with --tls "
+                                                   "DIR for the CA)")
+    s.add_argument("--id", metavar="NODE", help="with --tls/--token: the node whose certificate or token the probe "
+                                                "presents (e.g. the probed node's own id)")
     s.set_defaults(fn=cmd_health)
 
     s = sub.add_parser("compose", help="write a Docker Compose file for a spec, one service per node "
@@ -87,6 +121,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--runs", default="./runs", help="host folder for run folders (default ./runs; "
                                                    "FEDHOP_RUNS overrides it when the file is used)")
     s.add_argument("--device", default="cpu", help="--device of every role (default cpu)")
+    s.add_argument("--tls", metavar="DIR", help="mutual TLS on every link: a `fedhop certs init SPEC` folder, "
+                   "relative to the compose file's folder; each container mounts ca.crt and its own certificate "
+                   "and key (default: plaintext with --insecure)")
     s.set_defaults(fn=cmd_compose)
 
     s = sub.add_parser("compose-run", help="docker compose up --exit-code-from ps with wire bytes per link from "

@@ -1,8 +1,10 @@
-"""``fedhop launch``: a whole federation on this machine, one OS process per edge and per client.
+"""``fedhop launch``: a whole federation on this machine, one OS process per edge and one per group of clients.
 
-The launcher process is the PS itself (it runs :func:`fedhop.server.main.run_server`); every edge and client
-is a child process (``python -m fedhop edge|client ...``) on a free loopback port, with its stderr in
-``<run folder>/logs/<node>.log``. Ctrl-C or any error kills every child.
+The launcher process is the PS itself (it runs :func:`fedhop.server.main.run_server`); every edge is a child
+process (``python -m fedhop edge ...``) on a free loopback port, and the clients of each parent are served by
+client hosts (``python -m fedhop clients --ids ...``) of at most ``clients_per_process`` ids each (1: one
+``fedhop client`` process per client), with each process's stderr in ``<run folder>/logs/<name>.log`` (a host's
+name is its id list, e.g. ``client-0..client-63``). Ctrl-C or any error kills every child.
 """
 
 from __future__ import annotations
@@ -17,11 +19,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from fedhop.client_ids import AUTO, format_ids, resolve_per_process
 from fedhop.common.engine.results import RunResult
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
 
 log = logging.getLogger("fedhop.launch")
+
+
+def client_groups(topo: Topology, per_process: int) -> list[tuple[str, list[str]]]:
+    """(parent, ids) of every client process: each parent's clients in canonical order, split into
+    ``ceil(n / per_process)`` contiguous groups of nearly equal size."""
+    if per_process < 1:
+        raise ValueError(f"clients per process must be >= 1, got {per_process}")
+    out: list[tuple[str, list[str]]] = []
+    for p in (topo.server, *topo.edges):
+        mine = [c for c in topo.clients if topo.parent[c] == p]
+        n_groups = -(-len(mine) // per_process)
+        for g in range(n_groups):
+            out.append((p, mine[g * len(mine) // n_groups:(g + 1) * len(mine) // n_groups]))
+    return out
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -43,7 +60,9 @@ def pick_devices(choice: str, n: int) -> list[str]:
 
 def role_cmd(role: str, node: str, connect: str, *, listen: str | None = None, device: str | None = None,
              data_path: str | None = None, state_dir: Path | None = None, extra: Sequence[str] = ()) -> list[str]:
-    cmd = [sys.executable, "-m", "fedhop", role, "--id", node, "--connect", connect, *extra]
+    """The command line of one child process; ``role`` "clients" (a client host) takes an id list as ``node``."""
+    cmd = [sys.executable, "-m", "fedhop", role, "--ids" if role == "clients" else "--id", node, "--connect", connect,
+           *extra]
     if state_dir is not None:
         cmd += ["--state-dir", str(state_dir)]
     if listen:
@@ -75,18 +94,24 @@ class Processes:
 
     def start_nodes(self, topo: Topology, ps_addr: str, devices: dict[str, str] | None = None,
                     data_path: str | None = None, state_dir: Path | None = None,
-                    extra: Sequence[str] = ()) -> dict[str, str]:
+                    extra: Sequence[str] = (), clients_per_process: int = 1) -> dict[str, str]:
         """Every edge and client of ``topo`` (each saving its state under ``state_dir``, if given; ``extra``:
-        options for every child, e.g. ``--tls DIR``); returns the edges' addresses."""
+        options for every child, e.g. ``--tls DIR``), clients in hosts of up to ``clients_per_process`` ids
+        (:func:`client_groups`); returns the edges' addresses."""
         devices = devices or {}
         addr = {topo.server: ps_addr}
         for e in topo.edges:
             addr[e] = f"127.0.0.1:{free_port()}"
             self.start(e, role_cmd("edge", e, ps_addr, listen=addr[e], device=devices.get(e), state_dir=state_dir,
                                    extra=extra))
-        for c in topo.clients:
-            self.start(c, role_cmd("client", c, addr[topo.parent[c]], device=devices.get(c), data_path=data_path,
-                                   state_dir=state_dir, extra=extra))
+        for parent, ids in client_groups(topo, clients_per_process):
+            if len(ids) == 1:
+                self.start(ids[0], role_cmd("client", ids[0], addr[parent], device=devices.get(ids[0]),
+                                            data_path=data_path, state_dir=state_dir, extra=extra))
+                continue
+            name = format_ids(ids)
+            self.start(name, role_cmd("clients", name, addr[parent], device=devices.get(ids[0]),
+                                      data_path=data_path, state_dir=state_dir, extra=extra))
         return {e: addr[e] for e in topo.edges}
 
     def wait(self, timeout_s: float) -> dict[str, int | None]:
@@ -134,13 +159,18 @@ class Processes:
 def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
            on_round: Callable[[dict[str, Any]], None] | None = None,
            on_join: Callable[[str, dict[str, int]], None] | None = None, resume: Any = None,
-           events: Any = None, security: Any = None, child_args: Sequence[str] = ()) -> RunResult:
-    """Run ``spec`` with the PS in this process and every edge and client in its own process.
+           events: Any = None, security: Any = None, child_args: Sequence[str] = (),
+           ps_workspace: Callable[[Any], None] | None = None,
+           clients_per_process: int | str = AUTO) -> RunResult:
+    """Run ``spec`` with the PS in this process, every edge in its own process and the clients in client hosts
+    of up to ``clients_per_process`` ids (1: a ``fedhop client`` process per client; ``auto``: see
+    :func:`~fedhop.client_ids.resolve_per_process`).
 
     Every child saves its state after each task under ``out/state/<node>`` (the PS checkpoints into
     ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
     run with every node restored. ``on_join(child, data sizes)``: a child of the PS said Ready. ``security``:
-    the PS's links (transport.credentials.Security); ``child_args``: the same for every child (``--tls DIR``)."""
+    the PS's links (transport.credentials.Security); ``child_args``: the same for every child (``--tls DIR``).
+    ``ps_workspace(ws)``: applied to the PS's Workspace before round 1 (see run_server)."""
     from fedhop.server.main import run_server
 
     topo = build_topology(spec.topology, spec.seed)
@@ -158,12 +188,13 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
     root.propagate = False  # the PS's log goes to logs/ps.log; the terminal shows the progress bar
 
     def spawn(port: int) -> None:
-        procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path, out / "state", child_args)
+        procs.start_nodes(topo, f"127.0.0.1:{port}", devices, data_path, out / "state", child_args,
+                          resolve_per_process(clients_per_process, len(topo.clients)))
 
     try:
         result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
                             on_listening=spawn, startup_failure=procs.startup_failure, on_join=on_join,
-                            resume=resume, events=events, security=security)
+                            resume=resume, events=events, security=security, ps_workspace=ps_workspace)
         codes = procs.wait(30)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:

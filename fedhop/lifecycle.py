@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 log = logging.getLogger("fedhop.lifecycle")
 
@@ -49,13 +50,14 @@ def exit_zero_on_sigterm_once_written(out: Path) -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
-def linger(node: str, rc: int, until: str | None, timeout_s: float) -> int:
-    """After a clean end (``rc == 0``) wait until ``until``'s health service stops serving; returns ``rc``."""
+def linger(node: str, rc: int, until: str | None, timeout_s: float, security: Any = None) -> int:
+    """After a clean end (``rc == 0``) wait until ``until``'s health service stops serving (reached with
+    ``security``, the node's own credentials); returns ``rc``."""
     if rc != 0 or not until:
         return rc
     from fedhop.transport.health import wait_until_gone
 
     log.info("%s: done; staying up until %s has finished (at most %gs)", node, until, timeout_s)
-    if not wait_until_gone(until, timeout_s):
+    if not wait_until_gone(until, timeout_s, security):
         log.warning("%s: %s still serving after %gs; exiting anyway", node, until, timeout_s)
     return rc

@@ -36,9 +36,11 @@ def _exit_now(rc: int) -> int:
 
 def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import Progress, check_device, load_spec, print_summary, run_folder
+    from fedhop.client_ids import resolve_per_process
     from fedhop.common.engine.loop import RoundFailed
+    from fedhop.common.engine.topology import build_topology
     from fedhop.common.preflight import check_user_code
-    from fedhop.launch import launch
+    from fedhop.launch import client_groups, launch
     from fedhop.server.main import (
         Interrupted,
         JoinTimeout,
@@ -61,17 +63,19 @@ def cmd_launch(a: argparse.Namespace) -> int:
     except RunFolderError as e:
         raise Fatal(ExitCode.RUN_FOLDER, str(e)) from None
     logs = out / "logs"
+    per_process = resolve_per_process(a.clients_per_process, spec.topology.clients)
     if not a.quiet:
-        n = spec.topology.edges + spec.topology.clients
-        print(f"fedhop launch: starting {n} processes ({spec.topology.edges} edges, {spec.topology.clients} "
-              f"clients) beside the PS; logs in {logs}", file=sys.stderr)
+        hosts = len(client_groups(build_topology(spec.topology, spec.seed), per_process))
+        print(f"fedhop launch: starting {spec.topology.edges + hosts} processes ({spec.topology.edges} edges, "
+              f"{spec.topology.clients} clients in {hosts} client processes) beside the PS; logs in {logs}",
+              file=sys.stderr)
     security, child_security = _launch_security(a, spec, out)
     events, http = _web(a)
     bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
     try:
         result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
                         on_join=bar.on_join, resume=resume, events=events, security=security,
-                        child_args=child_security)
+                        child_args=child_security, clients_per_process=per_process)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"every process was stopped; the rounds done are in {out} (logs in {logs})") from None
@@ -234,7 +238,7 @@ def cmd_edge(a: argparse.Namespace) -> int:
         rc = run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
                       connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None,
                       security=security)
-        return linger(a.id, rc, a.linger_until, a.linger_timeout)
+        return linger(a.id, rc, a.linger_until, a.linger_timeout, security)
 
     return _role("edge", body)
 
@@ -259,12 +263,48 @@ def cmd_client(a: argparse.Namespace) -> int:
         rc = run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
                         connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None,
                         security=security)
-        rc = linger(a.id, rc, a.linger_until, a.linger_timeout)
+        rc = linger(a.id, rc, a.linger_until, a.linger_timeout, security)
         if health is not None:
             health.stop()
         return rc
 
     return _role("client", body)
+
+
+def cmd_clients(a: argparse.Namespace) -> int:
+    from fedhop.client.host import ClientPrefix, run_clients
+    from fedhop.client_ids import IdListError, parse_ids
+    from fedhop.lifecycle import linger
+    from fedhop.netcheck import wait_for_parent
+
+    try:  # before logging is set up or anything starts: a bad list is a usage error
+        ids = parse_ids(a.ids)
+    except IdListError as e:
+        raise Fatal(ExitCode.USAGE, f"--ids: {e}") from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [%(client)s] %(name)s: %(message)s",
+                        stream=sys.stderr)
+    for h in logging.getLogger().handlers:
+        h.addFilter(ClientPrefix(ids))
+
+    def body() -> int:
+        from fedhop.secure_args import security_from_args
+
+        security = {node: security_from_args(a, node, None) for node in ids}  # every id's material, up front
+        health = None
+        if a.health:
+            from fedhop.transport.health import serve_health
+
+            health = serve_health(a.health)
+        wait_for_parent(a.connect, a.connect_timeout, log.warning, security[ids[0]])
+        rc = run_clients(ids, a.connect, data_path=a.data_path, device=a.device,
+                         connect_timeout_s=a.connect_timeout, state_dir=Path(a.state_dir) if a.state_dir else None,
+                         security=security)
+        rc = linger(f"{len(ids)} clients", rc, a.linger_until, a.linger_timeout)
+        if health is not None:
+            health.stop()
+        return rc
+
+    return _role("clients", body)
 
 
 def _add_linger(s: argparse.ArgumentParser) -> None:
@@ -277,6 +317,7 @@ def _add_linger(s: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpFormatter],
                  add_run_options: Callable[[argparse.ArgumentParser, str], None]) -> None:
+    from fedhop.client_ids import AUTO, MIN_AUTO_PER_PROCESS, per_process_arg
     from fedhop.secure_args import add_security_args
     from fedhop.server.web.cli import add_http_args
 
@@ -289,6 +330,11 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
                    "(every process is started again and restores its state)")
+    s.add_argument("--clients-per-process", type=per_process_arg, default=AUTO, metavar="K",
+                   help="clients per client process (`fedhop clients` host): each parent's clients are split into "
+                        "hosts of at most K ids, each id with its own session, state and byte counts; 1: one "
+                        "`fedhop client` process per client; auto: ceil(clients / CPU cores), at least "
+                        f"{MIN_AUTO_PER_PROCESS} (about one host per core; small runs: one host per parent)")
     add_http_args(s, default="127.0.0.1:0")
     add_security_args(s, launch=True)
     s.set_defaults(fn=cmd_launch)
@@ -337,3 +383,20 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     _add_linger(s)
     add_security_args(s)
     s.set_defaults(fn=cmd_client)
+
+    s = sub.add_parser("clients", help="a client host: many client ids of one parent in one process, each with "
+                       "its own session, state and byte counts", formatter_class=formatter)
+    s.add_argument("--ids", required=True, metavar="LIST",
+                   help="the client ids to serve: ids and inclusive ranges, comma-separated, e.g. "
+                        "client-0..client-499 or client-0..client-9,client-12")
+    s.add_argument("--connect", required=True, help="the parent's HOST:PORT (every id has this parent)")
+    s.add_argument("--data-path", help="where the clients' data lives (default: the spec's data.path)")
+    s.add_argument("--device", help="override the spec's device for this process")
+    s.add_argument("--connect-timeout", type=float, default=60.0,
+                   help="seconds to keep retrying the parent (each retry is logged)")
+    s.add_argument("--state-dir", help="save each client's state under DIR/<id> after every task; restart with "
+                   "the same --ids and --state-dir to restore them (default: kept in memory only)")
+    s.add_argument("--health", metavar="HOST:PORT", help="serve grpc.health.v1 on this address, for healthchecks")
+    _add_linger(s)
+    add_security_args(s)
+    s.set_defaults(fn=cmd_clients)

@@ -109,7 +109,8 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
                on_listening: Callable[[int], None] | None = None,
                startup_failure: Callable[[], str | None] | None = None,
                on_join: Callable[[str, dict[str, int]], None] | None = None,
-               resume: Resume | None = None, events: RunEvents | None = None, security: Any = None) -> RunResult:
+               resume: Resume | None = None, events: RunEvents | None = None, security: Any = None,
+               ps_workspace: Callable[[Workspace], None] | None = None) -> RunResult:
     """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
 
     ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
@@ -120,13 +121,17 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     byte rows, the missing log, the rounds) to ``out/checkpoints/ps``. ``resume``: continue such a run from its
     last checkpoint; the run keeps its id, so nodes that stayed up re-join it, and every node is told the
     round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own).
-    ``security``: the PS's :class:`~fedhop.transport.credentials.Security` (None: plaintext)."""
+    ``security``: the PS's :class:`~fedhop.transport.credentials.Security` (None: plaintext).
+    ``ps_workspace(ws)``: applied to the PS's workspace before the children start (``fedhop reproduce``: the
+    figure's metric in place of the test metrics, as it does to the in-process engine's workspace)."""
     torch.set_num_threads(1)
     events = events or RunEvents()
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     if out is not None:
         check_run_folder(out)
     ws = Workspace(spec, device)
+    if ps_workspace is not None:
+        ps_workspace(ws)
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
     hub = ParentHub(topo.server, meter, missing, security=security)
@@ -155,7 +160,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     hub.configure(spec, topo, run_id)
     events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
                 resumed_at=start.next_round)
-    server = make_server(len(hub.children) + 16, security)
+    server = make_server(len(hub.children) + 16, security, spec.transport.handshake_timeout_s)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     serve_parent(hub, server)
     port = add_port(server, listen, security)

@@ -43,9 +43,16 @@ def _plain(security: Any) -> bool:
     return security is None or security.mode == "insecure"
 
 
-def make_server(max_workers: int, security: Any = None) -> grpc.Server:
+def make_server(max_workers: int, security: Any = None, handshake_timeout_s: float | None = None) -> grpc.Server:
     """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``); in token
-    mode with the interceptor that refuses calls without a good token before any handler runs."""
+    mode with the interceptor that refuses calls without a good token before any handler runs.
+    ``handshake_timeout_s`` (default: transport.handshake_timeout_s's default): a connection that has not
+    finished its TLS and HTTP/2 handshakes this long after it opened is closed (it holds no worker thread)."""
+    if handshake_timeout_s is None:
+        from fedhop.common.spec import TransportSpec
+
+        handshake_timeout_s = TransportSpec().handshake_timeout_s
+    options = [*SERVER_OPTIONS, ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_s * 1000)))]
     interceptors: list[grpc.ServerInterceptor] = []
     if not _plain(security):
         from fedhop.transport.credentials import server_interceptors
@@ -55,7 +62,7 @@ def make_server(max_workers: int, security: Any = None) -> grpc.Server:
 
         interceptors = server_interceptors(security, refused)
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                       options=SERVER_OPTIONS, interceptors=interceptors)
+                       options=options, interceptors=interceptors)
 
 
 def add_port(server: grpc.Server, listen: str, security: Any = None) -> int:
@@ -69,10 +76,13 @@ def add_port(server: grpc.Server, listen: str, security: Any = None) -> int:
 
 
 def make_channel(address: str, *, security: Any = None, keepalive: bool = False,
-                 peer_id: str | None = None) -> grpc.Channel:
+                 peer_id: str | None = None, own_connection: bool = False) -> grpc.Channel:
     """A channel to a fedhop node; ``keepalive``: HTTP/2 pings (long-lived session streams); ``peer_id``
-    (with TLS): the server must present that node's certificate."""
-    options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else [])]
+    (with TLS): the server must present that node's certificate; ``own_connection``: a TCP connection of its
+    own, never shared with this process's other channels to the same address (a client host's sessions: each
+    id's link is as independent as a process's, and ~900 session streams on one shared connection stall)."""
+    options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else []),
+               *([("grpc.use_local_subchannel_pool", 1)] if own_connection else [])]
     if _plain(security):
         return grpc.insecure_channel(address, options=options)
     from fedhop.transport.credentials import channel_credentials, channel_options

@@ -40,7 +40,7 @@ from fedhop.common.wire.messages import MessageAssembler
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
-from fedhop.transport.session import CLOSE, ChildProtocol, hello_frame
+from fedhop.transport.session import CLOSE, ChildProtocol, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.child")
@@ -70,7 +70,7 @@ class LeafComm(BaseComm):
         return -1
 
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
-                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]:
+                  deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
         raise RuntimeError(f"{self.node} is a client; it has nobody to scatter to")
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:
@@ -158,6 +158,8 @@ class ChildSession:
         self.store: NodeStore | None = None  # this node's saved states (keep_state)
         self.meter: ByteMeter | None = None  # this node's byte meter, relabelled on a roll-back
         self._ctx: NodeContext | None = None
+        self.task_lock: Any = None  # a client host's: one task handler at a time in the process (shared Workspace)
+        self.own_connection = False  # a client host's: a TCP connection per session, not one shared by its ids
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
@@ -192,7 +194,8 @@ class ChildSession:
 
     def _open(self, *, rejoin: bool) -> pb.Welcome:
         """One attempt: channel, handshake, Hello, Welcome; on success the new stream becomes current."""
-        channel = make_channel(self.parent_addr, keepalive=True, security=self.security)
+        channel = make_channel(self.parent_addr, keepalive=True, security=self.security,
+                               own_connection=self.own_connection)
         try:
             grpc.channel_ready_future(channel).result(timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.FutureTimeoutError:
@@ -245,16 +248,19 @@ class ChildSession:
         self.run_id = first.welcome.run_id
         return first.welcome
 
-    def join(self, device: str | None = None, data_path: str | None = None) -> tuple[pb.Welcome, Workspace]:
+    def join(self, device: str | None = None, data_path: str | None = None,
+             workspace: Callable[[str], Workspace] | None = None) -> tuple[pb.Welcome, Workspace]:
         """connect(), then build this process's Workspace from the RunSpec in the Welcome and check that the
-        run gives this node the role it joined as; a JoinError says what went wrong."""
+        run gives this node the role it joined as; a JoinError says what went wrong. ``workspace`` (a client
+        host's): the Workspace for the Welcome's spec JSON, shared by the host's sessions, instead of a new one."""
         welcome = self.connect()
-        spec = RunSpec.model_validate_json(welcome.spec)
+        ws = workspace(welcome.spec) if workspace is not None else None
+        spec = ws.spec if ws is not None else RunSpec.model_validate_json(welcome.spec)
         try:
             check_parent_code(spec, get_scalars(welcome.info), self.node)
         except UserCodeError as e:
             raise JoinError(str(e), ExitCode.USER_CODE) from None
-        ws = Workspace(spec, device, data_path)
+        ws = ws if ws is not None else Workspace(spec, device, data_path)
         try:
             role = ws.topology.role(self.node)
         except KeyError:
@@ -335,7 +341,7 @@ class ChildSession:
         """Serve the parent until its Bye (``on_bye(finished)`` runs first, e.g. an edge's own shutdown; then
         this node answers Bye) or until the parent is lost for good. Returns the process's exit code."""
         proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, report=report,
-                              before_task=before_task, peers=self.peers,
+                              before_task=before_task, peers=self.peers, task_lock=self.task_lock,
                               after_task=self._saved if self.store is not None else None)
         self.protocol = proto
         asms: dict[int, MessageAssembler] = {}
@@ -367,7 +373,9 @@ class ChildSession:
                 continue
             if current:
                 quiet = 0
-            bye = proto.on_frame(item, asms.setdefault(sid, MessageAssembler(max_bytes=self.max_bytes)))
+            if sid not in asms:
+                asms[sid] = child_assembler(self.transport)
+            bye = proto.on_frame(item, asms[sid])
             if bye is not None:
                 return self._finish(proto, bye, on_bye)
 

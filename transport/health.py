@@ -94,9 +94,21 @@ def serve_health(address: str) -> HealthServer:
     return HealthServer(server, h, port)
 
 
-def probe(address: str, timeout_s: float = 3.0, service: str = "") -> ProbeResult:
-    """Ask ``address`` once for its health (waiting up to ``timeout_s`` for the connection)."""
-    with grpc.insecure_channel(address) as channel:
+def _channel(address: str, security: Any) -> grpc.Channel:
+    """Plaintext, or with ``security``'s credentials (a :class:`~fedhop.transport.credentials.Security`: mutual
+    TLS presents its node's certificate, token mode its node's token over TLS). Not transport.channels: that
+    imports the tensor codec (torch), seconds a healthcheck cannot spare."""
+    if security is None or security.mode == "insecure":
+        return grpc.insecure_channel(address)
+    from fedhop.transport.credentials import open_channel
+
+    return open_channel(address, security)
+
+
+def probe(address: str, timeout_s: float = 3.0, service: str = "", security: Any = None) -> ProbeResult:
+    """Ask ``address`` once for its health (waiting up to ``timeout_s`` for the connection); ``security``: how
+    to reach a node whose links are TLS or tokens (None: plaintext)."""
+    with _channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s,
@@ -107,7 +119,11 @@ def probe(address: str, timeout_s: float = 3.0, service: str = "") -> ProbeResul
                 return ProbeResult(Probe.NOT_SERVING, f"{address} does not know the service {service!r}")
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 return ProbeResult(Probe.NOT_SERVING, f"{address} serves no grpc.health.v1 service")
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return ProbeResult(Probe.UNREACHABLE, f"{address} refused the probe's credentials ({e.details()})")
             reason = "no answer" if code == grpc.StatusCode.DEADLINE_EXCEEDED else code.name
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and (security is None or security.mode == "insecure"):
+                reason += "; if its links are TLS or tokens, give --tls DIR (and --token FILE) with --id"
             return ProbeResult(Probe.UNREACHABLE, f"{address} unreachable within {timeout_s:g}s ({reason})")
     name = _Status.Name(reply.status)
     if reply.status == _Status.SERVING:
@@ -115,11 +131,11 @@ def probe(address: str, timeout_s: float = 3.0, service: str = "") -> ProbeResul
     return ProbeResult(Probe.NOT_SERVING, f"{address}: {name}")
 
 
-def wait_until_gone(address: str, timeout_s: float) -> bool:
+def wait_until_gone(address: str, timeout_s: float, security: Any = None) -> bool:
     """Block until the server at ``address`` stops serving (its process ended, or it said NOT_SERVING);
     True when it did within ``timeout_s``, False on timeout. Uses the ``Watch`` stream, so it wakes on the
     event itself, not on a poll."""
-    with grpc.insecure_channel(address) as channel:
+    with _channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             for reply in stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s):

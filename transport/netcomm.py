@@ -12,6 +12,7 @@ Deadlines nest: a node that was given a budget by its parent (the Task's deadlin
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +27,7 @@ from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.messages import on_host, to_device
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.reply_gate import ReplyGate
-from fedhop.transport.session import ParentHub
+from fedhop.transport.session import Call, ParentHub
 
 
 class NetComm(BaseComm):
@@ -78,7 +79,7 @@ class NetComm(BaseComm):
 
     # -- scatter ----------------------------------------------------------------------------------------------
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
-                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]:
+                  deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
         rnd = self.current_round()
         if self._begun != rnd:  # the engine did not mark this round's start: its first scatter does
             self.begin_round(rnd)
@@ -89,6 +90,9 @@ class NetComm(BaseComm):
             self.hub.await_link(t)  # a node that is away gets transport.rejoin_grace_s to come back first
             sent[t] = self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline)
         end = time.monotonic() + deadline
+        why = f"no reply within the deadline of {deadline:g}s"
+        if quorum is not None and _wait_quorum([c for c in sent.values() if not isinstance(c, Failure)], quorum, end):
+            end, why = time.monotonic(), f"late: the call closed at its quorum of {quorum}"
         out: dict[NodeId, Reply | Failure] = {}
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")
         for t, c in sent.items():
@@ -96,7 +100,7 @@ class NetComm(BaseComm):
                 out[t] = c
                 continue
             if not c.done.wait(max(0.0, end - time.monotonic())):
-                self.hub.expire(c, f"no reply within the deadline of {deadline:g}s")
+                self.hub.expire(c, why)  # a silent Failure
             r = c.result
             assert r is not None
             out[t] = Reply(to_device(r.bundle, device), r.scalars) if isinstance(r, Reply) else r
@@ -175,3 +179,19 @@ class NetComm(BaseComm):
 
     def close(self) -> None:
         self.peer_client.close()
+
+
+def _wait_quorum(calls: list[Call], quorum: int, end: float) -> bool:
+    """Wait until ``quorum`` of ``calls`` have a reply (True), or every call is done or ``end`` passed (False).
+    A reply counts when it arrives; one that scatter then rejects (a bad bundle) counted all the same."""
+    changed = threading.Event()
+    for c in calls:
+        c.on_finish = changed.set
+    while True:
+        changed.clear()
+        if sum(isinstance(c.result, Reply) for c in calls if c.done.is_set()) >= quorum:
+            return True
+        left = end - time.monotonic()
+        if all(c.done.is_set() for c in calls) or left <= 0:
+            return False
+        changed.wait(left)

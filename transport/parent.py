@@ -37,7 +37,10 @@ class ParentServicer:
                 identity = peer_identity(context, self.hub.security)
             except Unauthenticated as e:
                 why = str(e)
-        link = self.hub.open(context.peer(), identity, why)
+        link = self.hub.open(context.peer(), identity, why, cancel=context.cancel)
+        if not link.alive:  # refused at once (not authenticated): only the refusal goes back
+            yield from link.outgoing()
+            return
         reader = threading.Thread(target=self._read, args=(link, request_iterator),
                                   name=f"session-{link.peer}", daemon=True)
         reader.start()

@@ -10,15 +10,17 @@ counted message bytes do not depend on node ids. Byte meter: the caller counts b
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
 
-from fedhop.common.engine.api import NodeContext, NodeId, Scalar
+from fedhop.common.engine.api import NodeContext, NodeId, Scalar, get_algorithm
 from fedhop.common.engine.base import HandOffError, MissingLog
 from fedhop.common.spec import TransportSpec
+from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.bundle import Bundle, payload_bytes
 from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame
 from fedhop.common.wire.messages import (
@@ -135,6 +137,8 @@ class EdgeService:
         self.security = security  # with TLS or tokens, who calls is what its certificate or token proves
         self.ctx: NodeContext | None = None
         self.max_bytes: int | None = None
+        self._budgets: dict[str, InflightBudget] = {}  # per sender: every hand-off stream it has open
+        self._budget_lock = threading.Lock()
         self.on_received: Callable[[NodeContext, int], None] | None = None  # (ctx, round): save the node's state
 
     def register(self, server: grpc.Server) -> None:
@@ -185,7 +189,17 @@ class EdgeService:
             return pb.Ack(ok=False, error=pb.Error(code=pb.ERROR_CODE_BAD_REQUEST, message=f"{self.node}: {why}"))
         if not slot:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} names no slot")
-        asm = MessageAssembler(max_bytes=self.max_bytes)
+        slots = get_algorithm(ctx.spec.algorithm.name).handoff_slots
+        if slot not in slots:  # checked before a byte is read: nothing is kept for a slot nobody takes from
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} into slot {slot!r}, which "
+                                f"{ctx.spec.algorithm.name} does not use")
+        transport = ctx.spec.transport
+        asm = MessageAssembler(max_bytes=self.max_bytes, budget=self._budget(sender, transport),
+                               accept=lambda head: None if head.WhichOneof("body") == "task" else "not a Task")
+        # a sender that stops half-way must not hold this thread: the stream is cancelled at the deadline
+        timer = threading.Timer(transport.rpc_timeout_s, context.cancel)
+        timer.daemon = True
+        timer.start()
         msg = None
         try:
             for f in frames:
@@ -194,6 +208,13 @@ class EdgeService:
                     break
         except FrameError as e:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender}: {e}")
+        except grpc.RpcError:
+            log.warning("%s: hand-off from %s (%s) cancelled: not complete within transport.rpc_timeout_s = %gs",
+                        self.node, sender, context.peer(), transport.rpc_timeout_s)
+            return pb.Ack(ok=False)
+        finally:
+            timer.cancel()
+            asm.close()
         if msg is None:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} ended before its bundle")
         req = accept_request(msg, self.node, sender, ctx.device, expect_name=HANDOFF)
@@ -204,6 +225,12 @@ class EdgeService:
             md = dict(context.invocation_metadata())
             self.on_received(ctx, int(md.get(ROUND_HEADER, ctx.round)))
         return pb.Ack(ok=True)
+
+    def _budget(self, sender: str, transport: TransportSpec) -> InflightBudget:
+        with self._budget_lock:
+            if sender not in self._budgets:
+                self._budgets[sender] = InflightBudget(transport.max_open_bundles, transport.inflight_bytes())
+            return self._budgets[sender]
 
     def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeReply:  # noqa: N802
         ctx = self.ctx

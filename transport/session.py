@@ -16,11 +16,13 @@ streams, dialing and re-joining are ``child.py``'s, the servicer is ``parent.py`
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,11 +30,12 @@ from typing import Any
 import torch
 
 from fedhop.common import timing
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_task
+from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, Reply, Scalar, get_task, meter_kind
 from fedhop.common.engine.base import Failure, MissingLog
 from fedhop.common.engine.topology import Topology
-from fedhop.common.spec import RunSpec
-from fedhop.common.testhooks import gate
+from fedhop.common.spec import RunSpec, TransportSpec
+from fedhop.common.testhooks import gate, released
+from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.bundle import Bundle, payload_bytes
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.control import (
@@ -71,6 +74,7 @@ CLOSE = object()  # end of an outbound frame queue
 Frame = pb.Frame | ChunkFrame | BadFrame
 _HOST = torch.device("cpu")
 REJOIN_READY_WAIT_S = 5.0
+EXPIRED_KEPT = 4096  # calls given up on whose late replies are still counted (older ones: refused)
 
 
 @dataclass
@@ -85,11 +89,14 @@ class Call:
     result: Reply | Failure | None = None
     answered: threading.Event = field(default_factory=threading.Event)  # its Result frame arrived
     gate: ReplyGate | None = None  # a folding scatter's admission of replies (reply_gate.py)
+    on_finish: Callable[[], None] | None = None  # called once the result is in (a caller waiting on several)
 
     def finish(self, result: Reply | Failure) -> None:
         if self.result is None:
             self.result = result
             self.done.set()
+            if self.on_finish is not None:
+                self.on_finish()
 
 
 class ChildLink:
@@ -108,7 +115,9 @@ class ChildLink:
         self.ready = threading.Event()
         self.data_sizes: dict[NodeId, int] = {}
         self.bye = threading.Event()
-        self.asm = MessageAssembler(max_bytes=max_bytes)
+        self.asm = MessageAssembler(max_bytes=max_bytes)  # replaced by the hub's, with its caps, at Hello
+        self.hello_seen = threading.Event()  # the first frame arrived (the handshake timer stops)
+        self.cancel: Callable[[], Any] | None = None  # ends the transport's stream (the servicer's)
         self._q: queue.Queue = queue.Queue()
         self.last_sent = time.monotonic()
 
@@ -176,7 +185,10 @@ class ParentHub:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._calls: dict[int, Call] = {}
-        self._expired: dict[int, Call] = {}
+        self._expired: OrderedDict[int, Call] = OrderedDict()  # calls given up on, for their late replies
+        self.handshake_timeout_s = TransportSpec().handshake_timeout_s  # the spec's once configured
+        self.max_open_bundles: int | None = None
+        self.max_inflight_bytes: int | None = None
         self._ids = itertools.count(CALL_ID_BASE)
         self._stop = threading.Event()
 
@@ -189,6 +201,9 @@ class ParentHub:
         self.run_id = run_id
         self.chunk_bytes = spec.transport.chunk_bytes
         self.max_bytes = spec.transport.max_bundle_bytes
+        self.handshake_timeout_s = spec.transport.handshake_timeout_s
+        self.max_open_bundles = spec.transport.max_open_bundles
+        self.max_inflight_bytes = spec.transport.inflight_bytes()
         self.configured.set()
         threading.Thread(target=self._keepalive, args=(spec.transport.keepalive_s,), daemon=True,
                          name=f"{self.node}-keepalive").start()
@@ -217,7 +232,7 @@ class ParentHub:
             while True:
                 absent = [c for c in self.children if not (c in self.links and self.links[c].ready.is_set())]
                 left = end - time.monotonic()
-                if not absent or left <= 0 or (give_up is not None and give_up()):
+                if not absent or left <= 0 or (give_up is not None and give_up()) or released(f"join-{self.node}"):
                     return absent
                 self._changed.wait(min(left, 1.0))
 
@@ -289,14 +304,65 @@ class ParentHub:
     def secure(self) -> bool:
         return self.security is not None and self.security.mode != "insecure"
 
-    def open(self, peer: str, identity: str | None = None, unauthenticated: str = "") -> ChildLink:
+    def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
+             cancel: Callable[[], Any] | None = None) -> ChildLink:
         """A new session from ``peer``; ``identity``: the node id its certificate or token proves (the
-        servicer's :func:`~fedhop.transport.credentials.peer_identity`), or why it could not be proved."""
-        return ChildLink(peer, self.max_bytes, identity, unauthenticated)
+        servicer's :func:`~fedhop.transport.credentials.peer_identity`), or why it could not be proved;
+        ``cancel``: ends the transport's stream.
+
+        A session holds a server thread while it lasts, so a peer holds none for long before it is known: with
+        TLS or tokens, one that is not authenticated is refused at once (the reason is logged, not echoed);
+        any peer that has not said Hello within ``transport.handshake_timeout_s`` is disconnected."""
+        link = ChildLink(peer, self.max_bytes, identity, unauthenticated)
+        link.cancel = cancel
+        if self.secure and identity is None:
+            log.warning("%s: rejected %s: unauthenticated peer: %s", self.node, peer, unauthenticated)
+            self._end(link, pb.ERROR_CODE_BAD_REQUEST, "unauthenticated peer")
+            return link
+        timer = threading.Timer(self.handshake_timeout_s, self._hello_overdue, (link,))
+        timer.daemon = True
+        timer.start()
+        return link
+
+    def _hello_overdue(self, link: ChildLink) -> None:
+        if link.hello_seen.is_set() or not link.alive:
+            return
+        log.warning("%s: disconnected %s: no Hello within transport.handshake_timeout_s = %gs", self.node, link.peer,
+                    self.handshake_timeout_s)
+        self._end(link, pb.ERROR_CODE_BAD_REQUEST, f"no Hello within {self.handshake_timeout_s:g}s")
+
+    def _end(self, link: ChildLink, code: int, message: str) -> None:
+        """Refuse a session that was never accepted: one Error frame, then the stream ends."""
+        link.send([error_frame(0, code, message)])
+        link.alive = False
+        link.close()
+        link.asm.close()
+        if link.cancel is not None:  # a peer that reads nothing must not hold the stream either
+            t = threading.Timer(1.0, link.cancel)
+            t.daemon = True
+            t.start()
+
+    def _assembler(self, link: ChildLink) -> MessageAssembler:
+        """A child's frames become messages only for calls sent to it and pending, within its caps."""
+        return MessageAssembler(self.max_bytes, budget=InflightBudget(self.max_open_bundles, self.max_inflight_bytes),
+                                accept=lambda head: self._unexpected_reply(link, head))
+
+    def _unexpected_reply(self, link: ChildLink, head: pb.Frame) -> str | None:
+        """Why a Task/Result frame from ``link`` opens no message (None: it is a reply to a call of ours)."""
+        if head.WhichOneof("body") != "result":
+            return f"{link.name} sent a {head.WhichOneof('body')} frame; a child only answers calls"
+        with self._lock:
+            info = self._calls.get(head.call_id) or self._expired.get(head.call_id)
+        if info is None or info.node != link.node_id:
+            return f"{link.name} answered call {head.call_id}, which is not pending for it"
+        return None
 
     def on_frame(self, link: ChildLink, frame: Frame) -> bool:
         """Handle one frame from a child; False ends the session (a refused Hello)."""
         if link.node_id is None:
+            if not link.alive:
+                return False
+            link.hello_seen.set()
             return self._hello(link, frame)
         if isinstance(frame, pb.Frame):
             body = frame.WhichOneof("body")
@@ -370,7 +436,7 @@ class ParentHub:
         node = hello.node_id
         if self.secure:
             if link.identity is None:
-                return reject(pb.ERROR_CODE_BAD_REQUEST, f"unauthenticated peer: {link.unauthenticated}")
+                return reject(pb.ERROR_CODE_BAD_REQUEST, "unauthenticated peer", f": {link.unauthenticated}")
             if link.identity != node:
                 return reject(pb.ERROR_CODE_BAD_REQUEST, f"the peer's certificate or token is {link.identity}'s, "
                               f"but it said Hello as {node!r}")
@@ -387,8 +453,8 @@ class ParentHub:
         with self._changed:
             old = self.links.get(node)
             if old is not None and old.alive and not hello.run_id:
-                return reject(pb.ERROR_CODE_BAD_REQUEST,
-                              f"duplicate Hello: {node} is already connected (from {old.peer})")
+                return reject(pb.ERROR_CODE_BAD_REQUEST, f"duplicate Hello: {node} is already connected",
+                              f" (from {old.peer})")
             if self.started and node not in self.admitted and not hello.run_id \
                     and self.spec.transport.late_join == "refuse":
                 return reject(pb.ERROR_CODE_LATE_JOIN_REFUSED,
@@ -397,6 +463,7 @@ class ParentHub:
             if old is not None and old is not link:
                 old.superseded = True  # its stream ends when the child closes it; its calls stay pending
             link.node_id, link.role, link.address = node, role, hello.address
+            link.asm = self._assembler(link)
             self.links[node] = link
             self._changed.notify_all()
         w = pb.Frame()
@@ -447,6 +514,7 @@ class ParentHub:
         """The session ended (stream closed or broken): its pending calls fail, unless the node re-joined."""
         link.alive = False
         link.close()
+        link.asm.close()
         if link.node_id is None:
             return
         with self._changed:
@@ -490,7 +558,7 @@ class ParentHub:
         payload = payload_bytes(bundle)
 
         def sent(n: int) -> None:
-            self.meter.record(self.node, target, task, "request", payload, n, round_idx)
+            self.meter.record(self.node, target, meter_kind(task, "request"), "request", payload, n, round_idx)
 
         link.send(frames, sent)
         return call
@@ -515,7 +583,9 @@ class ParentHub:
         with self._lock:
             if self._calls.pop(call.call_id, None) is not None:
                 self._expired[call.call_id] = call
-        call.finish(Failure(why))
+                while len(self._expired) > EXPIRED_KEPT:
+                    self._expired.popitem(last=False)
+        call.finish(Failure(why, silent=True))
 
     def _result(self, link: ChildLink, msg: Message) -> None:
         with self._lock:
@@ -529,8 +599,8 @@ class ParentHub:
             self._complain(link, msg.call_id, pb.ERROR_CODE_BAD_REQUEST,
                            f"{link.name} answered call {msg.call_id}, which is not pending for it")
             return
-        self.meter.record(info.node, self.node, info.task, "reply", msg.payload_bytes, msg.message_bytes,
-                          info.round)
+        self.meter.record(info.node, self.node, meter_kind(info.task, "reply"), "reply", msg.payload_bytes,
+                          msg.message_bytes, info.round)
         timing.event("reply", at=self.node, call=msg.call_id, child=info.node)
         if late is not None:
             log.info("%s: late reply from %s to %s (round %d) dropped", self.node, info.node, info.task,
@@ -553,7 +623,7 @@ class ChildProtocol:
                  chunk_bytes: int, report: Callable[[], tuple[list[dict], list[dict]]] | None = None,
                  before_task: Callable[[int | None, float], None] | None = None,
                  after_task: Callable[[NodeContext], None] | None = None,
-                 peers: dict[NodeId, str] | None = None) -> None:
+                 peers: dict[NodeId, str] | None = None, task_lock: Any = None) -> None:
         self.node = node
         timing.set_node(node)
         self.ctx = ctx
@@ -563,6 +633,7 @@ class ChildProtocol:
         self.before_task = before_task
         self.after_task = after_task
         self.peers = peers if peers is not None else {}  # edge id -> Edge address, from the parent's Ready
+        self.task_lock = task_lock if task_lock is not None else contextlib.nullcontext()  # held while a handler runs
         self.started = threading.Event()
         self.cursor = ReportCursor()
         self._report_lock = threading.Lock()
@@ -631,11 +702,17 @@ class ChildProtocol:
             self.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
         try:
             timing.event("run", at=self.node, call=req.call_id, task=req.name)
-            reply = handler(ctx, req.bundle, dict(req.args))
+            with self.task_lock:
+                reply = handler(ctx, req.bundle, dict(req.args))
             timing.event("ran", at=self.node, call=req.call_id)
             out = on_host(reply.bundle)
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
                                     self.chunk_bytes)
+        except NoAnswer:  # this node chose not to answer (e.g. not available this round): no Result at all
+            if self.after_task is not None:
+                self.after_task(ctx)
+            self.send_report(ctx.round)
+            return ctx.round
         except Exception as e:  # the handler failed: the parent sees this node as missing for this call
             log.exception("%s: task %s failed", self.node, req.name)
             self.send_report(ctx.round)
@@ -677,6 +754,16 @@ class ChildProtocol:
         with self._report_lock:
             rows, missing = self._unreported()
             return bye_frame("bye", finished=True, rows=rows, missing=missing)
+
+
+def child_assembler(transport: TransportSpec) -> MessageAssembler:
+    """A child's assembler of its parent's stream: Task messages only, within ``transport``'s caps."""
+    def tasks_only(head: pb.Frame) -> str | None:
+        body = head.WhichOneof("body")
+        return None if body == "task" else f"the parent sent a {body} frame; a parent only sends Tasks"
+
+    return MessageAssembler(transport.max_bundle_bytes, accept=tasks_only,
+                            budget=InflightBudget(transport.max_open_bundles, transport.inflight_bytes()))
 
 
 def hello_frame(node: NodeId, role: str, address: str, info: Mapping[str, Any], run_id: str) -> pb.Frame:

@@ -20,7 +20,8 @@ bit-identical to ``fedavg`` through one edge.
 Roles and where the model is (the PS is control plane only, DESIGN.md: "cluster c trains from the model
 cluster c-1 produced: ES->ES hand-off"):
 
-* Before round 0 the PS holds W_0 and sends it in the first cycle's request (d floats, once per run).
+* The run's first cluster builds W_0 itself, from the spec's seed (``ctx.initial_params()``, the same pure
+  function of the spec in every process, as Fed-CHS's edges do), so the PS never sends model bytes.
 * Between cycles the model sits at the edge that ran the last successful cycle (its *holder*). Before
   cycle K the PS asks the holder to hand it to cluster order_j[K] (``fedcluster.pass``: an edge -> edge
   ``hand_off`` of d floats), then asks that edge to run its cycle (``fedcluster.cycle``). At a round
@@ -31,7 +32,8 @@ cluster c-1 produced: ES->ES hand-off"):
   d floats, once per run).
 
 Payload per round (sec. 2.3): device downloads + uploads = sum_K |A_K| * 2 * d floats, the same as FedAvg
-with the same number of participants; plus one d-float edge -> edge hand-off per change of holder.
+with the same number of participants; plus one d-float edge -> edge hand-off per change of holder. On PS
+links: none but the final collect (d floats, once per run).
 
 Missing nodes: a client missing at the deadline is left out of its cycle's average (FedAvg's rule); a
 cycle with no replies leaves the model unchanged. A cluster whose edge does not answer (or cannot be
@@ -160,8 +162,8 @@ def cycle_task(ctx: NodeContext, bundle: Bundle, args: dict[str, Scalar]) -> Rep
     """Edge c, cycle K of round j: W_{jM+K} from where the PS says it is, one FedAvg step on the cluster
     (sample A_K, local training, normalised weighted average), keep W_{jM+K+1} as this edge's output."""
     source = str(args["source"])
-    if source == "bundle":  # the run's first cycle: W_0 from the PS
-        w = bundle
+    if source == "init":  # the run's first cycle: W_0 built here from the seed (the PS sends no model)
+        w = ctx.initial_params()
     elif source == "inbox":  # handed off by the previous cluster
         w, _ = ctx.take(SLOT)
     elif source == "self":  # this edge ran the previous cycle (round boundary)
@@ -252,7 +254,7 @@ def server_round(ctx: NodeContext, holders: Holders) -> Holders:
     for c in cycle_order(ctx, ctx.round, o.order):
         h = holders.current
         if h is None:
-            source, bundle = "bundle", ctx.initial_params()
+            source, bundle = "init", {}
         elif h == c:
             source, bundle = "self", {}
         else:
@@ -294,7 +296,7 @@ def final(ctx: NodeContext, holders: Holders) -> Bundle:
 
 register(Algorithm("fedcluster", FedClusterOptions, init, server_round, final=final, node_state=node_state,
                    summary="FedCluster: M clusters (= edges) train in turn each round; the model cycles edge -> "
-                   "edge", needs_edges=True, check=check_spec))
+                   "edge", needs_edges=True, check=check_spec, handoff_slots=(SLOT,)))
 
 
 # -- heterogeneity (Eq. 2): a measurement, not part of the algorithm --------------------------------------

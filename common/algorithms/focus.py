@@ -17,8 +17,36 @@ Algorithm 1 (client/server form), one round r with participating set S_r:
     server:              y_{r+1} = y_r + sum_{i in S_r} y_tau,i (a SUM, never an average: spec pitfall 7)
                          x_{r+1} = x_r - eta y_{r+1}
 
-The server needs no participation statistics. Invariant (spec 3.4.1): y = sum_i g_i after every round. The
-local direction grad f_i(x_t) - g_i vanishes at the fixed point x*, g_i = grad f_i(x*) (spec 3.4.6).
+In the paper's matrix form (eq. 13-14; the switched order of eq. 65-68 in the proofs) this is
+x_{k+1} = R_k (x_k - eta D_k y_k), y_{k+1} = C_k (y_k + grad f(x_{k+1}) - grad f(x_k)), with the row-stochastic
+pull R(S_r) (eq. 4: row i in S_r copies the server's row 0) and the column-stochastic push C(S_r) = R(S_r)^T
+(the server's row sums the participants'). On the wire, the two are distinct message kinds: the task's request
+is counted as ``pull`` (x down) and its reply as ``push`` (y_tau up), per link, in both engines.
+
+The server needs no participation statistics. Invariant (spec 3.4.1): y = sum_i g_i after every round, which is
+1^T y_k = 1^T grad f(x_k) of the matrix form (C_k column stochastic). The local direction grad f_i(x_t) - g_i
+vanishes at the fixed point x*, g_i = grad f_i(x*) (spec 3.4.6).
+
+Who decides S_r (``decided_by``):
+- ``"server"`` (default): the PS draws S_r from the participation model (participation.py) and pulls to S_r.
+- ``"client"``: arbitrary participation as it happens (Assumption 1: I_i ~ client i's own process, unknown to
+  the server). The PS calls every client (``focus.open``, no tensors); each client draws its availability
+  I_i(r) from its own model and its own seeded stream (participation.ClientAvailability) and answers only if
+  available; the server closes the call at ``round_close.deadline_s`` or once ``round_close.quorum`` clients
+  answered, and S_r = those who answered. Then pull / push as above. Reproducibility: a client's I_i(r) is a
+  pure function of (seed, client id, r), so both engines see the same S_r, the same models and the same bytes,
+  PROVIDED every available client answers within the deadline and the quorum is 0 (wait for the deadline) or
+  not smaller than the number of available clients in any round. With a smaller quorum the networked S_r is
+  "the first Q to answer" (arrival order) while the in-process one is the first Q in client order: the runs
+  may differ (both still keep the tracking invariant).
+
+Through an edge tier (``topology.edges > 0``): C(S_r) factors into two column-stochastic sums, C = C_PS C_edge:
+each edge sums its clients' pushes (canonical client order) and pushes ONE vector to the PS, which sums the
+edges' (canonical edge order). A product of column-stochastic matrices is column stochastic, so the tracking
+invariant still holds exactly; the server trajectory equals the flat run's up to the association of the sum
+(floating point: ~1e-16 relative per round, not bit-identical). The PS receives one d-vector per edge with a
+participant instead of one per participant. S_r is the flat run's: the PS draws it over all clients
+(server-decided), or each edge calls its own clients (client-decided; the edges report who answered).
 
 SG-FOCUS (App. E, Alg. 2): every gradient is a stochastic gradient on a fresh mini-batch, and the "previous"
 gradient is the STORED one, never re-evaluated on the new batch (spec pitfall 8). Here: ``batch_size > 0``.
@@ -31,7 +59,7 @@ Choices the paper leaves open (options, spec defaults):
 - ``init``: ``"zero"`` is Algorithm 1's own init (g_i = 0, y = 0), used in the experiments. ``"matched"`` is
   the matrix form's init (spec 3.4.5): a virtual full round with tau = 1 before round 0, i.e. every client
   computes g_i = grad f_i(x0), y = sum_i g_i and x = x0 - eta y: the engine's set-up step, whose messages are
-  counted under round index SETUP_ROUND (-1).
+  counted under round index SETUP_ROUND (-1). It involves every client, whoever decides participation.
 - A participant whose push does not arrive is treated as a non-participant: its g_i is rolled back at its
   next pull (participation.ServerLedger / ClientLedger), which keeps y = sum_i g_i exact.
 """
@@ -39,23 +67,44 @@ Choices the paper leaves open (options, spec defaults):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fedhop.common.algorithms.local import loss_and_grad, sample_batch
 from fedhop.common.algorithms.participation import (
+    CLIENT_DECIDABLE,
+    BernoulliParticipation,
+    ClientAvailability,
     ClientLedger,
     FullParticipation,
     LedgerSnapshot,
+    MarkovParticipation,
     Participation,
     ParticipationState,
     ServerLedger,
     participants,
 )
-from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.engine.api import Algorithm, NoAnswer, NodeContext, NodeId, Reply, Scalar, register, task
 from fedhop.common.wire.bundle import Bundle, axpy, clone, weighted_sum, zeros_like
+
+if TYPE_CHECKING:
+    from fedhop.common.spec import RunSpec
+
+PULL, PUSH = "pull", "push"  # the meter kinds of a FOCUS task's request (x down) and reply (y_tau up)
+
+
+class RoundClose(BaseModel):
+    """When the server stops waiting for clients to say they are available (``decided_by = "client"``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    deadline_s: float = Field(10.0, gt=0, description="the server (or each edge) waits this long for available "
+                              "clients to answer a round's call; every available client must answer within it "
+                              "for the networked run to equal the in-process one")
+    quorum: int = Field(0, ge=0, description="close the call as soon as this many clients answered; 0: wait for "
+                        "the deadline. A quorum smaller than the number of available clients takes the first to "
+                        "answer, so the networked run may then differ from the in-process one (flat only)")
 
 
 class FocusOptions(BaseModel):
@@ -63,9 +112,33 @@ class FocusOptions(BaseModel):
     lr: float = Field(1e-3, gt=0, description="eta: the ONE step size of local moves and of the server step")
     local_steps: int = Field(3, ge=1, description="tau: gradient evaluations per round (tau-1 local moves)")
     batch_size: int = Field(0, ge=0, description="0: full local gradient (FOCUS); > 0: SG-FOCUS mini-batch")
-    participation: Participation = Field(default_factory=FullParticipation)
-    empty_round: Literal["skip", "step"] = "skip"
-    init: Literal["zero", "matched"] = "zero"
+    participation: Participation = Field(default_factory=FullParticipation, description="the participation "
+                                         "process: S_r drawn by the server, or each client's own availability "
+                                         "model (see decided_by)")
+    decided_by: Literal["server", "client"] = Field("server", description="who decides S_r: 'server' draws it "
+                                                    "from `participation`; 'client': every client draws its own "
+                                                    "availability each round from `participation` (full, "
+                                                    "bernoulli, markov or trace) and answers the round's call "
+                                                    "only if available; the call closes per `round_close`")
+    round_close: RoundClose = Field(default_factory=RoundClose, description="decided_by = 'client' only: the "
+                                    "call's deadline and quorum")
+    empty_round: Literal["skip", "step"] = Field("skip", description="S_r empty: 'skip' the round (no messages, "
+                                                 "model unchanged); 'step': x -= eta y with the unchanged y")
+    init: Literal["zero", "matched"] = Field("zero", description="'zero': Alg. 1 (g_i = 0, y = 0); 'matched': "
+                                             "the matrix form's init, a virtual full round with tau = 1 first")
+
+    @model_validator(mode="after")
+    def _who_decides(self) -> FocusOptions:
+        if self.decided_by == "client":
+            if not isinstance(self.participation, CLIENT_DECIDABLE):
+                what = (f"a fraction ({self.participation}: m of N drawn jointly)"
+                        if isinstance(self.participation, float) else f"kind {self.participation.kind!r}")
+                raise ValueError(f"decided_by = 'client' needs a participation model each client can draw alone "
+                                 f"(full, bernoulli, markov or trace); participation is {what}")
+        elif self.round_close != RoundClose():  # (the defaults, as `fedhop spec` fills them in, are fine)
+            raise ValueError("round_close applies only with decided_by = 'client' (the server draws S_r itself and "
+                             "waits transport.round_deadline_s for each participant)")
+        return self
 
 
 class SGFocusOptions(FocusOptions):
@@ -89,19 +162,21 @@ def local_tracker(ctx: NodeContext, x: Bundle, g_prev: Bundle, tau: int, eta: fl
 
 @dataclass
 class ClientState:
-    """Client i: g_i, the last gradient it computed (None = 0 before its first round), and the ledger."""
+    """Client i: g_i, the last gradient it computed (None = 0 before its first round), the ledger, and (client-
+    decided participation) its own availability process."""
 
     g: Bundle | None = None
     ledger: LedgerSnapshot | None = None
+    availability: ClientAvailability | None = None
 
 
 def node_state(role: str) -> ClientState | None:
     return ClientState() if role == "client" else None
 
 
-@task("focus.local")
+@task("focus.local", kinds=(PULL, PUSH))
 def focus_local(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
-    """Client: PULL received x (the request); the reply is the PUSH of y_tau."""
+    """Client: the request PULLs x (counted as ``pull``); the reply PUSHes y_tau (counted as ``push``)."""
     ClientLedger.begin(ctx, args, ("g",))
     st: ClientState = ctx.state
     g_prev = st.g if st.g is not None else zeros_like(x)
@@ -109,6 +184,44 @@ def focus_local(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
     o: FocusOptions = ctx.opts
     y, st.g = local_tracker(ctx, x, g_prev, int(args["local_steps"]), o.lr, o.batch_size, gen)
     return Reply(y)
+
+
+@task("focus.edge", kinds=(PULL, PUSH))
+def focus_edge(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Edge: pull x to its clients among ``args["clients"]``, and push ONE vector up: the sum of the y_tau that
+    arrived, in canonical client order (the edge's C_edge, column stochastic); ``pushed`` names them."""
+    mine = set(ctx.children)
+    chosen = [c for c in str(args["clients"]).split(",") if c in mine]
+    fwd: dict[str, Scalar] = {"local_steps": args["local_steps"], "rollback": args.get("rollback", "")}
+    replies = ctx.comm.scatter(chosen, "focus.local", x, fwd, expect=x)
+    total = weighted_sum((1.0, r.bundle) for r in replies.values()) if replies else zeros_like(x)
+    return Reply(total, {"pushed": ",".join(replies)})
+
+
+@task("focus.open")
+def focus_open(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """The call of a round (``decided_by = "client"``). A client draws I_i(r) from its own process and answers
+    (no tensors) only if available, else stays silent (:class:`NoAnswer`). An edge calls its own clients and
+    answers with the ones that did (``available``)."""
+    o: FocusOptions = ctx.opts
+    if ctx.role == "edge":
+        return Reply({}, {"available": ",".join(call_clients(ctx, list(ctx.children)))})
+    st: ClientState = ctx.state
+    clients = ctx.topology.clients
+    if st.availability is None or st.availability.model != o.participation:
+        st.availability = ClientAvailability.build(o.participation, clients.index(ctx.node_id), len(clients),
+                                                   ctx.np_rng("availability", "static"))
+    if not st.availability.available(ctx.round, lambda r: ctx.np_rng("availability", r)):
+        raise NoAnswer
+    return Reply()
+
+
+def call_clients(ctx: NodeContext, pool: list[NodeId]) -> list[NodeId]:
+    """Call ``pool`` (clients) for the current round; the ones that answered, in canonical order."""
+    close: RoundClose = ctx.opts.round_close
+    replies = ctx.comm.scatter(pool, "focus.open", None, {}, deadline_s=close.deadline_s,
+                               quorum=close.quorum or None, optional=True)
+    return list(replies)
 
 
 @dataclass
@@ -132,13 +245,16 @@ def setup(ctx: NodeContext, s: ServerState) -> ServerState:
     """Set-up step: with ``init = "matched"`` (spec 3.4.5) a virtual full round with tau = 1 before round 0."""
     if ctx.opts.init != "matched":
         return s
-    return _pull_push(ctx, list(ctx.children), s, local_steps=1)
+    return _pull_push(ctx, list(ctx.topology.clients), s, local_steps=1)
 
 
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
-    """Round r (Alg. 1): draw S_r, pull x_r, push y_tau, sum, step."""
+    """Round r (Alg. 1): S_r (drawn, or called), pull x_r, push y_tau, sum, step."""
     o: FocusOptions = ctx.opts
-    chosen = participants(ctx, o.participation, s.participation)
+    if o.decided_by == "client":
+        chosen = call_round(ctx)
+    else:
+        chosen = participants(ctx, o.participation, s.participation, pool=ctx.topology.clients)
     if chosen or o.empty_round == "step":
         s = _pull_push(ctx, chosen, s, o.local_steps)
     if ctx.should_eval():
@@ -146,12 +262,35 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     return s
 
 
+def call_round(ctx: NodeContext) -> list[NodeId]:
+    """S_r when clients decide: the clients that answered the round's call (through their edges, if any)."""
+    topo = ctx.topology
+    if not topo.edges:
+        return call_clients(ctx, list(ctx.children))
+    answered: set[NodeId] = set()
+    for e, r in ctx.comm.scatter(list(ctx.children), "focus.open", None, {}).items():
+        cluster = set(topo.cluster(e))
+        answered.update(c for c in str(r.scalars.get("available", "")).split(",") if c in cluster)
+    return topo.sort(answered)
+
+
 def _pull_push(ctx: NodeContext, chosen: list[str], s: ServerState, local_steps: int) -> ServerState:
+    """Pull x to S_r and push back (directly, or through the edges), then y += the sum, x -= eta y."""
     o: FocusOptions = ctx.opts
     x, y, eta = s.model, s.y, o.lr
     args: dict[str, Scalar] = {"local_steps": local_steps, **s.ledger.args_for(chosen)}
-    replies = ctx.comm.scatter(chosen, "focus.local", x, args, expect=x)
-    s.ledger.settle(ctx.round, chosen, replies)
+    topo = ctx.topology
+    if not topo.edges:
+        replies = ctx.comm.scatter(chosen, "focus.local", x, args, expect=x)
+        arrived: set[NodeId] = set(replies)
+    else:
+        edges = sorted({topo.parent[c] for c in chosen}, key=topo.ordinal)
+        replies = ctx.comm.scatter(edges, "focus.edge", x, {**args, "clients": ",".join(chosen)}, expect=x)
+        arrived = set()
+        for e, r in replies.items():
+            cluster = set(topo.cluster(e))
+            arrived.update(c for c in str(r.scalars.get("pushed", "")).split(",") if c in cluster)
+    s.ledger.settle(ctx.round, chosen, arrived)
     if replies:
         push = weighted_sum((1.0, r.bundle) for r in replies.values())  # canonical order; a SUM
         y = {k: y[k] + push[k] for k in y}  # y_{r+1} = y_r + sum_{i in S_r} y_tau,i
@@ -159,9 +298,34 @@ def _pull_push(ctx: NodeContext, chosen: list[str], s: ServerState, local_steps:
     return ServerState(x, y, s.participation, s.ledger)
 
 
+def check_spec(spec: RunSpec, o: FocusOptions) -> None:
+    """What the options alone cannot check: quorum and per-client lists against the topology, the edges'
+    call deadline against the PS's wait for them."""
+    n = spec.topology.clients
+    p = o.participation
+    for name, v in (("p", getattr(p, "p", None)), ("p_join", getattr(p, "p_join", None))):
+        if isinstance(p, BernoulliParticipation | MarkovParticipation) and isinstance(v, list) and len(v) != n:
+            raise ValueError(f"algorithm.options.participation.{name} has {len(v)} entries for "
+                             f"topology.clients = {n}")
+    if o.decided_by != "client":
+        return
+    close = o.round_close
+    if close.quorum > n:
+        raise ValueError(f"algorithm.options.round_close.quorum ({close.quorum}) exceeds topology.clients ({n})")
+    if spec.topology.edges and close.quorum:
+        raise ValueError("algorithm.options.round_close.quorum applies to flat FOCUS only (topology.edges = 0): "
+                         "with edges each edge calls its own clients and waits for round_close.deadline_s")
+    if spec.topology.edges:
+        budget = spec.transport.nested_deadline(spec.transport.round_deadline_s)
+        if close.deadline_s >= budget:
+            raise ValueError(f"algorithm.options.round_close.deadline_s ({close.deadline_s:g}s) must be shorter "
+                             f"than what an edge may wait within transport.round_deadline_s "
+                             f"({spec.transport.round_deadline_s:g}s, less its margin: {budget:g}s)")
+
+
 register(Algorithm("focus", FocusOptions, init, server_round, setup=setup, node_state=node_state,
-                   summary="FOCUS (Ying et al. 2025, Alg. 1): push-pull, exact under arbitrary participation",
-                   needs_edges=False))
+                   summary="FOCUS (Ying et al. 2025, Alg. 1): push-pull, exact under arbitrary participation; "
+                   "flat or through edges", check=check_spec))
 register(Algorithm("sg-focus", SGFocusOptions, init, server_round, setup=setup,
                    node_state=node_state, summary="SG-FOCUS (Ying et al. 2025, Alg. 2): stochastic FOCUS",
-                   needs_edges=False))
+                   check=check_spec))

@@ -19,6 +19,12 @@ same on every engine. Models:
 - ``cyclic``: deterministic blocks of m consecutive clients in turn (spec 7.3).
 - ``trace``: a recorded rounds x clients 0/1 table (CSV or .npy) replayed row by row.
 
+Client-decided participation (FOCUS's ``decided_by = "client"``): instead of the server drawing S_r, every
+client i draws its own availability each round from its own process (:class:`ClientAvailability`: ``full``,
+``bernoulli``, ``markov`` or ``trace``, the models that are per-client by nature), from its own streams
+``ctx.np_rng("availability", "static")`` (p_i, once) and ``ctx.np_rng("availability", r)`` (round r). Its
+availability in round r is therefore a pure function of (seed, client id, r), whatever messages reached it.
+
 A plain float f (FedAvg's historical option) means "uniform, m = max(1, round(f N))" and is drawn exactly as
 :func:`fedhop.common.algorithms.fedavg.sample_participants` draws it, so float specs keep their old streams.
 
@@ -32,6 +38,7 @@ y = sum_i g_i for good.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -42,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from fedhop.common.wire.bundle import Bundle, clone
 
 if TYPE_CHECKING:
-    from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
+    from fedhop.common.engine.api import NodeContext, NodeId, Scalar
 
 
 class _Strict(BaseModel):
@@ -175,6 +182,17 @@ def group_probabilities(groups: list[ProbGroup], n: int, rng: np.random.Generato
     return p
 
 
+def group_index(groups: list[ProbGroup], n: int, i: int) -> int:
+    """The group client ``i`` (of n, client-id order) falls in, as :func:`group_probabilities` assigns them."""
+    start = 0
+    for k, g in enumerate(groups):
+        stop = n if k == len(groups) - 1 else min(n, start + int(g.fraction * n))
+        if start <= i < stop:
+            return k
+        start = stop
+    raise ValueError(f"client index {i} is outside the {n} clients the groups cover")
+
+
 def _per_client(v: float | list[float], n: int, what: str) -> np.ndarray:
     if isinstance(v, list):
         if len(v) != n:
@@ -284,6 +302,81 @@ def successive_sample(q: np.ndarray, m: int, rng: np.random.Generator) -> np.nda
     return out
 
 
+CLIENT_DECIDABLE = (FullParticipation, BernoulliParticipation, MarkovParticipation, TraceParticipation)
+
+
+@dataclass
+class ClientAvailability:
+    """Client i's own availability process (client-decided participation), part of the client's state.
+
+    - ``full``: always available.
+    - ``bernoulli``: available in round r iff u_r < p_i, u_r ~ U(0, 1) from the client's round-r stream; p_i is
+      the model's p (or p[i]), or drawn once from the client's group (``groups``, client-id order).
+    - ``markov``: the two-state chain of :class:`MarkovParticipation`: round 0 available w.p. p_init_i; then
+      P(1 -> 1) = p_stay, P(0 -> 1) = p_join_i. Rounds a client did not hear of are drawn when it next hears
+      (and a round asked again is answered the same), so its state at round r depends only on (seed, id, r).
+    - ``trace``: column i of the recorded table, row r (row r mod rows with ``wrap``).
+    """
+
+    model: Any
+    index: int  # i: the client's position among all clients (client-id order)
+    n: int
+    p: float = 1.0  # bernoulli p_i / markov p_join_i
+    p_init: float = 1.0  # markov: P(available in round 0)
+    on: bool | None = None  # markov: the chain's state in round ``drawn``
+    drawn: int = -1  # the last round drawn
+    column: np.ndarray | None = None  # trace: this client's column of the table
+
+    @classmethod
+    def build(cls, model: Any, index: int, n: int, rng: np.random.Generator) -> ClientAvailability:
+        """Client ``index`` of ``n``'s process; ``rng`` is the client's static stream (used for p_i only)."""
+        if not isinstance(model, CLIENT_DECIDABLE):
+            raise ValueError(f"participation kind {getattr(model, 'kind', model)!r} cannot be decided by each "
+                             "client alone; use full, bernoulli, markov or trace")
+        av = cls(model, index, n)
+        if isinstance(model, BernoulliParticipation):
+            if model.p is not None:
+                av.p = float(_per_client(model.p, n, "p")[index])
+            else:
+                g = model.groups[group_index(model.groups, n, index)]
+                av.p = float(rng.uniform(g.low, g.high))
+        elif isinstance(model, MarkovParticipation):
+            if model.p_join is not None:
+                av.p = float(_per_client(model.p_join, n, "p_join")[index])
+            else:
+                g = model.groups[group_index(model.groups, n, index)]
+                av.p = model.join_scale * float(rng.uniform(g.low, g.high))
+            av.p_init = float(rng.uniform(model.init_low, model.init_high))
+        elif isinstance(model, TraceParticipation):
+            table = model.table()
+            if table.shape[1] != n:
+                raise ValueError(f"trace {model.path} has {table.shape[1]} columns for {n} clients")
+            av.column = table[:, index].astype(bool)
+        return av
+
+    def available(self, round_idx: int, rng_of: Any) -> bool:
+        """Is the client available in round ``round_idx``? ``rng_of(r)`` is its stream for round r."""
+        m = self.model
+        if isinstance(m, FullParticipation):
+            return True
+        if isinstance(m, TraceParticipation):
+            assert self.column is not None
+            rows = len(self.column)
+            if round_idx >= rows and not m.wrap:
+                raise IndexError(f"trace {m.path} has {rows} rows; round {round_idx} is past its end")
+            return bool(self.column[round_idx % rows])
+        if isinstance(m, BernoulliParticipation):
+            return bool(rng_of(round_idx).random() < self.p)
+        assert isinstance(m, MarkovParticipation)
+        if round_idx < self.drawn:  # a round asked again after a rollback (resume): replay the chain from 0
+            self.on, self.drawn = None, -1
+        for r in range(self.drawn + 1, round_idx + 1):
+            u = rng_of(r).random()
+            self.on = bool(u < self.p_init) if self.on is None else bool(u < (m.p_stay if self.on else self.p))
+        self.drawn = round_idx
+        return bool(self.on)
+
+
 @dataclass
 class ParticipationState:
     """The server's participation process, part of its explicit state (None until the first draw)."""
@@ -324,9 +417,10 @@ class ServerLedger:
         """Control scalar naming the lost (client, round) pairs among ``targets``: "client-3@17,client-5@20"."""
         return {"rollback": ",".join(f"{t}@{self.lost[t]}" for t in targets if t in self.lost)}
 
-    def settle(self, round_idx: int, targets: list[NodeId], replies: dict[NodeId, Reply]) -> None:
+    def settle(self, round_idx: int, targets: list[NodeId], arrived: Collection[NodeId]) -> None:
+        """``arrived``: the targets whose reply (push) reached the server; the others' rounds are lost."""
         for t in targets:
-            if t in replies:
+            if t in arrived:
                 self.lost.pop(t, None)
             else:
                 self.lost[t] = round_idx

@@ -178,6 +178,23 @@ def build_client_data(spec: DataSpec, n_clients: int, seed: int, k: int) -> tupl
     return p.client(k), p.meta
 
 
+def build_clients_data(spec: DataSpec, n_clients: int, seed: int,
+                       ks: list[int]) -> tuple[dict[int, Dataset], DataMeta]:
+    """Clients ``ks``' partitions (a client host's), each bit-identical to ``build_client_data(..., k)``: the
+    dataset is built and the global assignment computed once for all of them, and only their samples are
+    copied out; with a ``data.source``, one request per client in ``ks``."""
+    if not ks:
+        raise ValueError("no client indices given")
+    bad = [k for k in ks if not 0 <= k < n_clients]
+    if bad:
+        raise ValueError(f"client index {bad[0]} out of range for {n_clients} clients")
+    if spec.source is not None:
+        got = {k: source_client(spec, n_clients, seed, k) for k in ks}
+        return {k: d for k, (d, _) in got.items()}, got[ks[0]][1]
+    p = _prepare(spec, n_clients, seed)
+    return {k: p.client(k) for k in ks}, p.meta
+
+
 def build_test_data(spec: DataSpec, n_clients: int, seed: int) -> tuple[Dataset, DataMeta]:
     """The test set alone (what the parameter server evaluates on), as ``build_federated_data`` gives it."""
     if spec.source is not None:

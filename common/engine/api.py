@@ -42,6 +42,11 @@ NodeId = str
 SETUP_ROUND = -1  # the round index of an algorithm's set-up step (before round 0)
 
 
+class NoAnswer(Exception):
+    """Raised by a task handler whose node chooses not to answer (FOCUS: a client that is not available this
+    round). No reply is sent, in either engine: the caller sees silence until its deadline, or its quorum."""
+
+
 @dataclass(frozen=True)
 class Reply:
     """What a task handler returns: tensors (counted as payload) and small scalars (control)."""
@@ -63,6 +68,8 @@ class Comm(Protocol):
         expect: Mapping[str, torch.Tensor] | None = None,
         deadline_s: float | None = None,
         fold: Callable[[NodeId, Reply], None] | None = None,
+        quorum: int | None = None,
+        optional: bool = False,
     ) -> dict[NodeId, Reply]:
         """Send ``task`` with ``bundle`` to each node in ``to`` and gather replies.
 
@@ -75,6 +82,10 @@ class Comm(Protocol):
         change the tensors in place); the returned replies then carry their scalars only. The networked engine
         receives at most ``transport.reply_window`` replies beyond the next one to fold at a time, so a node
         holds the aggregate and a few replies rather than every reply (issue 11).
+        ``quorum``: stop waiting once that many replies are in (the in-process engine takes the first ones in
+        canonical order, the networked one the first to arrive; the others are late and dropped).
+        ``optional``: a node that stays silent (its handler raised :class:`NoAnswer`, or no reply before the
+        deadline or the quorum) is simply absent, not logged as missing.
         """
         ...
 
@@ -223,10 +234,13 @@ class Algorithm:
     # round(ctx, S) never changes a tensor of S in place (it builds new ones): the round loop keeps S's tensors
     # by reference for a retry instead of copying them (checked by their version counters when it restores)
     round_replaces_tensors: bool = False
+    # the inbox slots its edges hand models into (``Comm.hand_off``); an edge refuses hand-offs into others
+    handoff_slots: tuple[str, ...] = ()
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
 TASKS: dict[str, Handler] = {}
+MESSAGE_KINDS: dict[str, tuple[str, str]] = {}  # task -> (its request's meter kind, its reply's meter kind)
 
 
 def register(algo: Algorithm) -> Algorithm:
@@ -236,15 +250,29 @@ def register(algo: Algorithm) -> Algorithm:
     return algo
 
 
-def task(name: str) -> Callable[[Handler], Handler]:
-    """Decorator: register a task handler under a global name, e.g. ``@task("fedavg.train")``."""
+def task(name: str, *, kinds: tuple[str, str] | None = None) -> Callable[[Handler], Handler]:
+    """Decorator: register a task handler under a global name, e.g. ``@task("fedavg.train")``.
+
+    ``kinds``: the meter kinds its request and its reply are counted under (default: both under ``name``),
+    e.g. FOCUS's ``("pull", "push")``: the model goes down as a pull, the tracker comes up as a push."""
     def deco(fn: Handler) -> Handler:
         if name in TASKS and TASKS[name] is not fn:
             raise ValueError(f"task {name!r} registered twice")
         TASKS[name] = fn
+        if kinds is not None:
+            MESSAGE_KINDS[name] = kinds
         return fn
 
     return deco
+
+
+def meter_kind(task_name: str, phase: str) -> str:
+    """The kind a message of ``task_name`` is counted under in the byte meter: the task's own name unless it
+    registered ``kinds`` (then its request's or its reply's, by ``phase``)."""
+    kinds = MESSAGE_KINDS.get(task_name)
+    if kinds is None:
+        return task_name
+    return kinds[0] if phase == "request" else kinds[1]
 
 
 def get_algorithm(name: str) -> Algorithm:

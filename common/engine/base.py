@@ -22,9 +22,11 @@ class HandOffError(RuntimeError):
 
 @dataclass(frozen=True)
 class Failure:
-    """A target that did not produce a usable reply."""
+    """A target that did not produce a usable reply. ``silent``: it did not answer at all (it chose not to, or
+    no reply came before the deadline or the quorum), as opposed to answering with an error."""
 
     reason: str
+    silent: bool = False
 
 
 def check_bundle(bundle: Mapping[str, torch.Tensor], expect: Mapping[str, torch.Tensor] | None = None) -> str | None:
@@ -77,7 +79,8 @@ class BaseComm(ABC):
         self._sent = self._ok = 0
 
     def round_counts(self) -> tuple[int, int]:
-        """(tasks sent, usable replies) since :meth:`begin_round`."""
+        """(tasks sent, usable replies) since :meth:`begin_round`; a target of an ``optional`` scatter that stayed
+        silent is not counted as sent (it chose not to take part: an empty round is not a failed one)."""
         return self._sent, self._ok
 
     @abstractmethod
@@ -85,7 +88,7 @@ class BaseComm(ABC):
 
     @abstractmethod
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
-                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]: ...
+                  deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]: ...
 
     def _exchange_settling(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                            deadline_s: float | None, settle: Settle) -> None:
@@ -98,7 +101,8 @@ class BaseComm(ABC):
 
     def scatter(self, to: Sequence[NodeId], task: str, bundle: Bundle | None = None,
                 args: Mapping[str, Scalar] | None = None, *, expect: Mapping[str, torch.Tensor] | None = None,
-                deadline_s: float | None = None, fold: Fold | None = None) -> dict[NodeId, Reply]:
+                deadline_s: float | None = None, quorum: int | None = None, optional: bool = False,
+                fold: Fold | None = None) -> dict[NodeId, Reply]:
         """See :meth:`~fedhop.common.engine.api.Comm.scatter`. With ``fold``, each usable reply is passed to
         ``fold(node, reply)`` in canonical order as soon as it and the replies before it are settled (the reply's
         bundle is the caller's to keep or change in place), and the result holds the replies without bundles."""
@@ -108,10 +112,16 @@ class BaseComm(ABC):
             raise ValueError(f"{self.node} can only scatter to its children; {stray} are not among them")
         if len(set(to)) != len(to):
             raise ValueError(f"{self.node}: duplicate targets in scatter: {list(to)}")
+        if quorum is not None and quorum < 1:
+            raise ValueError(f"{self.node}: a scatter's quorum must be >= 1, got {quorum}")
+        if quorum is not None and fold is not None:
+            raise ValueError(f"{self.node}: a scatter folds in canonical order or closes at a quorum, not both")
         targets = self.topology.sort(to)
         out: dict[NodeId, Reply] = {}
+        silent = 0
 
         def settle(t: NodeId, r: Reply | Failure) -> None:
+            nonlocal silent
             # read now, not before the exchange: a networked engine refreshes ctx.sizes when the round begins
             sizes = getattr(self.ctx, "sizes", None)
             rnd = self.current_round()
@@ -131,18 +141,21 @@ class BaseComm(ABC):
                         out[t] = Reply({}, r.scalars)
                     return
                 r = Failure(f"rejected reply: {reason}")
+            if optional and r.silent:
+                silent += 1
+                return
             self.missing.add(rnd, self.node, t, task, r.reason)
 
         timing.event("scatter", at=self.node, task=task)
         if fold is None:
-            raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s)
+            raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, quorum)
             for t in targets:
                 settle(t, raw.get(t, Failure("no reply")))
         else:
             self._exchange_settling(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, settle)
         out = {t: out[t] for t in targets if t in out}
         timing.event("scatter_end", at=self.node)
-        self._sent += len(targets)
+        self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed
         self._ok += len(out)
         return out
 

@@ -13,7 +13,16 @@ from typing import Any
 
 import torch
 
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm, get_task
+from fedhop.common.engine.api import (
+    NoAnswer,
+    NodeContext,
+    NodeId,
+    Reply,
+    Scalar,
+    get_algorithm,
+    get_task,
+    meter_kind,
+)
 from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, Settle, check_bundle
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.loop import Start, drive
@@ -111,8 +120,9 @@ class InProcessEngine:
     # -- one message over a simulated link ----------------------------------------------------------------
     def send(self, src: NodeId, dst: NodeId, kind: str, phase: str, bundle: Bundle,
              scalars: dict[str, Scalar]) -> Bundle:
+        """``kind``: the task (or ``handoff`` / ``describe``); counted under its :func:`meter_kind`."""
         chunk = self.spec.transport.chunk_bytes
-        self.meter.record(src, dst, kind, phase, payload_bytes(bundle),
+        self.meter.record(src, dst, meter_kind(kind, phase), phase, payload_bytes(bundle),
                           message_bytes(kind, phase, bundle, scalars, chunk), self.round)
         return clone(bundle)
 
@@ -126,8 +136,21 @@ class _LocalComm(BaseComm):
         return self.engine.round
 
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
-                  deadline_s: float | None) -> dict[NodeId, Reply | Failure]:
-        return {t: self._one(t, task, bundle, args) for t in targets}
+                  deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
+        """Every target runs the task, in canonical order. A handler that raises :class:`NoAnswer` sends
+        nothing back. With a ``quorum``, the replies after the first ``quorum`` usable ones are sent (and
+        counted) but arrive after the caller stopped waiting: they are late, as over the network."""
+        out: dict[NodeId, Reply | Failure] = {}
+        ok = 0
+        for t in targets:
+            r = self._one(t, task, bundle, args)
+            if isinstance(r, Reply):
+                if quorum is not None and ok >= quorum:
+                    r = Failure(f"late: the call closed at its quorum of {quorum}", silent=True)
+                else:
+                    ok += 1
+            out[t] = r
+        return out
 
     def _exchange_settling(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                            deadline_s: float | None, settle: Settle) -> None:
@@ -147,6 +170,8 @@ class _LocalComm(BaseComm):
             return Failure(f"{t} rejected the request: {reason}")
         try:
             reply = handler(ctx, received, dict(args))
+        except NoAnswer:
+            return Failure("did not answer", silent=True)
         except Exception as e:  # a failing node is a missing node, as over the network
             return Failure(f"{type(e).__name__}: {e}")
         del received

@@ -7,7 +7,8 @@ everything here is a pure function of the spec, all processes agree on it withou
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -16,7 +17,7 @@ import torch
 from torch.func import functional_call
 
 from fedhop.common.data import Dataset, DataSpec, FederatedData, build_federated_data
-from fedhop.common.data.build import DataMeta, build_client_data, build_test_data
+from fedhop.common.data.build import DataMeta, build_client_data, build_clients_data, build_test_data
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.models import build_model
 from fedhop.common.spec import RunSpec
@@ -46,7 +47,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Workspace:
-    def __init__(self, spec: RunSpec, device: str | None = None, data_path_override: str | None = None) -> None:
+    """``own_clients``: the clients this process serves (a client host's ids); their partitions are built
+    together, once, on the first ask for any of them."""
+
+    def __init__(self, spec: RunSpec, device: str | None = None, data_path_override: str | None = None,
+                 own_clients: Sequence[str] | None = None) -> None:
         self.spec = spec
         self.options = spec.options()
         self.topology: Topology = build_topology(spec.topology, spec.seed)
@@ -54,6 +59,9 @@ class Workspace:
         self._data_path_override = data_path_override
         self._own: tuple[int, Dataset] | None = None  # (ordinal, partition) of the one client loaded alone
         self._meta: DataMeta | None = None
+        self._own_ids = frozenset(own_clients or ())
+        self._own_many: dict[int, Dataset] | None = None  # the partitions of own_clients, by ordinal
+        self._data_lock = threading.Lock()  # a host's sessions ask for their partitions from their own threads
 
     # -- data ---------------------------------------------------------------------------------------------
     # A Workspace loads only what its process asks for: a client process its own partition, the PS (and an
@@ -79,6 +87,13 @@ class Workspace:
         k = self.topology.ordinal(node)
         if "fed" in self.__dict__:
             return self.fed.clients[k]
+        if node in self._own_ids:
+            with self._data_lock:
+                if self._own_many is None:
+                    ks = sorted(self.topology.ordinal(c) for c in self._own_ids if c in self.topology.parent)
+                    self._own_many, self._meta = build_clients_data(self.data_spec, self.spec.topology.clients,
+                                                                    self.spec.seed, ks)
+            return self._own_many[k]
         if self._own is None:
             data, self._meta = build_client_data(self.data_spec, self.spec.topology.clients, self.spec.seed, k)
             self._own = (k, data)

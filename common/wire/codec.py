@@ -202,6 +202,11 @@ def encode_views(
     for name, tensor in bundle.items():
         if not isinstance(name, str) or not name:
             raise CodecError(f"tensor names must be non-empty strings, got {name!r}")
+        if not name.isascii():  # protobuf strings must be UTF-8: a lone surrogate ('\ud800') is not
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise CodecError(f"tensor name {name!r} is not valid UTF-8 ({e.reason})") from None
         dtype, shape, view = _raw_bytes(name, tensor)
         layout.append((name, dtype, shape))
         if view.nbytes:

@@ -19,11 +19,13 @@ frames (``control.py``) are counted under their own kind.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 
+from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.codec import (
     DEFAULT_CHECKSUM,
     DTYPES,
@@ -180,12 +182,35 @@ class MessageAssembler:
     ``feed`` returns a complete message, None while one is still arriving, or raises :class:`FrameError`
     for a frame that fits nowhere. A bundle that fails to decode completes its message with ``error`` set
     (so the receiver can answer that call with an error); the rest of that call's frames are dropped.
+
+    Hostile input is bounded before anything is allocated: ``accept(head)`` (the receiver's rule, e.g. "a
+    Result only for a call sent to this peer and still pending") may refuse a Task/Result frame, which raises
+    FrameError and drops the call's later frames unread; ``budget`` caps the bundles and announced bytes in
+    flight (a header over the cap fails its message); ``max_bytes`` caps one bundle (checked by the decoder
+    before it allocates).
     """
 
-    def __init__(self, max_bytes: int | None = None) -> None:
+    DROPPED_KEPT = 4096  # dropped call ids remembered (their stray frames are ignored, not complained about)
+
+    def __init__(self, max_bytes: int | None = None, *, budget: InflightBudget | None = None,
+                 accept: Callable[[pb.Frame], str | None] | None = None) -> None:
         self.max_bytes = max_bytes
+        self.budget = budget
+        self.accept = accept
         self._open: dict[int, tuple[pb.Frame, int, BundleDecoder | None]] = {}
-        self._dropped: set[int] = set()
+        self._reserved: dict[int, int] = {}
+        self._dropped: OrderedDict[int, None] = OrderedDict()
+
+    def _drop(self, cid: int) -> None:
+        self._dropped[cid] = None
+        self._dropped.move_to_end(cid)
+        while len(self._dropped) > self.DROPPED_KEPT:
+            self._dropped.popitem(last=False)
+
+    def _unreserve(self, cid: int) -> None:
+        n = self._reserved.pop(cid, None)
+        if n is not None and self.budget is not None:
+            self.budget.release(n)
 
     def feed(self, frame: pb.Frame | ChunkFrame | BadFrame) -> Message | None:
         if isinstance(frame, BadFrame):
@@ -200,7 +225,11 @@ class MessageAssembler:
                 raise FrameError(f"{body} frame without a call id")
             if cid in self._open:
                 raise FrameError(f"second {body} frame for call {cid} while its bundle arrives", cid)
-            self._dropped.discard(cid)
+            refused = self.accept(frame) if self.accept is not None else None
+            if refused is not None:
+                self._drop(cid)
+                raise FrameError(refused, cid)
+            self._dropped.pop(cid, None)
             has = frame.task.has_bundle if body == "task" else frame.result.has_bundle
             if not has:
                 return Message(cid, frame, {}, 0, size)
@@ -212,6 +241,15 @@ class MessageAssembler:
             if cid not in self._open or self._open[cid][2] is not None:
                 raise FrameError(f"bundle header for call {cid}, which announced no bundle", cid)
             head, n, _ = self._open[cid]
+            claimed = int(frame.header.total_bytes)
+            if self.max_bytes is not None and claimed > self.max_bytes:  # before any reservation or allocation
+                return self._fail(cid, f"bad bundle header: bundle of {claimed} bytes exceeds the limit "
+                                       f"max_bytes={self.max_bytes}")
+            if self.budget is not None:
+                why = self.budget.reserve(claimed)
+                if why is not None:
+                    return self._fail(cid, f"bundle refused: {why}")
+                self._reserved[cid] = claimed
             try:
                 dec = BundleDecoder(frame.header, max_bytes=self.max_bytes)
             except CodecError as e:
@@ -238,23 +276,35 @@ class MessageAssembler:
 
     def _maybe_done(self, cid: int) -> Message:
         head, n, dec = self._open.pop(cid)
+        self._unreserve(cid)
         assert dec is not None
         try:
             bundle = dec.finish()
         except CodecError as e:
-            self._dropped.add(cid)
+            self._drop(cid)
             return Message(cid, head, {}, dec.total_bytes, n, f"bad bundle: {e}")
         return Message(cid, head, bundle, dec.total_bytes, n)
 
     def _fail(self, cid: int, why: str) -> Message:
         head, n, _ = self._open.pop(cid)
-        self._dropped.add(cid)
+        self._unreserve(cid)
+        self._drop(cid)
         return Message(cid, head, {}, 0, n, why)
 
     def abandon(self, cid: int) -> None:
         """Forget a call whose frames no longer matter (e.g. a late reply)."""
         self._open.pop(cid, None)
-        self._dropped.add(cid)
+        self._unreserve(cid)
+        self._drop(cid)
+
+    def close(self) -> None:
+        """The stream ended: release every bundle still arriving (its buffer and its budget)."""
+        for cid in list(self._open):
+            self.abandon(cid)
+
+    @property
+    def open_bundles(self) -> int:
+        return len(self._open)
 
 
 # -- bundles at the edges of the wire ---------------------------------------------------------------------

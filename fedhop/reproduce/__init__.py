@@ -1,7 +1,9 @@
 """Paper reproductions: ``fedhop reproduce NAME [--quick]``.
 
-Each experiment module registers one function with :func:`experiment`. It runs its specs with the
-in-process engine, writes results (JSON/CSV), plots (PNG) and a markdown table into its output folder,
+Each experiment module registers one function with :func:`experiment`. It runs its specs through
+:func:`fedhop.reproduce.runner.run_spec` (the in-process engine, or real processes with ``--network``), each
+into a run folder under ``runs/``, writes results (JSON/CSV), figures (PNG, most of them by ``fedhop compare``
+from those run folders) and a markdown table into its output folder,
 and returns an :class:`Outcome` whose ``checks`` state the direction of the paper's claim, as measured.
 ``--quick`` is the reduced size CI runs: smaller and shorter, but still checking each claim's direction.
 """
@@ -13,6 +15,8 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fedhop.reproduce.runner import RunOptions, current, using
 
 MODULES = ("focus_fig4", "fedcluster_e1", "fedchs_digits", "fgdro_toy")
 
@@ -52,7 +56,14 @@ def load_all() -> dict[str, Experiment]:
 
 
 def run_experiment(name: str, out: Path, quick: bool, dataset: str | None = None,
-                   path: str | None = None) -> Outcome:
+                   path: str | None = None, options: RunOptions | None = None) -> Outcome:
+    """Run one experiment into ``out``; ``options``: the engine (``--network``) and ``--only``."""
+    with using(options or RunOptions()):
+        return _run_experiment(name, out, quick, dataset, path)
+
+
+def _run_experiment(name: str, out: Path, quick: bool, dataset: str | None, path: str | None) -> Outcome:
+    opts = current()
     exps = load_all()
     if name not in exps:
         raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(sorted(exps))}")
@@ -66,5 +77,6 @@ def run_experiment(name: str, out: Path, quick: bool, dataset: str | None = None
         outcome = exps[name](out, quick)
     (out / "table.md").write_text(f"# {name}{' (quick)' if quick else ''}\n\n{outcome.table_md}\n")
     (out / "outcome.json").write_text(json.dumps(
-        {"name": name, "quick": quick, "checks": outcome.checks, "notes": outcome.notes}, indent=1))
+        {"name": name, "quick": quick, "engine": opts.engine, "only": list(opts.only), "checks": outcome.checks,
+         "notes": outcome.notes}, indent=1))
     return outcome

@@ -33,9 +33,9 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
 from fedhop.reproduce import Outcome, experiment
+from fedhop.reproduce.runner import current, folder_name, run_spec
 
 CMD = "fedhop reproduce fedcluster-e1"
 FEDAVG_LR = 0.1
@@ -104,21 +104,27 @@ class Curve:
     wall_s: float
 
 
-def run_variant(v: Variant, seed: int, rounds: int) -> Curve:
+def run_key(v: Variant, seed: int) -> str:
+    """The run's key: its run folder under ``runs/`` and what ``--only`` matches."""
+    return folder_name(f"{v.label} rho_device={v.rho_device} seed={seed}")
+
+
+def run_variant(v: Variant, seed: int, rounds: int, runs_dir: Path) -> Curve:
     import torch
 
     torch.set_num_threads(1)  # one run per core; see run_all
-    res = InProcessEngine(make_spec(v, seed, rounds)).run()
+    res = run_spec(make_spec(v, seed, rounds), runs_dir / run_key(v, seed))
     device = sum(r["payload_bytes"] for r in res.links if r["kind"] == "local.train")
     return Curve(v, seed, [float(r["loss"]) for r in res.rounds], [float(r["accuracy"]) for r in res.rounds],
                  device / rounds, res.wall_s)
 
 
-def run_all(jobs: list[tuple[Variant, int, int]], parallel: bool) -> list[Curve]:
+def run_all(jobs: list[tuple[Variant, int, int, Path]], parallel: bool) -> list[Curve]:
     """Independent runs, in parallel processes (one per core) when ``parallel``: every run is a pure function
-    of its spec, so the results do not depend on the number of workers (``FEDHOP_WORKERS`` sets it)."""
+    of its spec, so the results do not depend on the number of workers (``FEDHOP_WORKERS`` sets it). With
+    ``--network`` the runs are sequential (each is already a federation of processes)."""
     workers = int(os.environ.get("FEDHOP_WORKERS", 0)) or min(len(jobs), os.cpu_count() or 1)
-    workers = workers if parallel else 1
+    workers = workers if parallel and not current().network else 1
     if workers <= 1:
         return [run_variant(*j) for j in jobs]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
@@ -140,6 +146,9 @@ def _fmt(x: float | None) -> str:
 
 
 def _plot(groups: dict[str, dict[str, list[float]]], path: Path, title: str) -> None:
+    """The train loss vs round, panels by rho_device / M / rho_cluster, each curve the MEAN over the seeds: a
+    figure ``fedhop compare`` cannot draw (it shows single runs; each run's folder is under ``runs/`` for
+    ``fedhop compare --metric loss``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,7 +190,11 @@ def fedcluster_e1(out: Path, quick: bool) -> Outcome:
         plan += [(fedcluster(0.9, m, rule), rounds) for m in (5, 20) for rule in ("over_M", "fixed_over_10")]
         plan += [(fedcluster(0.5, rho_cluster=rc), rounds) for rc in (0.1, 0.5, 0.9)]
         plan += [(centralized(0.1), rounds)]
-    curves = run_all([(v, s, r) for v, r in plan for s in seeds], parallel=not quick)
+    left_out = [run_key(v, s) for v, _ in plan for s in seeds if not current().selected(run_key(v, s))]
+    if left_out:  # every claim and panel here averages or contrasts several variants
+        raise SystemExit(f"fedcluster-e1: --only would leave out {len(left_out)} of its runs; its claims need "
+                         "them all (run it without --only)")
+    curves = run_all([(v, s, r, out / "runs") for v, r in plan for s in seeds], parallel=not quick)
 
     def get(v: Variant) -> list[float]:
         return mean_curve([c for c in curves if c.variant == v])

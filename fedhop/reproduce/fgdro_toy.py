@@ -34,9 +34,10 @@ import torch
 from fedhop.common.algorithms.fgdro import cvar_objective, kl_objective
 from fedhop.common.data.fgdro_toy import FGDROToyOptions, toy_arrays
 from fedhop.common.engine.api import get_algorithm
-from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.reproduce import Outcome, experiment
+from fedhop.reproduce.runner import current, folder_name, run_spec
 
 N_TOY, K_TOY, LAM_TOY = 8, 2.0, 1.0
 
@@ -157,11 +158,11 @@ def toy_spec(m: Method, rounds: int, seed: int) -> RunSpec:
     })
 
 
-def _toy_one(m: Method, rounds: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _toy_one(m: Method, rounds: int, runs_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One toy run: its table row and its per-round records."""
     prob = ToyProblem(FGDROToyOptions(), N_TOY, 0)
     t0 = time.perf_counter()
-    res = InProcessEngine(toy_spec(m, rounds, 1)).run()
+    res = run_spec(toy_spec(m, rounds, 1), runs_dir / folder_name(f"toy-{m.label}"))
     w = res.final["out.weight"].double().numpy().reshape(-1)
     L = prob.losses(w)
     srt = np.sort(L)[::-1]
@@ -174,13 +175,13 @@ def _toy_one(m: Method, rounds: int) -> tuple[dict[str, Any], list[dict[str, Any
     return row, res.rounds
 
 
-def run_toy(rounds: int, quick: bool, workers: int = 1
+def run_toy(rounds: int, quick: bool, workers: int = 1, runs_dir: Path = Path("runs")
             ) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, list[dict[str, Any]]]]:
     prob = ToyProblem(FGDROToyOptions(), N_TOY, 0)
     refs = {"F_cvar": cvar_objective(prob.losses(prob.ref_cvar(K_TOY)), K_TOY),
             "F_kl": kl_objective(prob.losses(prob.ref_kl(LAM_TOY)), LAM_TOY)}
     methods = toy_methods(quick)
-    done = _map(_toy_one, [(m, rounds) for m in methods], workers)
+    done = _map(_toy_one, [(m, rounds, runs_dir) for m in methods], workers)
     rows = []
     for row, _ in done:
         row["gap_cvar"] = row["F_cvar"] - refs["F_cvar"]
@@ -190,8 +191,9 @@ def run_toy(rounds: int, quick: bool, workers: int = 1
 
 
 def _map(fn: Any, jobs: list[tuple[Any, ...]], workers: int) -> list[Any]:
-    """fn(*job) for every job, in order; in a pool of ``workers`` processes when workers > 1."""
-    if workers <= 1:
+    """fn(*job) for every job, in order; in a pool of ``workers`` processes when workers > 1 (not with
+    ``--network``: each run is a federation of processes already)."""
+    if workers <= 1 or current().network:
         return [fn(*j) for j in jobs]
     from concurrent.futures import ProcessPoolExecutor
 
@@ -238,9 +240,8 @@ def digits_spec(m: Method, rounds: int, clients: int, seed: int) -> RunSpec:
     })
 
 
-def client_accuracies(eng: InProcessEngine, params: dict[str, torch.Tensor]) -> dict[str, Any]:
+def client_accuracies(ws: Workspace, params: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Per-class test accuracy; each client's accuracy on its own label distribution; worst and mean."""
-    ws = eng.ws
     test = ws.test
     with torch.no_grad():
         pred = ws.forward(params, test.x).argmax(1).cpu()
@@ -255,16 +256,17 @@ def client_accuracies(eng: InProcessEngine, params: dict[str, torch.Tensor]) -> 
             "worst_client_acc": float(min(per_client)), "mean_client_acc": float(np.mean(per_client))}
 
 
-def _digits_one(m: Method, rounds: int, clients: int, seed: int) -> dict[str, Any]:
-    eng = InProcessEngine(digits_spec(m, rounds, clients, seed))
-    res = eng.run()
-    return client_accuracies(eng, res.final)
+def _digits_one(m: Method, rounds: int, clients: int, seed: int, runs_dir: Path) -> dict[str, Any]:
+    spec = digits_spec(m, rounds, clients, seed)
+    res = run_spec(spec, runs_dir / folder_name(f"digits-{m.label}-seed{seed}"))
+    return client_accuracies(Workspace(spec), res.final)  # the same data as the run's, built from its spec
 
 
-def run_digits(rounds: int, clients: int, seeds: list[int], quick: bool, workers: int = 1) -> list[dict[str, Any]]:
+def run_digits(rounds: int, clients: int, seeds: list[int], quick: bool, workers: int = 1,
+               runs_dir: Path = Path("runs")) -> list[dict[str, Any]]:
     rows = []
     methods = digits_methods(quick)
-    flat = _map(_digits_one, [(m, rounds, clients, s) for m in methods for s in seeds], workers)
+    flat = _map(_digits_one, [(m, rounds, clients, s, runs_dir) for m in methods for s in seeds], workers)
     for i, m in enumerate(methods):
         accs = flat[i * len(seeds):(i + 1) * len(seeds)]
         row: dict[str, Any] = {"method": m.label, "algorithm": m.algorithm, "rounds": rounds, "seeds": len(seeds)}
@@ -345,9 +347,11 @@ def fgdro_toy(out: Path, quick: bool) -> Outcome:
     d_rounds, d_clients, seeds = (60, 10, [0]) if quick else (200, 20, [0, 1, 2])
     t0 = time.perf_counter()
     workers = 1 if quick else int(os.environ.get("FEDHOP_WORKERS", "2"))
-    refs, toy, toy_runs = run_toy(toy_rounds, quick, workers)
+    if current().only:  # every claim contrasts several of its runs
+        raise SystemExit("fgdro-toy: --only would leave out runs its claims need (run it without --only)")
+    refs, toy, toy_runs = run_toy(toy_rounds, quick, workers, out / "runs")
     t_toy = time.perf_counter() - t0
-    digits = run_digits(d_rounds, d_clients, seeds, quick, workers)
+    digits = run_digits(d_rounds, d_clients, seeds, quick, workers, out / "runs")
     t_digits = time.perf_counter() - t0 - t_toy
 
     _write_csv(out / "toy.csv", toy)

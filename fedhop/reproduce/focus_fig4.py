@@ -33,10 +33,13 @@ import numpy as np
 import torch
 
 from fedhop.common.data.focus_lsq import lsq_solution
-from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import flat
+from fedhop.compare import Metric, compare
 from fedhop.reproduce import Outcome, experiment
+from fedhop.reproduce.claims import Claims
+from fedhop.reproduce.runner import current, run_spec
 
 N, D, ROWS, TAU = 16, 50, 500, 3
 
@@ -98,25 +101,34 @@ def spec_for(alg: str, panel: str, rounds: int, seed: int) -> RunSpec:
     })
 
 
-def run_one(alg: str, panel: str, rounds: int, seed: int) -> dict[str, Any]:
-    """One run; the relative error of every round's server model, and the measured payload per round."""
-    eng = InProcessEngine(spec_for(alg, panel, rounds, seed))
-    xs = lsq_solution(eng.ws.fed)
+def rel_err_metric(ws: Workspace) -> None:
+    """The figure's metric, ||x - x*|| / ||x*|| of the evaluated model, in place of ``ws``'s test loss."""
+    xs = lsq_solution(ws.fed)
     norm = float(np.linalg.norm(xs))
 
     def metric(params: dict[str, torch.Tensor], data: Any = None) -> dict[str, float]:
         return {"rel_err": float(np.linalg.norm(flat(params).numpy() - xs) / norm)}
 
-    eng.ws.evaluate = metric  # type: ignore[method-assign]  # the figure's metric instead of the test loss
+    ws.evaluate = metric  # type: ignore[method-assign]
+
+
+def run_key(panel: str, alg: str) -> str:
+    """The run's key: its run folder under ``runs/`` and what ``--only`` matches (e.g. ``full-focus``)."""
+    return f"{panel}-{alg}"
+
+
+def run_one(alg: str, panel: str, rounds: int, seed: int, folder: Path) -> dict[str, Any]:
+    """One run into its run folder; the relative error of every round's server model, and the measured payload
+    per round."""
     t0 = time.perf_counter()
-    res = eng.run()
+    res = run_spec(spec_for(alg, panel, rounds, seed), folder, rel_err_metric)
     err = [r["rel_err"] for r in res.rounds]
     per_round = [0] * rounds
     pulled: list[set[str]] = [set() for _ in range(rounds)]
     for row in res.links:
         if row["round"] >= 0:
             per_round[row["round"]] += row["payload_bytes"]
-            if row["src"] == "ps" and row["phase"] == "request":
+            if row["src"] == "ps" and row["phase"] == "request" and row["payload_bytes"]:
                 pulled[row["round"]].add(row["dst"])
     parts = [len(s) for s in pulled]  # |S_r|, measured on the links
     # vectors of d float64 per direction per participant, measured
@@ -144,47 +156,56 @@ def focus_fig4(out: Path, quick: bool) -> Outcome:
     # quick: the full panel to round 100 (FOCUS hits 1e-12 at ~53); partial panels to round 400 (~255 / ~332)
     budget = {"full": 100, "uniform": 400, "arbitrary": 400} if quick else {p: 500 for p in PANELS}
     runs: dict[tuple[str, str], dict[str, Any]] = {}
+    left_out = []
     for panel in PANELS:
         for alg in ALGS:
+            if not current().selected(run_key(panel, alg)):
+                left_out.append(run_key(panel, alg))
+                continue
             # quick: 100 rounds show ProxSkip's divergence (~1e19) as well as 400 do
             rounds = min(budget[panel], 100) if quick and alg == "proxskip" else budget[panel]
-            runs[(panel, alg)] = run_one(alg, panel, rounds, seed)
+            runs[(panel, alg)] = run_one(alg, panel, rounds, seed, out / "runs" / run_key(panel, alg))
 
-    checks: dict[str, bool] = {}
+    def err(panel: str, alg: str) -> list[float]:
+        return runs[(panel, alg)]["rel_err"]
+
+    checks = Claims()
     for panel in PANELS:
-        f = runs[(panel, "focus")]["rel_err"]
-        checks[f"(a) FOCUS < 1e-12 under {panel} participation"] = min(f) < 1e-12
+        checks.add(f"(a) FOCUS < 1e-12 under {panel} participation", lambda p=panel: min(err(p, "focus")) < 1e-12)
         if not quick:
-            checks[f"(a) FOCUS <= 1e-14 at round 500 ({panel})"] = f[-1] <= 1e-14
-        checks[f"(c) SCAFFOLD converges exactly ({panel}, < 1e-10)"] = runs[(panel, "scaffold")]["rel_err"][-1] < 1e-10
-    fa, au = runs[("full", "fedavg")]["rel_err"], runs[("full", "fedau")]["rel_err"]
-    checks["(b) FedAvg == FedAU under full participation"] = max(
-        abs(a - b) / b for a, b in zip(fa, au, strict=True)) < 1e-9
-    checks["(b) FedAvg plateaus near 1e-4 under full participation"] = 5e-5 < fa[-1] < 3e-4 and abs(
-        fa[-1] - fa[len(fa) // 2]) / fa[-1] < 1e-3
+            checks.add(f"(a) FOCUS <= 1e-14 at round 500 ({panel})", lambda p=panel: err(p, "focus")[-1] <= 1e-14)
+        checks.add(f"(c) SCAFFOLD converges exactly ({panel}, < 1e-10)",
+                   lambda p=panel: err(p, "scaffold")[-1] < 1e-10)
+    checks.add("(b) FedAvg == FedAU under full participation", lambda: max(
+        abs(a - b) / b for a, b in zip(err("full", "fedavg"), err("full", "fedau"), strict=True)) < 1e-9)
+
+    def plateau() -> bool:
+        fa = err("full", "fedavg")
+        return 5e-5 < fa[-1] < 3e-4 and abs(fa[-1] - fa[len(fa) // 2]) / fa[-1] < 1e-3
+
+    checks.add("(b) FedAvg plateaus near 1e-4 under full participation", plateau)
     for panel in ("uniform", "arbitrary"):
         for alg in ("fedavg", "fedau"):
-            e = runs[(panel, alg)]["rel_err"]
-            checks[f"(b) {LABEL[alg]} stalls >= 1e-4 under {panel} (min over the second half)"] = min(
-                e[len(e) // 2:]) > 1e-4
+            checks.add(f"(b) {LABEL[alg]} stalls >= 1e-4 under {panel} (min over the second half)",
+                       lambda p=panel, a=alg: min(err(p, a)[len(err(p, a)) // 2:]) > 1e-4)
         # (d) equal communication: FOCUS at round R vs SCAFFOLD at round R/2
         r = budget[panel]
-        checks[f"(d) FOCUS ahead of SCAFFOLD at equal communication ({panel})"] = (
-            runs[(panel, "focus")]["rel_err"][r - 1] < runs[(panel, "scaffold")]["rel_err"][r // 2 - 1])
-    ps, sc = runs[("full", "proxskip")]["rel_err"], runs[("full", "scaffold")]["rel_err"]
-    checks["(c) ProxSkip coincides with SCAFFOLD under full participation (relative gap < 1e-6 above 1e-8)"] = (
-        max(abs(a - b) / b for a, b in zip(ps, sc, strict=True) if b > 1e-8) < 1e-6)
+        checks.add(f"(d) FOCUS ahead of SCAFFOLD at equal communication ({panel})",
+                   lambda p=panel, r=r: err(p, "focus")[r - 1] < err(p, "scaffold")[r // 2 - 1])
+    checks.add("(c) ProxSkip coincides with SCAFFOLD under full participation (relative gap < 1e-6 above 1e-8)",
+               lambda: max(abs(a - b) / b for a, b in zip(err("full", "proxskip"), err("full", "scaffold"),
+                                                          strict=True) if b > 1e-8) < 1e-6)
     for panel in ("uniform", "arbitrary"):
-        e = runs[(panel, "proxskip")]["rel_err"]
-        checks[f"(c) ProxSkip diverges under {panel} participation (last error > 1e3 and > 1e3 x its minimum)"] = (
-            e[-1] > 1e3 and e[-1] > 1e3 * min(e))
-    checks["payload per round = 2|S_r|d (FOCUS, FedAvg, FedAU, MIFA, ProxSkip), 4|S_r|d (SCAFFOLD)"] = all(
-        run["comm_factor"] == [float(COMM.get(alg, 1))] for (_, alg), run in runs.items())
+        checks.add(f"(c) ProxSkip diverges under {panel} participation (last error > 1e3 and > 1e3 x its minimum)",
+                   lambda p=panel: err(p, "proxskip")[-1] > 1e3 and err(p, "proxskip")[-1] > 1e3 * min(
+                       err(p, "proxskip")))
+    checks.add("payload per round = 2|S_r|d (FOCUS, FedAvg, FedAU, MIFA, ProxSkip), 4|S_r|d (SCAFFOLD)",
+               lambda: all(run["comm_factor"] == [float(COMM.get(alg, 1))] for (_, alg), run in runs.items()))
 
     _write(out, runs, budget, quick)
     table = _table(runs, budget, quick)
-    notes = [f"{p}/{a}: {r['wall_s']:.1f}s" for (p, a), r in runs.items()]
-    return Outcome("focus-fig4", table, checks, notes)
+    notes = [f"{p}/{a}: {r['wall_s']:.1f}s" for (p, a), r in runs.items()] + checks.notes(left_out)
+    return Outcome("focus-fig4", table, checks.results(), notes)
 
 
 def _table(runs: dict[tuple[str, str], dict[str, Any]], budget: dict[str, int], quick: bool) -> str:
@@ -209,11 +230,9 @@ def _table(runs: dict[tuple[str, str], dict[str, Any]], budget: dict[str, int], 
 
 
 def _write(out: Path, runs: dict[tuple[str, str], dict[str, Any]], budget: dict[str, int], quick: bool) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """results.json and rel_err.csv; per panel, ``fedhop compare`` of its runs' folders (compare-<panel>/):
+    the relative error vs round, vs cumulative payload bytes (the paper's communication axis, measured) and vs
+    wall-clock, on a log scale, with the rounds / bytes / seconds to 1e-12 in its table."""
     (out / "results.json").write_text(json.dumps(
         {"quick": quick, "budget": budget, "panels": {p: {"eta": v["eta"], "participation": v["participation"]}
                                                        for p, v in PANELS.items()},
@@ -224,19 +243,10 @@ def _write(out: Path, runs: dict[tuple[str, str], dict[str, Any]], budget: dict[
         for (panel, alg), r in runs.items():
             for i, e in enumerate(r["rel_err"]):
                 w.writerow([panel, alg, i + 1, repr(e), r["participants"][i], r["payload_bytes"][i]])
-    for xaxis, fname in (("round", "rel_err_vs_round.png"), ("comm", "rel_err_vs_communication.png")):
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-        for ax, panel in zip(axes, PANELS, strict=True):
-            for alg in ALGS:
-                err = np.array(runs[(panel, alg)]["rel_err"])
-                x = np.arange(1, len(err) + 1) * (COMM.get(alg, 1) if xaxis == "comm" else 1)
-                ax.semilogy(x, np.maximum(err, 1e-17), label=LABEL[alg])
-            ax.set_title(f"{panel} participation (eta={PANELS[panel]['eta']:g})")
-            ax.set_xlabel("round" if xaxis == "round" else "communication cost per model size")
-            ax.set_ylabel("||x - x*|| / ||x*||")
-            ax.set_ylim(1e-17, 1e2 if panel == "full" else 5e3)  # the paper's ylim; ProxSkip leaves it
-            ax.grid(alpha=0.3)
-        axes[0].legend()
-        fig.tight_layout()
-        fig.savefig(out / fname, dpi=90)
-        plt.close(fig)
+    for panel in PANELS:
+        algs = [a for a in ALGS if (panel, a) in runs]
+        if algs:
+            compare([out / "runs" / run_key(panel, a) for a in algs], out / f"compare-{panel}", target=1e-12,
+                    metric=Metric("rel_err", "min", log_y=True), labels=[LABEL[a] for a in algs],
+                    title=f"FOCUS Fig. 4, {panel} participation (eta={PANELS[panel]['eta']:g}): "
+                    "||x - x*|| / ||x*|| (target 1e-12, dotted)")

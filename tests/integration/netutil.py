@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,17 +37,34 @@ def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, r
     })
 
 
-def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequence[str] = ()) -> Path:
-    """``fedhop launch`` in a subprocess (PS in the launcher, one process per edge and client); ``security``:
-    launch's options for the links (``--tls DIR``, ``--token FILE``)."""
+def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequence[str] = (),
+               extra: Sequence[str] = ()) -> Path:
+    """``fedhop launch`` in a subprocess (PS in the launcher, a process per edge, clients in client hosts);
+    ``security``: launch's options for the links (``--tls DIR``, ``--token FILE``); ``extra``: more options (e.g.
+    ``--clients-per-process 1``: a process per client)."""
     spec_file = tmp / "spec.toml"
     spec_file.write_text(spec.to_toml())
     out = tmp / "run"
     proc = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
-                           "--device", "cpu", "--quiet", *security], capture_output=True, text=True, timeout=timeout)
+                           "--device", "cpu", "--quiet", *security, *extra], capture_output=True, text=True,
+                          timeout=timeout)
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs(out)}"
     assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
     return out
+
+
+def node_log(out: Path, node: str) -> str:
+    """The log of the process that ran ``node`` in a launch: ``logs/<node>.log``, or its client host's
+    (``logs/client-0..client-3.log``)."""
+    from fedhop.client_ids import parse_ids
+
+    own = out / "logs" / f"{node}.log"
+    if own.is_file():
+        return own.read_text(errors="replace")
+    for f in sorted((out / "logs").glob("client-*..*.log")):
+        if node in parse_ids(f.name.removesuffix(".log")):
+            return f.read_text(errors="replace")
+    raise AssertionError(f"no log of {node} in {out / 'logs'}")
 
 
 def logs(out: Path) -> str:
@@ -59,8 +77,9 @@ def logs(out: Path) -> str:
 class Federation:
     """``fedhop server`` plus every edge and client as separate processes, each with a known pid.
 
-    ``hold``: nodes not started with the others (start them later with :meth:`start_node`). ``security``:
-    options every process gets (``--tls DIR``, ``--token FILE``)."""
+    ``hold``: nodes not started with the others (start them later with :meth:`start_node`; :meth:`release_join`
+    starts the run without them, instead of waiting out the join timeout). ``security``: options every process
+    gets (``--tls DIR``, ``--token FILE``)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
                  state_dir: Path | None = None, out: Path | None = None, security: Sequence[str] = (),
@@ -73,6 +92,11 @@ class Federation:
         self.spec_file.write_text(spec.to_toml())
         self.port = free_port()
         self.procs = Processes(tmp / "logs")
+        self.hold = hold
+        self._env_gate = None
+        if hold and "FEDHOP_TEST_GATE" not in os.environ:  # for release_join (common/testhooks.py)
+            (tmp / "gate").mkdir(exist_ok=True)
+            os.environ["FEDHOP_TEST_GATE"] = self._env_gate = str(tmp / "gate")
         self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
                                           "--device", "cpu", *self.security, *server_args])
@@ -90,6 +114,14 @@ class Federation:
                                         listen=self.addr[node] if role == "edge" else None,
                                         state_dir=self.state_dir,
                                         extra=self.security if security is None else security))
+
+    def release_join(self, parent: str = "ps", timeout: float = 120) -> None:
+        """Once every child of ``parent`` that is not held back said Ready, end ``parent``'s wait for the
+        held ones (the test hook ``go-join-<parent>``): the run starts, and they can join late."""
+        children = [n for n, p in self.topology.parent.items() if p == parent and n not in self.hold]
+        for n in children:
+            self.wait_for_log(f"{parent}: {n} is ready", timeout, node="ps" if parent == "ps" else parent)
+        (Path(os.environ["FEDHOP_TEST_GATE"]) / f"go-join-{parent}").touch()
 
     def restart_ps(self, name: str = "ps2") -> None:
         """A new PS process that resumes the run from its last checkpoint, on the same address."""
@@ -126,6 +158,8 @@ class Federation:
 
     def close(self) -> None:
         self.procs.kill_all()
+        if self._env_gate is not None and os.environ.get("FEDHOP_TEST_GATE") == self._env_gate:
+            del os.environ["FEDHOP_TEST_GATE"]
 
 
 def load_result(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

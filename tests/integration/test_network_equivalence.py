@@ -172,7 +172,7 @@ def _fedchs(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) 
 
 
 def _fedcluster(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
-    _ps_moves_no_model(res, final, "fedcluster.collect", first="fedcluster.cycle")
+    _ps_moves_no_model(res, final, "fedcluster.collect")  # edge-0.. builds W_0 itself: no model from the PS
 
 
 def _fgdro(extra: int, scalar: bool) -> Callable[[dict[str, Any], dict[str, torch.Tensor], RunSpec], None]:
@@ -192,7 +192,7 @@ def _focus(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -
     """FOCUS: a participant pulls x (d floats down) and pushes its tracker y (d floats up); nothing else."""
     d = _d(final)
     rows = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
-    assert {r["kind"] for r in rows} == {"focus.local"}
+    assert {r["kind"] for r in rows} == {"pull", "push"}
     for r in rows:
         assert r["payload_bytes"] == 4 * d * r["messages"], r
     for rec in res["rounds"]:

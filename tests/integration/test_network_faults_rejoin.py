@@ -18,6 +18,7 @@ def test_late_client_is_admitted_at_a_round_boundary(tmp_path) -> None:
                       transport={"join_timeout_s": 20.0, "round_deadline_s": 2.0})
     fed = Federation(spec, tmp_path, hold=("client-2",))
     try:
+        fed.release_join()
         fed.wait_for_log("round 2/30", timeout=120)
         fed.procs.kill("client-0", signal.SIGSTOP)
         fed.start_node("client-2")
@@ -50,6 +51,7 @@ def test_late_client_under_a_fedchs_edge_is_admitted(tmp_path) -> None:
     fed = Federation(spec, tmp_path, hold=("client-3",))
     edge = fed.topology.parent["client-3"]
     try:
+        fed.release_join(edge)
         fed.wait_for_log("round 1/60", timeout=120)
         fed.start_node("client-3")
         fed.wait_for_log("is ready (update)", timeout=120)  # the edge told the PS its new subtree size
@@ -71,6 +73,7 @@ def test_late_client_is_refused_when_the_spec_says_so(tmp_path) -> None:
                       transport={"join_timeout_s": 20.0, "late_join": "refuse", "round_deadline_s": 2.0})
     fed = Federation(spec, tmp_path, hold=("client-2",))
     try:
+        fed.release_join()
         fed.wait_for_log("round 2/30", timeout=120)
         fed.procs.kill("client-0", signal.SIGSTOP)
         fed.start_node("client-2")

@@ -93,13 +93,6 @@ def test_client_at_a_port_that_is_not_fedhop_says_so(kind, request) -> None:
     assert "(not a fedhop" in proc.stderr and addr in proc.stderr
 
 
-def test_client_waits_while_nothing_listens_and_says_so() -> None:
-    addr = f"127.0.0.1:{free_port()}"
-    proc = run_client(addr, connect_timeout=3, timeout=120)
-    assert proc.returncode == ExitCode.UNREACHABLE, proc.stderr
-    assert "nothing listens there yet" in proc.stderr and "unreachable after" in proc.stderr and "in 3s" in proc.stderr
-
-
 @pytest.mark.parametrize("where", ["under_a_file", "in_proc"])
 def test_unwritable_run_folder_stops_the_ps_before_its_port_opens(tmp_path, where) -> None:
     spec = small_spec("fedavg", clients=2, rounds=1)

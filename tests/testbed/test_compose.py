@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,11 +56,13 @@ def project_objects(project: str) -> list[str]:
     return left
 
 
-def write_files(case: str, folder: Path, image: str) -> RunSpec:
+def write_files(case: str, folder: Path, image: str, tls: bool = False) -> RunSpec:
     spec = spec_for(case)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spec.toml").write_text(spec.to_toml())
-    write_compose(spec, "spec.toml", folder, image=image)
+    if tls:  # service names are node ids, which every certificate names: no --host needed
+        sh(sys.executable, "-m", "fedhop", "certs", "init", "spec.toml", "--out", "certs", cwd=folder)
+    write_compose(spec, "spec.toml", folder, image=image, tls="certs" if tls else None)
     return spec
 
 
@@ -83,15 +86,7 @@ def test_compose_up_runs_to_completion_with_wire_bytes(case: str, version: str, 
     assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1))
     assert res["missing"] == []
     # the PS's meter, merged from every container, and the kernel's counters, per directed link
-    topo = build_topology(spec.topology, spec.seed)
-    tree = {(c, p) for c, p in topo.parent.items()} | {(p, c) for c, p in topo.parent.items()}
-    by_link = {(r["src"], r["dst"]): r for r in run.links}
-    assert tree <= set(by_link), f"links without any row: {tree - set(by_link)}"
-    carrying = [r for r in run.links if r["payload_bytes"] > 0]
-    assert carrying, "no link carried payload"
-    for r in run.links:
-        if r["message_bytes"] > 0:
-            assert r["payload_bytes"] <= r["message_bytes"] <= r["wire_bytes"], r
+    by_link = assert_link_levels(spec, run.links)
     wire_csv = (run.run_dir / "wire.csv").read_text().splitlines()
     assert wire_csv[0] == "src,dst,messages,payload_bytes,message_bytes,wire_bytes"
     assert len(wire_csv) == len(run.links) + 1
@@ -106,9 +101,23 @@ def _swarm_state() -> str:
     return sh("docker", "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
 
 
+def assert_link_levels(spec: RunSpec, links: list[dict]) -> dict[tuple[str, str], dict]:
+    """Every tree link has a row; payload <= message <= wire wherever messages flowed; returns rows by link."""
+    topo = build_topology(spec.topology, spec.seed)
+    tree = {(c, p) for c, p in topo.parent.items()} | {(p, c) for c, p in topo.parent.items()}
+    by_link = {(r["src"], r["dst"]): r for r in links}
+    assert tree <= set(by_link), f"links without any row: {tree - set(by_link)}"
+    assert [r for r in links if r["payload_bytes"] > 0], "no link carried payload"
+    for r in links:
+        if r["message_bytes"] > 0:
+            assert r["payload_bytes"] <= r["message_bytes"] <= r["wire_bytes"], r
+    return by_link
+
+
 def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str) -> None:
     """The same generated compose file on a single-node swarm: overlay network, placement by node labels,
     results in the PS's bind-mounted run folder."""
+
     spec = write_files("fedchs", tmp_path / "project", docker_image)
     runs = tmp_path / "runs"
     runs.mkdir()
@@ -146,3 +155,54 @@ def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str
     res = json.loads((runs / "swarm" / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1))
     assert res["missing"] == []
+
+
+
+def test_compose_with_tls_runs_to_completion(tmp_path: Path, docker_image: str, compose_v2) -> None:
+    """`fedhop compose SPEC --tls certs`: every container mounts ca.crt and its own certificate and key, every role
+    runs with --tls (mutual TLS on PS <-> edge, edge <-> edge and edge <-> client), the healthchecks and the
+    children's lingering probe the PS over TLS; Fed-CHS runs to completion with wire bytes per link."""
+    folder = tmp_path / "project"
+    spec = write_files("fedchs", folder, docker_image, tls=True)
+    project = "fht-fedchs-tls"
+    try:
+        run = run_compose(compose_v2, project, folder, tmp_path / "runs", "run", timeout_s=1500)
+        print(f"\nfedchs with TLS under compose v2:\n{format_table(run.links)}")
+        assert run.rc == 0, f"compose up exited {run.rc}:\n{run.log[-6000:]}"
+        ps_log = sh(*compose_v2, "-p", project, "logs", "--no-color", "ps", cwd=folder).stdout
+        edge_log = sh(*compose_v2, "-p", project, "logs", "--no-color", "edge-0", cwd=folder).stdout
+    finally:
+        subprocess.run([*compose_v2, "-p", project, "down", "-v", "--remove-orphans"], cwd=folder,
+                       capture_output=True)
+    assert project_objects(project) == []
+    assert "links: mutual TLS" in ps_log and "links: mutual TLS" in edge_log, (ps_log[-3000:], edge_log[-3000:])
+    res = json.loads((run.run_dir / "results.json").read_text())
+    assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1)) and res["missing"] == []
+    by_link = assert_link_levels(spec, run.links)
+    assert any(s.startswith("edge-") and d.startswith("edge-") and r["payload_bytes"] > 0
+               for (s, d), r in by_link.items()), "no edge -> edge hand-off"
+
+
+def test_gpu_profile_reserves_nvidia_devices_and_builds_cuda_torch(tmp_path: Path, compose_v2) -> None:
+    """`docker compose --profile gpu config` (Compose's own parser; no GPU or daemon needed): the gpu service
+    reserves every NVIDIA GPU and builds its image with PyPI's torch (a CUDA build) instead of the CPU index;
+    without the profile there is no gpu service."""
+    import yaml
+
+    folder = tmp_path / "project"
+    write_files("fedchs", folder, "fedhop:testbed")
+    with_gpu = yaml.safe_load(sh(*compose_v2, "--profile", "gpu", "config", cwd=folder).stdout)
+    without = yaml.safe_load(sh(*compose_v2, "config", cwd=folder).stdout)
+    assert "gpu" not in without["services"] and "ps" in without["services"]
+    gpu = with_gpu["services"]["gpu"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert len(devices) == 1
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+    assert devices[0]["count"] in ("all", -1)  # Compose writes "all" as -1
+    args = gpu["build"]["args"]
+    assert args["TORCH_SPEC"] == "torch" and args["TORCH_INDEX_URL"] == ""
+    assert gpu["build"]["dockerfile"].endswith("deploy/Dockerfile") and gpu["image"] == "fedhop:gpu"
+    assert gpu["command"][:4] == ["launch", "/etc/fedhop/spec.toml", "--device", "auto"]
+    # and the Dockerfile turns those build args into the torch it installs
+    dockerfile = (Path(__file__).resolve().parents[2] / "deploy" / "Dockerfile").read_text()
+    assert 'pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$TORCH_SPEC"' in dockerfile

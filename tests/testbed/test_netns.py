@@ -68,14 +68,14 @@ def _inline(d: dict[str, Any]) -> str:
     return "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in d.items()) + "}"
 
 
-def up_cmd(spec: Path, out: Path) -> list[str]:
+def up_cmd(spec: Path, out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "fedhop", "testbed", "up", str(spec), "--out", str(out),
-            "--timeout", str(RUN_TIMEOUT_S)]
+            "--timeout", str(RUN_TIMEOUT_S), *extra]
 
 
-def run_up(spec: Path, out: Path) -> subprocess.CompletedProcess:
+def run_up(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     t0 = time.monotonic()
-    p = subprocess.run(up_cmd(spec, out), capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
+    p = subprocess.run(up_cmd(spec, out, *extra), capture_output=True, text=True, timeout=RUN_TIMEOUT_S + 60)
     print(f"testbed up {spec.name}: {time.monotonic() - t0:.1f}s\n{p.stdout}")
     assert p.returncode == 0, f"rc {p.returncode}\n{p.stdout}\n{p.stderr}\n{logs(out)}"
     return p
@@ -123,19 +123,19 @@ def assert_distinct_addresses(out: Path, n_nodes: int) -> None:
     assert all(joined[n] == addrs[n] for n in children), (joined, addrs)
 
 
-def assert_levels_reconciled(out: Path, mtu: int, big_bytes: int | None) -> list[dict[str, str]]:
-    """payload <= message <= wire on every link; wire holds at least one TCP/IP header per MSS of message
-    bytes; links carrying >= ``big_bytes`` of payload have wire/payload <= 1.05."""
+def assert_levels_reconciled(out: Path, mtu: int, big_bytes: int | None, header: int = HEADER) -> list[dict[str, str]]:
+    """payload <= message <= wire on every link; wire holds at least one TCP/IP header (``header`` bytes) per
+    MSS of message bytes; links carrying >= ``big_bytes`` of payload have wire/payload <= 1.05."""
     rows = read_csv(out / "link_bytes.csv")
     meters = read_csv(out / "links.csv")
     assert {(r["src"], r["dst"]) for r in meters} <= {(r["src"], r["dst"]) for r in rows}
-    mss = mtu - HEADER
+    mss = mtu - header
     for r in rows:
         payload, message = int(r["payload_bytes"]), int(r["message_bytes"])
         assert r["wire_bytes"] != "", f"no wire count for {r['src']} -> {r['dst']}"
         wire = int(r["wire_bytes"])
         assert payload <= message <= wire, r
-        assert wire >= message + HEADER * math.ceil(message / mss), f"fewer headers than packets: {r}"
+        assert wire >= message + header * math.ceil(message / mss), f"fewer headers than packets: {r}"
         if big_bytes is not None and payload >= big_bytes:
             assert wire / payload <= 1.05, r
     wire = read_csv(out / "wire.csv")
@@ -162,17 +162,18 @@ def test_fedchs_over_namespaces_reconciles_three_byte_levels(tmp_path: Path) -> 
 
 
 def test_focus_bernoulli_flat_over_namespaces(tmp_path: Path) -> None:
-    """FOCUS, clients straight to the PS, Bernoulli participation; standard mtu 1500."""
+    """FOCUS, clients straight to the PS, Bernoulli participation; standard mtu 1500 without TCP timestamps
+    (40-byte IP+TCP headers): links carrying >= 1 MB stay within wire/payload <= 1.05 there too."""
     options = {"lr": 0.05, "local_steps": 2, "participation": {"kind": "bernoulli", "p": [0.9, 0.6, 0.6, 0.3]}}
     spec = write_spec(tmp_path, "tb-focus", algorithm="focus", options=options, clients=4, edges=0, rounds=3,
-                      hidden=[512, 448])
+                      hidden=[512, 448], testbed="[testbed]\ntcp_timestamps = false\n")
     out = tmp_path / "run"
     run_up(spec, out)
     assert len(read_csv(out / "rounds.csv")) == 3
     assert_distinct_addresses(out, 5)
-    rows = assert_levels_reconciled(out, mtu=1500, big_bytes=None)
+    rows = assert_levels_reconciled(out, mtu=1500, big_bytes=1 << 20, header=40)
     ratios = {f"{r['src']}->{r['dst']}": r["wire_per_payload"] for r in rows if r["wire_per_payload"]}
-    print("wire/payload at mtu 1500:", ratios)
+    print("wire/payload at mtu 1500, no TCP timestamps:", ratios)
     assert {r["dst"] for r in rows if r["src"] == "ps"} == {f"client-{i}" for i in range(4)}
 
 
@@ -247,3 +248,83 @@ def test_teardown_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 130, (stdout, stderr)
     assert "interrupted (SIGTERM)" in stderr, stderr
     _assert_clean(plan, before)
+
+
+def _get_json(url: str) -> dict[str, Any]:
+    import httpx
+
+    return httpx.get(url, timeout=10).json()
+
+
+def test_tls_delay_and_live_page_in_one_run(tmp_path: Path) -> None:
+    """One FOCUS run (2 clients straight to the PS, ~1 MB model) with three things on:
+
+    - ``--tls DIR`` from ``fedhop certs init`` (the PS's certificate names its testbed address): every link is
+      mutual TLS, and payload <= message <= wire still holds per link (TLS records on top); the ratio is printed;
+    - a 400 ms one-way delay on client <-> PS (the delay proxy): each round crosses that link at least twice in
+      sequence (task down, result up), so every round lasts at least 2 x 400 ms;
+    - ``--http 127.0.0.1:0``: the PS's live API, served inside its namespace, is read from the host while the PS
+      is held before round 3 (the gate hook), and agrees with the run's results afterwards.
+    A certificate folder without the testbed's addresses is refused first, naming the command that fixes it.
+    """
+    delay_ms = 400
+    spec = write_spec(tmp_path, "tb-tls", algorithm="focus", options={"lr": 0.05, "local_steps": 2}, clients=2,
+                      edges=0, rounds=3, hidden=[512, 448],
+                      testbed=f"[testbed.delay_ms]\nclient_ps = {delay_ms}\n")
+    fedhop = [sys.executable, "-m", "fedhop"]
+    plain = tmp_path / "certs-plain"
+    subprocess.run([*fedhop, "certs", "init", str(spec), "--out", str(plain)], check=True, capture_output=True)
+    refused = subprocess.run(up_cmd(spec, tmp_path / "refused", "--tls", str(plain)), capture_output=True, text=True,
+                             timeout=RUN_TIMEOUT_S)
+    assert refused.returncode == 2, refused
+    assert "do not name the testbed address" in refused.stderr and "--host ps=10.231.0.1" in refused.stderr
+
+    certs = tmp_path / "certs"  # addresses: the subnet's hosts in node order, the PS first
+    subprocess.run([*fedhop, "certs", "init", str(spec), "--out", str(certs), "--host", "ps=10.231.0.1"],
+                   check=True, capture_output=True)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "stop-2").touch()
+    out = tmp_path / "run"
+    proc = subprocess.Popen(up_cmd(out=out, spec=spec) + ["--tls", str(certs), "--http", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FEDHOP_TEST_GATE": str(gate)})
+    try:
+        end = time.monotonic() + RUN_TIMEOUT_S
+        while not (gate / "at-2").exists():
+            assert proc.poll() is None, (proc.communicate(), logs(out))
+            assert time.monotonic() < end, f"round 2 did not end within {RUN_TIMEOUT_S}s\n{logs(out)}"
+            time.sleep(0.1)
+        url = json.loads((out / "testbed.json").read_text())["http"]
+        status = _get_json(f"{url}api/status")
+        live_rounds = _get_json(f"{url}api/rounds")["rounds"]
+        (gate / "go-2").touch()
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    print(f"testbed up with --tls, delay and --http:\n{stdout}")
+    assert proc.returncode == 0, (stdout, stderr, logs(out))
+    assert f"live page: {url}" in stderr and "mutual TLS" in stderr
+
+    # TLS on every link: each role says so, and the byte levels still reconcile
+    for node in ("ps", "client-0", "client-1"):
+        assert "links: mutual TLS" in (out / "logs" / f"{node}.log").read_text(), node
+    rows = assert_levels_reconciled(out, mtu=1500, big_bytes=None)
+    big = {f"{r['src']}->{r['dst']}": float(r["wire_per_payload"]) for r in rows if int(r["payload_bytes"]) >= 1 << 20}
+    print("wire/payload with TLS on, mtu 1500:", big)
+    assert set(big) == {"ps->client-0", "ps->client-1", "client-0->ps", "client-1->ps"}
+
+    # the live API, read mid-run from the host, agrees with the results
+    res = json.loads((out / "results.json").read_text())
+    assert status["phase"] == "running" and status["rounds_completed"] == 2 and status["rounds_total"] == 3
+    assert status["nodes"]["joined"] == 2
+    assert [r["accuracy"] for r in live_rounds] == [r["accuracy"] for r in res["rounds"][:2]]
+
+    # the delay: rounds 1 and 2 (round 3 includes the gate's hold) each cross client <-> PS twice in sequence
+    times = {int(r["round"]): float(r["round_s"]) for r in read_csv(out / "round_times.csv")}
+    print("round times with a", delay_ms, "ms one-way delay (s):", times)
+    assert all(times[k] >= 2 * delay_ms / 1000 for k in (1, 2)), times
+    proxy = (out / "logs" / "proxy-ps.log").read_text()
+    assert "delays" in proxy and "10.231.0.2" in proxy

@@ -106,3 +106,24 @@ def test_unreached_target_and_default_target(runs, tmp_path):
 def test_not_a_run_folder_is_a_usage_error(tmp_path, capsys):
     assert main(["compare", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     assert "no results.json" in capsys.readouterr().err
+
+
+def test_another_metric_is_reached_at_or_below_its_target(runs, tmp_path):
+    """``--metric loss``: the first evaluated round whose loss is <= the target, read here from rounds.csv."""
+    with (runs["flat"] / "rounds.csv").open() as f:
+        losses = [(int(r["round"]), float(r["loss"])) for r in csv.DictReader(f) if r["loss"] != ""]
+    target = losses[1][1] * 1.0000001  # reached at round 2 at the latest (round 1 too, if its loss is as low)
+    want = next(t for t, loss in losses if loss <= target)
+    out = tmp_path / "loss"
+    assert main(["compare", str(runs["flat"]), str(runs["walk"]), "--out", str(out), "--metric", "loss",
+                 "--target", str(target), "--log-y"]) == 0
+    row = _table(out)["flat"]
+    assert int(row["round_to_target"]) == want
+    assert float(row["final_loss"]) == pytest.approx(losses[-1][1], abs=1e-12)
+    assert "Target loss" in (out / "table.md").read_text() and "at or below" in (out / "table.md").read_text()
+    # --goal max turns it around: round 1's loss is already >= a target below every loss
+    assert main(["compare", str(runs["flat"]), "--out", str(tmp_path / "max"), "--metric", "loss", "--goal", "max",
+                 "--target", str(min(v for _, v in losses) / 2)]) == 0
+    assert int(_table(tmp_path / "max")["flat"]["round_to_target"]) == losses[0][0]
+    # a metric no run reports: a usage error naming it
+    assert main(["compare", str(runs["flat"]), "--out", str(tmp_path / "none"), "--metric", "f1"]) == 2

@@ -155,7 +155,7 @@ def test_focus_matches_numpy_algorithm1(tau):
                  rounds=40)
     got = trace(eng)
     links = eng.meter.rows()
-    sets = sets_from_links(links, "focus.local", 40)
+    sets = sets_from_links(links, "pull", 40)
     assert any(not s for s in sets) and any(len(s) > 1 for s in sets)  # empty and multi-client rounds
     grads, _ = problem(eng)
     want = focus_alg1(grads, np.zeros(D), eta, tau, sets)
@@ -167,7 +167,7 @@ def test_focus_matrix_form_equals_algorithm1_with_matched_init():
     eng = engine("focus", {"lr": eta, "local_steps": tau, "init": "matched",
                            "participation": {"kind": "uniform", "m": 3}}, rounds=rounds)
     got = trace(eng)
-    sets = sets_from_links(eng.meter.rows(), "focus.local", rounds)
+    sets = sets_from_links(eng.meter.rows(), "pull", rounds)
     assert all(len(s) == 3 for s in sets)
     grads, _ = problem(eng)
     want = focus_matrix(grads, np.zeros(D), eta, tau, sets)
@@ -182,7 +182,7 @@ def test_matrix_form_with_empty_rounds_equals_literal_step():
     eng = engine("focus", {"lr": eta, "local_steps": tau, "init": "matched", "empty_round": "step",
                            "participation": {"kind": "bernoulli", "p": 0.15}}, rounds=rounds)
     got = trace(eng)
-    sets = sets_from_links(eng.meter.rows(), "focus.local", rounds)
+    sets = sets_from_links(eng.meter.rows(), "pull", rounds)
     assert any(not s for s in sets)
     grads, _ = problem(eng)
     want = focus_matrix(grads, np.zeros(D), eta, tau, sets)
@@ -216,7 +216,7 @@ def test_tracking_invariant_every_round(alg, batch):
     errs = _tracking_errors(eng)
     assert len(errs) == 30 and max(errs) < 1e-12
     assert eng.nodes["client-5"].state.g is None  # never participated
-    res_sets = sets_from_links(eng.meter.rows(), "focus.local", 30)
+    res_sets = sets_from_links(eng.meter.rows(), "pull", 30)
     assert any(not s for s in res_sets)
 
 
@@ -390,10 +390,12 @@ def test_scaffold_and_focus_converge_exactly_fedavg_does_not():
 
 # -- payload per round (pull d down, push d up; SCAFFOLD 2d each way) ---------------------------------------
 
-@pytest.mark.parametrize("alg,task,factor", [("focus", "focus.local", 1), ("sg-focus", "focus.local", 1),
+@pytest.mark.parametrize("alg,task,factor", [("focus", ("pull", "push"), 1), ("sg-focus", ("pull", "push"), 1),
                                              ("mifa", "local.train", 1), ("fedau", "local.train", 1),
                                              ("scaffold", "scaffold.local", 2)])
 def test_payload_per_round(alg, task, factor):
+    kinds = set(task) if isinstance(task, tuple) else {task}
+    task = task[0] if isinstance(task, tuple) else task
     opts = {"lr": 0.05, "local_steps": 2, "participation": {"kind": "bernoulli", "p": 0.2}}
     if alg == "sg-focus":
         opts["batch_size"] = 4
@@ -407,6 +409,6 @@ def test_payload_per_round(alg, task, factor):
         down = sum(x["payload_bytes"] for x in rows if x["src"] == "ps" and x["phase"] == "request")
         up = sum(x["payload_bytes"] for x in rows if x["dst"] == "ps" and x["phase"] == "reply")
         assert down == up == factor * len(s) * D * 8  # float64
-        assert {x["kind"] for x in rows} <= {task}
+        assert {x["kind"] for x in rows} <= kinds
         if not s:
             assert rows == []  # an empty round sends nothing

@@ -88,3 +88,48 @@ def test_wait_until_gone_wakes_when_the_server_stops_or_turns_not_serving(served
     server.stop(0)
     t.join(30)
     assert result == [True, True]
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    from fedhop.deploy.certs import init_folder
+    from fedhop.deploy.tokens import new_tokens, write_tokens
+
+    d = tmp_path_factory.mktemp("health-pki")
+    init_folder(d / "certs", ["ps", "client-0"])
+    write_tokens(d / "tokens.toml", new_tokens(["ps", "client-0"]))
+    return d
+
+
+@pytest.mark.parametrize("mode", ["tls", "token"])
+def test_fedhop_health_with_tls_or_tokens(pki, mode, capsys) -> None:
+    """`fedhop health ADDRESS --tls DIR [--token FILE] --id NODE` reaches a node whose links are secured; without
+    the credentials it cannot, and says what to give."""
+    from fedhop.transport.channels import add_port, make_server
+    from fedhop.transport.credentials import Security
+
+    creds = ["--tls", str(pki / "certs"), *(["--token", str(pki / "tokens.toml")] if mode == "token" else [])]
+    sec = Security.load("ps", pki / "certs", pki / "tokens.toml" if mode == "token" else None)
+    server = make_server(4, sec)
+    add_health(server)
+    port = add_port(server, "127.0.0.1:0", sec)
+    server.start()
+    addr = f"127.0.0.1:{port}"
+    try:
+        assert main(["health", addr, "--timeout", "5", *creds, "--id", "client-0"]) == 0, capsys.readouterr()
+        assert "SERVING" in capsys.readouterr().out
+        assert main(["health", addr, "--timeout", "1"]) == 2  # plaintext against TLS: no handshake
+        assert "give --tls DIR" in capsys.readouterr().err
+        assert main(["health", addr, "--timeout", "5", *creds]) == 2
+        assert "need --id NODE" in capsys.readouterr().err
+        assert main(["health", addr, "--timeout", "5", *creds, "--id", "client-7"]) == 2
+        assert "client-7" in capsys.readouterr().err
+        if mode == "token":  # a token the node does not know
+            from fedhop.deploy.tokens import new_tokens, write_tokens
+
+            wrong = write_tokens(pki / "wrong.toml", new_tokens(["client-0"]), force=True)
+            assert main(["health", addr, "--timeout", "5", "--tls", str(pki / "certs"), "--token", str(wrong),
+                         "--id", "client-0"]) == 2
+            assert "refused the probe's credentials" in capsys.readouterr().err
+    finally:
+        server.stop(0)

@@ -31,6 +31,8 @@ CASES = {
     "focus": (FLAT, {"lr": 0.05, "participation": {"kind": "bernoulli", "p": [0.9, 0.5, 0.5, 0.2]}}),
     "focus-matched-markov": (FLAT, {"lr": 0.05, "init": "matched", "participation": MARKOV}),
     "sg-focus": (FLAT, {"lr": 0.05}),
+    # each client's own Markov availability chain, through edges
+    "focus-client-decided-edges": (EDGES, {"lr": 0.05, "decided_by": "client", "participation": MARKOV}),
     "fedau": (FLAT, {"participation": {"kind": "bernoulli", "p": [0.9, 0.5, 0.5, 0.2]}}),
     "scaffold": (FLAT, {"participation": {"kind": "uniform", "m": 2}}),
     "mifa": (FLAT, {"participation": {"kind": "uniform", "m": 2}}),

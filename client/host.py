@@ -1,0 +1,127 @@
+"""``fedhop clients``: a client host, one process serving many client ids of one parent.
+
+Each id runs :func:`~fedhop.client.main.run_client` on its own thread: its own session with the parent (its own
+Hello / Ready / Task / Result / Bye stream and re-joins), its own algorithm state, random streams and saved
+state, exactly as a ``fedhop client`` process of that id would. What the ids share is what is a pure function of
+the RunSpec: one parsed spec, one :class:`~fedhop.common.engine.workspace.Workspace` (topology, model template,
+and the ids' partitions, built together once), and one torch import. Task handlers run one at a time in the
+process (the model template is shared, as in the in-process engine, and ``functional_call`` swaps its
+parameters), so results and byte counts are those of one process per id.
+
+An id that ends before it is in the run (refused, unreachable, no data) ends the host with its exit code: the
+ids of a host join one run together. Once every id is in, the host ends when the last id does, with the first
+non-zero exit code among them (in id order), or 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhop.common.engine.workspace import Workspace
+from fedhop.common.exit_codes import ExitCode
+from fedhop.common.spec import RunSpec
+
+log = logging.getLogger("fedhop.clients")
+
+JOIN_SLOTS = 8  # ids dialing and joining at once: a thousand simultaneous handshakes would outlast their timeout
+
+
+class HostShare:
+    """What the ids of one client host share: the Workspace of the run (by the Welcome's spec JSON) and the
+    lock that lets one task handler run at a time."""
+
+    def __init__(self, ids: Sequence[str], device: str | None = None, data_path: str | None = None) -> None:
+        self.ids = tuple(ids)
+        self.device = device
+        self.data_path = data_path
+        self.task_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._workspaces: dict[str, Workspace] = {}
+
+    def workspace(self, spec_json: str) -> Workspace:
+        """The Workspace of the run whose spec the parent sent; parsed and built once for every id."""
+        with self._lock:
+            ws = self._workspaces.get(spec_json)
+            if ws is None:
+                ws = Workspace(RunSpec.model_validate_json(spec_json), self.device, self.data_path,
+                               own_clients=self.ids)
+                self._workspaces[spec_json] = ws
+            return ws
+
+
+class ClientPrefix(logging.Filter):
+    """Sets ``record.client``: the id whose thread logged the record (its session thread, named after it, or
+    its task worker, ``<id>-tasks``), or ``host`` for the process's own threads."""
+
+    def __init__(self, ids: Sequence[str]) -> None:
+        super().__init__()
+        self.ids = frozenset(ids)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.threadName or ""
+        node = name.removesuffix("-tasks")
+        record.client = node if node in self.ids else "host"
+        return True
+
+
+def run_clients(ids: Sequence[str], parent: str, *, data_path: str | None = None, device: str | None = None,
+                connect_timeout_s: float = 60.0, state_dir: Path | None = None,
+                security: Mapping[str, Any] | None = None, join_slots: int = JOIN_SLOTS) -> int:
+    """Serve every id in ``ids`` under ``parent`` from this process; returns the host's exit code (see the
+    module's docstring). ``security``: each id's :class:`~fedhop.transport.credentials.Security` (None:
+    plaintext)."""
+    from fedhop.client.main import run_client
+
+    # One thread per task (the handlers take turns anyway) and the same reductions as every other process of the
+    # run: the bit-identity of the engines rests on this.
+    torch.set_num_threads(1)
+    share = HostShare(ids, device, data_path)
+    slots = threading.Semaphore(max(1, join_slots))
+    ended: queue.Queue[tuple[str, int, bool]] = queue.Queue()
+
+    def one(node: str) -> None:
+        ready = threading.Event()
+
+        def on_ready(_: str) -> None:
+            ready.set()
+            slots.release()
+
+        slots.acquire()
+        code: int = ExitCode.FAILED
+        try:
+            code = run_client(node, parent, data_path=data_path, device=device, connect_timeout_s=connect_timeout_s,
+                              state_dir=state_dir, security=(security or {}).get(node), host=share,
+                              on_ready=on_ready)
+        except Exception:
+            log.exception("%s: failed", node)
+        finally:
+            if not ready.is_set():
+                slots.release()
+            ended.put((node, int(code), ready.is_set()))
+
+    log.info("serving %d client ids under %s: %s", len(ids), parent, ", ".join(ids) if len(ids) <= 8 else
+             f"{ids[0]} ... {ids[-1]}")
+    for node in ids:
+        threading.Thread(target=one, args=(node,), name=node, daemon=True).start()
+    codes: dict[str, int] = {}
+    while len(codes) < len(ids):
+        node, code, was_ready = ended.get()
+        codes[node] = code
+        if code != 0 and not was_ready:
+            log.error("%s ended with exit code %d before it was in the run; stopping this host's %d other ids",
+                      node, code, len(ids) - len(codes))
+            return code
+    bad = [(n, codes[n]) for n in ids if codes[n] != 0]
+    if bad:
+        log.error("%d of %d ids did not finish cleanly: %s", len(bad), len(ids),
+                  ", ".join(f"{n} (exit {c})" for n, c in bad))
+        return bad[0][1]
+    log.info("all %d client ids finished", len(ids))
+    return ExitCode.OK
