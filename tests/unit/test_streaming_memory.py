@@ -229,7 +229,7 @@ def test_scatter_checks_replies_against_the_sizes_the_exchange_refreshed():
         def current_round(self):
             return 0
 
-        def _exchange(self, targets, task, bundle, args, deadline_s):
+        def _exchange(self, targets, task, bundle, args, deadline_s, quorum=None):
             self.ctx.sizes = {"client-0": 3, "client-1": 4}
             return {t: Reply({"w": torch.ones(2)}, {"n": self.ctx.sizes[t]}) for t in targets}
 
