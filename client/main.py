@@ -15,6 +15,7 @@ from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
 from fedhop.common.exit_codes import ExitCode
+from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ def run_client(node_id: str, parent: str, *, data_path: str | None = None, devic
     Workspace and task lock this id shares with the other ids of its client host; ``on_ready(node_id)``: this
     id said Ready (it is in the run)."""
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
+    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     store = NodeStore(node_id, state_dir)
     session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s,
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},

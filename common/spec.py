@@ -87,6 +87,9 @@ class TransportSpec(Strict):
     deadline_margin_fraction: float = Field(0.1, ge=0, lt=1)
     rejoin_grace_s: float = Field(0.0, ge=0, description="a task for a child that was admitted and is away "
                                   "(restarting, re-joining) waits this long for it to come back before it fails")
+    reply_window: int = Field(0, ge=0, description="a scatter that aggregates while replies arrive (FedAvg) "
+                              "receives the next reply to fold and at most this many more at once; the others "
+                              "wait in their senders (memory: the aggregate + 1 + this many models)")
     handshake_timeout_s: float = Field(10.0, gt=0, le=600, description="a peer that connects and has not said "
                                        "Hello (or not finished its TLS handshake) this long after is disconnected")
     max_open_bundles: int = Field(4, ge=1, description="bundles one peer may have arriving at once (a child's "

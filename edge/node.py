@@ -17,6 +17,7 @@ from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
 from fedhop.common.exit_codes import ExitCode
+from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.user_code import CODE_DIGEST
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
@@ -40,6 +41,7 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
     wildcard host; set it when edges run on different machines). ``security``: a
     :class:`~fedhop.transport.credentials.Security` for every link (None: plaintext)."""
     torch.set_num_threads(1)
+    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     meter, missing = ByteMeter(), MissingLog()
     hub = ParentHub(node_id, meter, missing, security=security)
     service = EdgeService(node_id, security)

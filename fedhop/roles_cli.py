@@ -25,6 +25,9 @@ def _exit_now(rc: int) -> int:
     """Leave without interpreter teardown once a role is done: gRPC's C-core threads can still be winding
     down then, and tearing the interpreter down under them aborts the process ("terminate called without an
     active exception", exit -6) although the run itself ended cleanly. Everything is written by now."""
+    from fedhop.common import timing
+
+    timing.flush()  # os._exit skips atexit: the round-breakdown timers (when on) are written here
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -27,6 +27,7 @@ from fedhop.common.engine.loop import RoundFailed, Start, drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes, write_run_folder
 from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, load_latest, ps_store, save
 from fedhop.common.engine.workspace import Workspace
+from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.spec import RunSpec
 from fedhop.common.testhooks import gate
 from fedhop.common.user_code import CODE_DIGEST, code_digest
@@ -125,6 +126,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     figure's metric in place of the test metrics, as it does to the in-process engine's workspace)."""
     torch.set_num_threads(1)
     events = events or RunEvents()
+    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     if out is not None:
         check_run_folder(out)
     ws = Workspace(spec, device)

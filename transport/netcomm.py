@@ -20,12 +20,13 @@ from typing import Any
 import torch
 
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm
-from fedhop.common.engine.base import BaseComm, Failure, MissingLog
+from fedhop.common.engine.base import BaseComm, Failure, MissingLog, Settle
 from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.messages import on_host, to_device
 from fedhop.transport.peer import PeerClient
+from fedhop.transport.reply_gate import ReplyGate
 from fedhop.transport.session import Call, ParentHub
 
 
@@ -106,6 +107,46 @@ class NetComm(BaseComm):
             if isinstance(r, Reply):  # what it said of its state when it (re-)joined is settled now
                 self.hub.hello_info.get(t, {}).pop("state_round", None)
         return out
+
+    def _exchange_settling(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                           deadline_s: float | None, settle: Settle) -> None:
+        """A folding scatter: replies are admitted by a :class:`ReplyGate` (the next one to fold plus
+        ``transport.reply_window`` more) and settled in canonical order as they complete, each dropped once
+        folded. A reply whose Result frame came before the deadline is waited for up to
+        ``transport.rpc_timeout_s`` longer (the gate may have held its bundle back)."""
+        rnd = self.current_round()
+        if self._begun != rnd:
+            self.begin_round(rnd)
+        deadline = self.scatter_deadline(deadline_s)
+        snapshot = on_host(bundle)
+        gate = ReplyGate(self.transport.reply_window)
+        sent: list[tuple[NodeId, Any]] = []
+        for t in targets:
+            self.hub.await_link(t)
+            sent.append((t, self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline, gate=gate)))
+        del snapshot
+        end = time.monotonic() + deadline
+        device = self.ctx.device if self.ctx is not None else torch.device("cpu")
+        try:
+            while sent:
+                t, c = sent.pop(0)
+                if isinstance(c, Failure):
+                    settle(t, c)
+                    continue
+                if not c.done.wait(max(0.0, end - time.monotonic())) and c.answered.is_set():
+                    c.done.wait(max(0.0, end + self.transport.rpc_timeout_s - time.monotonic()))
+                if not c.done.is_set():
+                    self.hub.expire(c, f"no reply within the deadline of {deadline:g}s")
+                r, c.result = c.result, None
+                assert r is not None
+                if isinstance(r, Reply):
+                    self.hub.hello_info.get(t, {}).pop("state_round", None)
+                    r = Reply(to_device(r.bundle, device), r.scalars)
+                settle(t, r)
+                del r
+                gate.settled(c.call_id)
+        finally:
+            gate.open()
 
     def lost_state(self, node: NodeId) -> Failure | None:
         """A child whose algorithm keeps state and that came back (restarted) with state older than its last

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from fedhop.common import timing
 from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, Reply, Scalar, get_task, meter_kind
 from fedhop.common.engine.base import Failure, MissingLog
 from fedhop.common.engine.topology import Topology
@@ -62,6 +63,7 @@ from fedhop.common.wire.messages import (
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars, put_scalars
 from fedhop.transport.inbound import Rejection, accept_request, accept_result
+from fedhop.transport.reply_gate import ReplyGate
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.session")
@@ -85,6 +87,8 @@ class Call:
     round: int
     done: threading.Event = field(default_factory=threading.Event)
     result: Reply | Failure | None = None
+    answered: threading.Event = field(default_factory=threading.Event)  # its Result frame arrived
+    gate: ReplyGate | None = None  # a folding scatter's admission of replies (reply_gate.py)
     on_finish: Callable[[], None] | None = None  # called once the result is in (a caller waiting on several)
 
     def finish(self, result: Reply | Failure) -> None:
@@ -157,6 +161,7 @@ class ParentHub:
     def __init__(self, node_id: NodeId, meter: ByteMeter, missing: MissingLog | None = None,
                  security: Any = None) -> None:
         self.node = node_id
+        timing.set_node(node_id)
         self.security = security  # transport.credentials.Security; None or insecure: Hellos are taken at their word
         self.meter = meter
         self.missing = missing if missing is not None else MissingLog()
@@ -381,6 +386,8 @@ class ParentHub:
             if body == "error" and frame.call_id == 0:
                 log.warning("%s: %s reports: %s", self.node, link.name, frame.error.message)
                 return True
+            if body == "result":
+                self._answered(link, frame)
         try:
             msg = link.asm.feed(frame)
         except FrameError as e:
@@ -389,6 +396,17 @@ class ParentHub:
         if msg is not None:
             self._result(link, msg)
         return True
+
+    def _answered(self, link: ChildLink, frame: pb.Frame) -> None:
+        """A Result frame of a pending call came in: mark the call answered; a reply of a folding scatter then
+        waits for its turn (``ReplyGate``) before its bundle is read, holding this session's reader."""
+        with self._lock:
+            call = self._calls.get(frame.call_id)
+        if call is None or call.node != link.node_id:
+            return
+        call.answered.set()
+        if call.gate is not None and frame.result.has_bundle:
+            call.gate.enter(call.call_id)
 
     def _complain(self, link: ChildLink, call_id: int, code: int, message: str) -> None:
         log.warning("%s: %s", self.node, message)
@@ -514,8 +532,9 @@ class ParentHub:
 
     # -- calls --------------------------------------------------------------------------------------------
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
-             deadline_s: float) -> Call | Failure:
-        """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`."""
+             deadline_s: float, gate: ReplyGate | None = None) -> Call | Failure:
+        """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`. With
+        ``gate``, the reply's bundle is read only when the gate admits it."""
         link, admitted = self.await_link(target)
         if link is None or not link.alive:
             return Failure(f"{target} is not connected")
@@ -530,7 +549,10 @@ class ParentHub:
             frames = message_frames(head, bundle, self.chunk_bytes)
         except CodecError as e:
             return Failure(f"cannot send the bundle: {e}")
-        call = Call(cid, target, task, round_idx)
+        call = Call(cid, target, task, round_idx, gate=gate)
+        timing.event("call", at=self.node, call=cid, child=target, task=task, round=round_idx)
+        if gate is not None:
+            gate.add(cid)
         with self._lock:
             self._calls[cid] = call
         payload = payload_bytes(bundle)
@@ -579,6 +601,7 @@ class ParentHub:
             return
         self.meter.record(info.node, self.node, meter_kind(info.task, "reply"), "reply", msg.payload_bytes,
                           msg.message_bytes, info.round)
+        timing.event("reply", at=self.node, call=msg.call_id, child=info.node)
         if late is not None:
             log.info("%s: late reply from %s to %s (round %d) dropped", self.node, info.node, info.task,
                      info.round + 1)
@@ -602,6 +625,7 @@ class ChildProtocol:
                  after_task: Callable[[NodeContext], None] | None = None,
                  peers: dict[NodeId, str] | None = None, task_lock: Any = None) -> None:
         self.node = node
+        timing.set_node(node)
         self.ctx = ctx
         self.send = send
         self.chunk_bytes = chunk_bytes
@@ -643,6 +667,7 @@ class ChildProtocol:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True, name=f"{self.node}-tasks")
                 self._worker.start()
+            timing.event("task_in", at=self.node, call=msg.call_id)
             self._tasks.put((msg, time.monotonic()))
         return None
 
@@ -676,8 +701,10 @@ class ChildProtocol:
         if self.before_task is not None:
             self.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
         try:
+            timing.event("run", at=self.node, call=req.call_id, task=req.name)
             with self.task_lock:
                 reply = handler(ctx, req.bundle, dict(req.args))
+            timing.event("ran", at=self.node, call=req.call_id)
             out = on_host(reply.bundle)
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
                                     self.chunk_bytes)

@@ -26,6 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedhop.common.algorithms.aggregate import WeightedMean
 from fedhop.common.algorithms.local import LocalSolver, local_train, solver_for
 from fedhop.common.algorithms.participation import Participation, ParticipationState, participants
 from fedhop.common.algorithms.qsgd import MAX_LEVELS, add_quantized, encode, encoded_template
@@ -107,10 +108,24 @@ def cluster_rounds(ctx: NodeContext, params: Bundle, edge_rounds: int, process: 
                 alpha = {c: float(n[c]) if o.weighting == "data_size" else 1.0 for c in replies}
                 params, weight = add_quantized(params, replies, alpha, o.upload_levels), sum(n.values())
             continue
-        replies = ctx.comm.scatter(chosen, "local.train", params, args, expect=params)
+        mean = streaming_mean(ctx, chosen, o.weighting)
+        replies = ctx.comm.scatter(chosen, "local.train", params, args, expect=params, fold=mean)
         if replies:
-            params, weight = average_replies(ctx, replies, o.weighting)
+            params, weight = mean.result(), sum(_weight(ctx, c, r) for c, r in replies.items())
     return params, weight
+
+
+def _weight(ctx: NodeContext, node: str, r: Reply) -> int:
+    return int(r.scalars["n"]) if "n" in r.scalars else ctx.data_size(node)
+
+
+def streaming_mean(ctx: NodeContext, targets: list[str] | tuple[str, ...], weighting: str) -> WeightedMean:
+    """The fold of :func:`average_replies`: the same average, accumulated while the replies arrive (bit-identical
+    to it when every target replies); normalised while folding by the targets' known data sizes."""
+    if weighting == "uniform":
+        return WeightedMean(lambda n, r: 1.0, max(len(targets), 1))
+    expected = sum(ctx.sizes.get(t, 0) for t in targets)
+    return WeightedMean(lambda n, r: _weight(ctx, n, r), expected if expected > 0 else 1)
 
 
 @task("fedavg.train_qsgd")
@@ -159,6 +174,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("fedavg", FedAvgOptions, init, server_round,
-                   summary="FedAvg; through edges when the topology has them"))
+                   summary="FedAvg; through edges when the topology has them", round_replaces_tensors=True))
 register(Algorithm("hierfavg", HierFAVGOptions, init, server_round,
-                   summary="HierFAVG: kappa2 edge rounds per cloud round", needs_edges=True))
+                   summary="HierFAVG: kappa2 edge rounds per cloud round", needs_edges=True,
+                   round_replaces_tensors=True))

@@ -79,27 +79,48 @@ def solver_for(ctx: NodeContext, args: Mapping[str, Scalar]) -> LocalSolver:
     return replace(base, lr=lr, step_offset=int(args.get("step_offset", 0)))
 
 
+def _shared_storage(grads: Bundle) -> set[int]:
+    """Storages that back more than one gradient (autograd may hand the same tensor to two parameters)."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for g in grads.values():
+        p = g.untyped_storage().data_ptr()
+        (shared if p in seen else seen).add(p)
+    return shared
+
+
 def local_train(ws: Workspace, params: Bundle, data: Dataset, cfg: LocalSolver,
-                gen: torch.Generator) -> tuple[Bundle, float]:
-    """Run ``cfg.steps`` local steps from ``params``; returns the new parameters and the mean batch loss."""
-    w = {k: v.detach().clone() for k, v in params.items()}
+                gen: torch.Generator, *, consume: bool = False) -> tuple[Bundle, float]:
+    """Run ``cfg.steps`` local steps from ``params``; returns the new parameters and the mean batch loss.
+
+    ``consume``: ``params`` is the caller's to give away (a received bundle nobody reads again): without a
+    FedProx anchor to keep, training happens in its tensors instead of a copy. Plain SGD updates in place
+    (``w -= lr * d`` computed as ``d *= lr; w -= d``: the same floats as ``w - lr * d``); optimizer buffers are
+    allocated only for the solvers that use them, so a client holds about the model, its gradient and the
+    received bundle (issue 11)."""
+    if consume and not cfg.prox_mu:
+        w = {k: v.detach() for k, v in params.items()}
+    else:
+        w = {k: v.detach().clone() for k, v in params.items()}
     anchor = params
-    m = {k: torch.zeros_like(v) for k, v in w.items()}
-    v2 = {k: torch.zeros_like(v) for k, v in w.items()}
+    m = {k: torch.zeros_like(v) for k, v in w.items()} if cfg.solver in ("momentum", "adam") else {}
+    v2 = {k: torch.zeros_like(v) for k, v in w.items()} if cfg.solver == "adam" else {}
     losses = 0.0
     for t in range(cfg.steps):
         x, y = sample_batch(data, cfg.batch_size, gen)
         loss, g = loss_and_grad(ws, w, x, y)
         losses += loss
         lr = cfg.lr_at(t)
+        shared = _shared_storage(g)
         for k in w:
-            d = g[k]
+            d = g.pop(k)  # each gradient is freed as soon as it is used
             if cfg.weight_decay:
                 d = d + cfg.weight_decay * w[k]
             if cfg.prox_mu:
                 d = d + cfg.prox_mu * (w[k] - anchor[k])
             if cfg.solver == "sgd":
-                w[k] = w[k] - lr * d
+                w[k].sub_(d.mul_(lr) if d._base is None and d.untyped_storage().data_ptr() not in shared
+                          else lr * d)
             elif cfg.solver == "momentum":
                 m[k] = cfg.momentum * m[k] + d
                 w[k] = w[k] - lr * m[k]
@@ -111,6 +132,8 @@ def local_train(ws: Workspace, params: Bundle, data: Dataset, cfg: LocalSolver,
                 w[k] = w[k] - lr * mh / (vh.sqrt() + cfg.eps)
             else:
                 raise ValueError(f"unknown local solver {cfg.solver!r}; use sgd, momentum or adam")
+            del d
+        del g, x, y
     return w, losses / max(cfg.steps, 1)
 
 
@@ -119,5 +142,5 @@ def train_task(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Rep
     """Client: local training from the received model; replies with the local model and its data size."""
     cfg = solver_for(ctx, args)
     gen = ctx.rng("local.train", ctx.round, args.get("stream", 0))
-    w, loss = local_train(ctx.ws, params, ctx.data, cfg, gen)
+    w, loss = local_train(ctx.ws, params, ctx.data, cfg, gen, consume=True)  # the received model is ours
     return Reply(w, {"loss": loss, "n": len(ctx.data)})

@@ -67,6 +67,7 @@ class Comm(Protocol):
         *,
         expect: Mapping[str, torch.Tensor] | None = None,
         deadline_s: float | None = None,
+        fold: Callable[[NodeId, Reply], None] | None = None,
         quorum: int | None = None,
         optional: bool = False,
     ) -> dict[NodeId, Reply]:
@@ -76,6 +77,11 @@ class Comm(Protocol):
         that failed, timed out or sent an invalid bundle (non-finite values; names/shapes/dtypes other
         than ``expect``'s, when given) is absent from the result and logged as missing.
 
+        ``fold``: aggregate while the replies arrive. Each usable reply is passed to ``fold(node, reply)`` in
+        canonical order, as soon as it and every reply before it are settled, and is owned by ``fold`` (it may
+        change the tensors in place); the returned replies then carry their scalars only. The networked engine
+        receives at most ``transport.reply_window`` replies beyond the next one to fold at a time, so a node
+        holds the aggregate and a few replies rather than every reply (issue 11).
         ``quorum``: stop waiting once that many replies are in (the in-process engine takes the first ones in
         canonical order, the networked one the first to arrive; the others are late and dropped).
         ``optional``: a node that stays silent (its handler raised :class:`NoAnswer`, or no reply before the
@@ -225,6 +231,9 @@ class Algorithm:
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     # further checks of a whole spec, run at validation (raise ValueError naming the field to change)
     check: Callable[[RunSpec, Any], None] | None = None
+    # round(ctx, S) never changes a tensor of S in place (it builds new ones): the round loop keeps S's tensors
+    # by reference for a retry instead of copying them (checked by their version counters when it restores)
+    round_replaces_tensors: bool = False
     # the inbox slots its edges hand models into (``Comm.hand_off``); an edge refuses hand-offs into others
     handoff_slots: tuple[str, ...] = ()
 

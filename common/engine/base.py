@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from fedhop.common import timing
 from fedhop.common.engine.api import NodeId, Reply, Scalar
 from fedhop.common.engine.size_claims import size_claim_error
 from fedhop.common.engine.topology import Topology
@@ -55,6 +56,10 @@ class MissingLog:
         self.entries.append({"round": round_idx + 1, "by": by, "node": node, "task": task, "reason": reason})
 
 
+Fold = Callable[[NodeId, Reply], None]  # takes one usable reply of a scatter, in canonical order
+Settle = Callable[[NodeId, "Reply | Failure"], None]
+
+
 class BaseComm(ABC):
     """Implements :class:`~fedhop.common.engine.api.Comm` on top of one engine-specific exchange."""
 
@@ -85,10 +90,22 @@ class BaseComm(ABC):
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                   deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]: ...
 
+    def _exchange_settling(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                           deadline_s: float | None, settle: Settle) -> None:
+        """Like :meth:`_exchange`, but hands each target's answer to ``settle`` in canonical order, as soon as
+        it and every answer before it are in (an engine that streams replies overrides this, so that a folded
+        reply's tensors are freed before the later ones arrive). The default waits for all of them."""
+        raw = self._exchange(targets, task, bundle, args, deadline_s)
+        for t in targets:
+            settle(t, raw.get(t, Failure("no reply")))
+
     def scatter(self, to: Sequence[NodeId], task: str, bundle: Bundle | None = None,
                 args: Mapping[str, Scalar] | None = None, *, expect: Mapping[str, torch.Tensor] | None = None,
-                deadline_s: float | None = None, quorum: int | None = None,
-                optional: bool = False) -> dict[NodeId, Reply]:
+                deadline_s: float | None = None, quorum: int | None = None, optional: bool = False,
+                fold: Fold | None = None) -> dict[NodeId, Reply]:
+        """See :meth:`~fedhop.common.engine.api.Comm.scatter`. With ``fold``, each usable reply is passed to
+        ``fold(node, reply)`` in canonical order as soon as it and the replies before it are settled (the reply's
+        bundle is the caller's to keep or change in place), and the result holds the replies without bundles."""
         children = set(self.topology.children(self.node))
         stray = [t for t in to if t not in children]
         if stray:
@@ -97,14 +114,17 @@ class BaseComm(ABC):
             raise ValueError(f"{self.node}: duplicate targets in scatter: {list(to)}")
         if quorum is not None and quorum < 1:
             raise ValueError(f"{self.node}: a scatter's quorum must be >= 1, got {quorum}")
+        if quorum is not None and fold is not None:
+            raise ValueError(f"{self.node}: a scatter folds in canonical order or closes at a quorum, not both")
         targets = self.topology.sort(to)
-        raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, quorum)
         out: dict[NodeId, Reply] = {}
         silent = 0
-        sizes = getattr(self.ctx, "sizes", None)
-        rnd = self.current_round()
-        for t in targets:
-            r = raw.get(t, Failure("no reply"))
+
+        def settle(t: NodeId, r: Reply | Failure) -> None:
+            nonlocal silent
+            # read now, not before the exchange: a networked engine refreshes ctx.sizes when the round begins
+            sizes = getattr(self.ctx, "sizes", None)
+            rnd = self.current_round()
             if isinstance(r, Reply):
                 reason = check_bundle(r.bundle, expect)
                 if reason is None and sizes is not None and t not in sizes:
@@ -113,14 +133,28 @@ class BaseComm(ABC):
                 if reason is None:
                     reason = size_claim_error(self.topology, t, r.scalars, sizes)
                 if reason is None:
-                    out[t] = r
                     self.last_ok[t] = rnd
-                    continue
+                    if fold is None:
+                        out[t] = r
+                    else:
+                        fold(t, r)
+                        out[t] = Reply({}, r.scalars)
+                    return
                 r = Failure(f"rejected reply: {reason}")
             if optional and r.silent:
                 silent += 1
-                continue
+                return
             self.missing.add(rnd, self.node, t, task, r.reason)
+
+        timing.event("scatter", at=self.node, task=task)
+        if fold is None:
+            raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, quorum)
+            for t in targets:
+                settle(t, raw.get(t, Failure("no reply")))
+        else:
+            self._exchange_settling(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, settle)
+        out = {t: out[t] for t in targets if t in out}
+        timing.event("scatter_end", at=self.node)
         self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed
         self._ok += len(out)
         return out

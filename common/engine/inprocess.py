@@ -23,7 +23,7 @@ from fedhop.common.engine.api import (
     get_task,
     meter_kind,
 )
-from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, check_bundle
+from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, Settle, check_bundle
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.loop import Start, drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
@@ -140,36 +140,43 @@ class _LocalComm(BaseComm):
         """Every target runs the task, in canonical order. A handler that raises :class:`NoAnswer` sends
         nothing back. With a ``quorum``, the replies after the first ``quorum`` usable ones are sent (and
         counted) but arrive after the caller stopped waiting: they are late, as over the network."""
-        handler = get_task(task)
         out: dict[NodeId, Reply | Failure] = {}
         ok = 0
         for t in targets:
-            if self.engine.faults.dead(t, task, self.engine.round):
-                self.engine.send(self.node, t, task, "request", bundle, args)
-                out[t] = Failure("no reply before the deadline (node down)")
-                continue
-            received = self.engine.send(self.node, t, task, "request", bundle, args)
-            ctx = self.engine.nodes[t]
-            ctx.round = self.engine.round
-            reason = check_bundle(received)
-            if reason is not None:
-                out[t] = Failure(f"{t} rejected the request: {reason}")
-                continue
-            try:
-                reply = handler(ctx, received, dict(args))
-            except NoAnswer:
-                out[t] = Failure("did not answer", silent=True)
-                continue
-            except Exception as e:  # a failing node is a missing node, as over the network
-                out[t] = Failure(f"{type(e).__name__}: {e}")
-                continue
-            back = self.engine.send(t, self.node, task, "reply", reply.bundle, reply.scalars)
-            if quorum is not None and ok >= quorum:
-                out[t] = Failure(f"late: the call closed at its quorum of {quorum}", silent=True)
-                continue
-            out[t] = Reply(back, dict(reply.scalars))
-            ok += 1
+            r = self._one(t, task, bundle, args)
+            if isinstance(r, Reply):
+                if quorum is not None and ok >= quorum:
+                    r = Failure(f"late: the call closed at its quorum of {quorum}", silent=True)
+                else:
+                    ok += 1
+            out[t] = r
         return out
+
+    def _exchange_settling(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                           deadline_s: float | None, settle: Settle) -> None:
+        for t in targets:  # each reply is settled (folded) before the next node runs its task
+            settle(t, self._one(t, task, bundle, args))
+
+    def _one(self, t: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar]) -> Reply | Failure:
+        handler = get_task(task)
+        if self.engine.faults.dead(t, task, self.engine.round):
+            self.engine.send(self.node, t, task, "request", bundle, args)
+            return Failure("no reply before the deadline (node down)")
+        received = self.engine.send(self.node, t, task, "request", bundle, args)
+        ctx = self.engine.nodes[t]
+        ctx.round = self.engine.round
+        reason = check_bundle(received)
+        if reason is not None:
+            return Failure(f"{t} rejected the request: {reason}")
+        try:
+            reply = handler(ctx, received, dict(args))
+        except NoAnswer:
+            return Failure("did not answer", silent=True)
+        except Exception as e:  # a failing node is a missing node, as over the network
+            return Failure(f"{type(e).__name__}: {e}")
+        del received
+        back = self.engine.send(t, self.node, task, "reply", reply.bundle, reply.scalars)
+        return Reply(back, dict(reply.scalars))
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: dict[str, Scalar] | None = None) -> None:
         self._check_peer(to)

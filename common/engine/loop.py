@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedhop.common import timing
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
 from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.state_io import copy_state
+from fedhop.common.engine.state_io import snapshot_state
 from fedhop.common.wire.bundle import Bundle
 
 log = logging.getLogger("fedhop.engine")
@@ -69,8 +70,10 @@ def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Com
 
 def _timed(events: RunEvents, ctx: NodeContext, t: int, step: Callable[[], Any]) -> Any:
     events.emit("round_started", round=t)
+    timing.event("round", round=t)
     t0 = time.perf_counter()
     state = step()
+    timing.event("round_end", round=t)
     records = getattr(ctx.reporter, "records", None) or [{}]
     record = records[-1] if records[-1].get("round") == t + 1 else {}
     events.emit("round_ended", round=t, record=record, duration_s=time.perf_counter() - t0)
@@ -81,7 +84,8 @@ def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callab
              on_redo: Callable[[int, int], None] | None) -> Any:
     transport = ctx.spec.transport
     retries = transport.round_retries
-    before = copy_state(state) if retries > 0 and ctx.comm.can_fail else None
+    before = snapshot_state(state, share_tensors=algo.round_replaces_tensors) \
+        if retries > 0 and ctx.comm.can_fail else None
     for attempt in range(retries + 1):
         ctx.round = t
         ctx.comm.begin_round(t)
@@ -103,5 +107,5 @@ def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callab
         if on_redo is not None:
             on_redo(t, attempt)
         assert before is not None
-        state = copy_state(before)
+        state = before.restore()
     raise AssertionError("unreachable")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -149,6 +150,51 @@ def _tensor(tensors: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
     if key not in tensors:
         raise StateError(f"state tree refers to tensor {key!r}, which the checkpoint does not hold")
     return tensors[key]
+
+
+def _shared_keys(tree: Any) -> list[str]:
+    """The keys of the torch tensors ({"$t": key}) in a state tree."""
+    out: list[str] = []
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "$t" in node and len(node) == 1:
+                out.append(node["$t"])
+                continue
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """A state value kept to start over from (the round loop's retry copy): see :func:`snapshot_state`."""
+
+    tree: Any
+    tensors: dict[str, torch.Tensor]
+    versions: dict[str, int]  # the shared tensors' version counters when the snapshot was taken
+
+    def restore(self) -> Any:
+        """A fresh state equal to the snapshot; its shared tensors are the very tensors of the snapshot."""
+        changed = [k for k, v in self.versions.items() if self.tensors[k]._version != v]
+        if changed:
+            raise StateError(f"{len(changed)} tensor(s) of the state were changed in place since the snapshot was "
+                             "taken without copying them; this algorithm must not declare "
+                             "round_replaces_tensors")
+        return from_tree(self.tree, {k: v.clone() if k not in self.versions else v for k, v in self.tensors.items()})
+
+
+def snapshot_state(value: Any, *, share_tensors: bool = False) -> StateSnapshot:
+    """Keep ``value`` to start over from. ``share_tensors``: its torch tensors are kept by reference (no copy)
+    with their version counters, for a caller that promises not to change them in place (the snapshot refuses
+    to restore if one was); everything else (numpy arrays, generators, containers, scalars) is copied."""
+    tensors: dict[str, torch.Tensor] = {}
+    tree = to_tree(value, tensors)
+    shared = set(_shared_keys(tree)) if share_tensors else set()
+    kept = {k: v if k in shared else v.clone() for k, v in tensors.items()}
+    return StateSnapshot(tree, kept, {k: kept[k]._version for k in shared})
 
 
 def copy_state(value: Any) -> Any:

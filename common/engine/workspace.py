@@ -21,7 +21,7 @@ from fedhop.common.data.build import DataMeta, build_client_data, build_clients_
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.models import build_model
 from fedhop.common.spec import RunSpec
-from fedhop.common.user_code import UserCodeError, load_callable, metric_name
+from fedhop.common.user_code import UserCodeError, is_ref, load_callable, metric_name
 from fedhop.common.wire.bundle import Bundle
 
 
@@ -124,13 +124,20 @@ class Workspace:
     # -- model --------------------------------------------------------------------------------------------
     @cached_property
     def model(self) -> torch.nn.Module:
-        """The architecture (a template: algorithms pass parameters explicitly via functional_call)."""
+        """The architecture (a template: algorithms pass parameters explicitly via functional_call). A built-in
+        model's template keeps its parameters on the meta device, so it holds no copy of the model (issue 11);
+        a user's model keeps real ones (its forward may read its own parameters)."""
+        m = self._build()
+        return m if is_ref(self.spec.model.name) else m.to("meta")
+
+    def _build(self) -> torch.nn.Module:
         m = self.meta
         return build_model(self.spec.model, m.input_shape, m.num_classes, self.spec.seed).to(
             device=self.device, dtype=getattr(torch, self.spec.model.dtype))
 
     def initial_params(self) -> Bundle:
-        return {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        """The initial parameters (the caller's own tensors: built afresh, identical on every call)."""
+        return {k: v.detach() for k, v in self._build().named_parameters()}
 
     def forward(self, params: Bundle, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.device)

@@ -31,6 +31,7 @@ import math
 import mmap
 import sys
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -41,6 +42,7 @@ import numpy as np
 import torch
 import xxhash
 
+from fedhop.common import timing
 from fedhop.common.wire.bundle import Bundle
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -192,6 +194,7 @@ def encode_views(
         raise CodecError("the wire format is little-endian; big-endian hosts are not supported")
     if not isinstance(bundle, Mapping):
         raise CodecError(f"a bundle is a mapping of names to tensors, got {type(bundle).__name__}")
+    started = time.perf_counter() if timing.ENABLED else 0.0
     hasher = CHECKSUMS[checksum]()
     views: list[memoryview] = []
     layout: list[tuple[str, str, tuple[int, ...]]] = []
@@ -216,6 +219,8 @@ def encode_views(
     header.checksum_algorithm = checksum
     header.total_bytes = total
     header.checksum = hasher.value()
+    if timing.ENABLED:
+        timing.add("encode_s", time.perf_counter() - started)
     return header, _chunks(views, chunk_bytes)
 
 
@@ -502,6 +507,15 @@ class BundleDecoder:
 
     def feed(self, chunk: ChunkLike) -> None:
         """Copy one chunk into place. Chunks must arrive in order, each of the size the header implies."""
+        if timing.ENABLED:
+            started = time.perf_counter()
+            try:
+                return self._feed(chunk)
+            finally:
+                timing.add("decode_s", time.perf_counter() - started)
+        return self._feed(chunk)
+
+    def _feed(self, chunk: ChunkLike) -> None:
         self._check_open()
         try:
             offset, data = int(chunk.offset), _byte_view(chunk.data)

@@ -18,12 +18,14 @@ in-process engine (``messages.message_bytes``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 import torch
 from google.protobuf.message import DecodeError
 
+from fedhop.common import timing
 from fedhop.common.wire.codec import DEFAULT_CHECKSUM, DEFAULT_CHUNK_BYTES, CodecError, RawChunk, encode_views
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -180,7 +182,12 @@ def _frames(
 ) -> Iterator[pb.Frame | bytes]:
     yield pb.Frame(call_id=call_id, header=header)
     for c in chunks:
-        if raw:
+        if raw and timing.ENABLED:
+            started = time.perf_counter()
+            frame = chunk_frame_bytes(call_id, c.offset, c.data)
+            timing.add("encode_s", time.perf_counter() - started)
+            yield frame
+        elif raw:
             yield chunk_frame_bytes(call_id, c.offset, c.data)
         else:
             frame = pb.Frame(call_id=call_id)

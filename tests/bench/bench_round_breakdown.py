@@ -1,0 +1,265 @@
+"""Where a round's wall time goes, per role: compute, serialization, transfer, waiting (issues 8 and 11).
+
+    .venv/bin/python tests/bench/bench_round_breakdown.py              # every case below
+    .venv/bin/python tests/bench/bench_round_breakdown.py --case fedavg-25M --rounds 3
+
+Each case is one ``fedhop launch`` (digits, MLP 64-h-h-10 on the CPU) with the light timers of
+``fedhop/common/timing.py`` switched on (``FEDHOP_TIMERS``): every process logs when a parent sent each Task
+(``call``), when the child held all of it (``task_in``), when its handler started and returned (``run`` /
+``ran``) and when the parent held the whole Result (``reply``), on the machine's one monotonic clock, plus the
+CPU seconds it spent in the codec. Per round and per process of a role (mean over the processes of the role):
+
+* compute: a client's handler time; an edge's handler time outside its own scatters; the PS's round time
+  outside its scatters (aggregation that is not folded during the scatter, evaluation, the algorithm);
+* down / up: a child's Task from the parent's send to the child holding all of it / its Result from the
+  handler's return to the parent holding all of it (serialization, the wire, a reply gate's wait);
+* encode / decode: CPU seconds in the codec over the whole run (set-up and the final collection included):
+  checksums, chunk frames / copying into the decode buffer, which the chunk pipeline overlaps with the
+  transfer: they are part of down / up, not in addition to them;
+* waiting: the rest of the round (a child idle while others are served, a parent waiting for its children).
+
+Cases: Fed-CHS (2 edges, 4 clients, K = 4 interactions per round instead of the paper's 20, to keep the
+100 MB case short) and FOCUS (4 clients, full participation) with a 1 MB (h = 460) and a 100 MB (h = 4960)
+model, and FedAvg on the 25M-parameter job (4 clients, 12 local steps of batch 32), whose mean round is set
+beside the compute floor: the same 4 clients' local training with no transport, 4 processes of one thread
+started together in the same run (a round can be no faster than its slowest client). The machine is shared
+(other work runs beside): compare figures within one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+HIDDEN = {"1MB": 460, "100MB": 4960}
+
+BASE = """name = "breakdown-{name}"
+rounds = {rounds}
+seed = 0
+device = "cpu"
+checkpoint_every = 0
+
+[algorithm]
+name = "{algorithm}"
+
+[algorithm.options]
+{options}
+
+[topology]
+clients = 4
+edges = {edges}
+
+[data]
+dataset = "digits"
+partition = "iid"
+
+[model]
+name = "mlp"
+hidden = [{hidden}, {hidden}]
+
+[transport]
+round_deadline_s = 1800.0
+join_timeout_s = 600.0
+rpc_timeout_s = 600.0
+"""
+
+CASES = {
+    **{f"fedchs-{size}": dict(algorithm="fedchs", edges=2, hidden=h, options="K = 4\nbatch_size = 32")
+       for size, h in HIDDEN.items()},
+    **{f"focus-{size}": dict(algorithm="focus", edges=0, hidden=h, options="lr = 0.05\nlocal_steps = 3")
+       for size, h in HIDDEN.items()},
+    "fedavg-25M": dict(algorithm="fedavg", edges=0, hidden=4960,
+                       options="lr = 0.05\nlocal_steps = 12\nbatch_size = 32"),
+}
+
+
+def mlp_params(hidden: int) -> int:
+    return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
+
+
+def run_case(name: str, rounds: int, work: Path) -> Path:
+    c = CASES[name]
+    spec = work / f"{name}.toml"
+    spec.write_text(BASE.format(name=name, rounds=rounds, **c))
+    timers = work / f"{name}-timers"
+    env = {**os.environ, "FEDHOP_TIMERS": str(timers)}
+    done = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec), "--out", str(work / f"{name}-run"),
+                           "--device", "cpu", "--quiet", "--http", "off"], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: fedhop launch exited with {done.returncode}:\n{done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+    return timers
+
+
+def role(node: str) -> str:
+    return "ps" if node == "ps" else node.split("-")[0]
+
+
+def breakdown(timers: Path) -> tuple[list[float], dict[str, dict[str, float]]]:
+    """(round wall times, per role: mean seconds per round and process of each part)."""
+    events, sums = [], defaultdict(lambda: defaultdict(float))
+    for f in timers.glob("*.jsonl"):
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            if e["kind"] == "sums":
+                for k, v in e.items():
+                    if k.endswith("_s"):
+                        sums[e["node"]][k] += v
+            else:
+                events.append(e)
+    ps = sorted((e for e in events if e.get("at", e["node"]) == "ps" and e["kind"] in ("round", "round_end")),
+                key=lambda e: e["t"])
+    starts = [e["t"] for e in ps if e["kind"] == "round" and e["round"] >= 0]  # not an algorithm's set-up step
+    ends = [e["t"] for e in ps if e["kind"] == "round_end" and e["round"] >= 0]
+    windows = list(zip(starts, ends, strict=True))
+    walls = [b - a for a, b in windows]
+    rounds = len(walls)
+
+    def in_rounds(t: float) -> bool:
+        return any(a <= t <= b for a, b in windows)
+
+    by_call: dict[tuple[str, int], dict[str, float]] = defaultdict(dict)
+    for e in events:
+        if e["kind"] in ("call", "reply"):
+            by_call[(e["child"], e["call"])][e["kind"]] = e["t"]
+        elif e["kind"] in ("task_in", "run", "ran"):
+            by_call[(e["at"], e["call"])][e["kind"]] = e["t"]
+    parts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for (node, _), t in by_call.items():
+        if {"call", "task_in", "run", "ran", "reply"} <= t.keys() and in_rounds(t["call"]):
+            p = parts[node]
+            p["down"] += t["task_in"] - t["call"]
+            p["handler"] += t["ran"] - t["run"]
+            p["up"] += t["reply"] - t["ran"]
+    scatter_open: dict[str, float] = {}
+    for e in sorted((e for e in events if e["kind"] in ("scatter", "scatter_end")), key=lambda e: e["t"]):
+        if e["kind"] == "scatter":
+            scatter_open[e["at"]] = e["t"]
+        elif e["at"] in scatter_open:
+            began = scatter_open.pop(e["at"])
+            if in_rounds(began):
+                parts[e["at"]]["in_scatter"] += e["t"] - began
+    total = sum(walls)
+    out: dict[str, dict[str, float]] = {}
+    nodes_by_role: dict[str, list[str]] = defaultdict(list)
+    for node in set(parts) | set(sums):
+        nodes_by_role[role(node)].append(node)
+    for r, nodes in nodes_by_role.items():
+        rows = []
+        for n in nodes:
+            p, s = parts.get(n, {}), sums.get(n, {})
+            inside = p.get("in_scatter", 0.0)
+            compute = (total if r == "ps" else p.get("handler", 0.0)) - inside
+            busy = compute + p.get("down", 0.0) + p.get("up", 0.0) + inside
+            rows.append({"compute": compute, "down": p.get("down", 0.0), "up": p.get("up", 0.0),
+                         "in_scatter": p.get("in_scatter", 0.0), "encode": s.get("encode_s", 0.0),
+                         "decode": s.get("decode_s", 0.0), "waiting": max(0.0, total - busy)})
+        out[r] = {k: statistics.mean(row[k] for row in rows) / max(rounds, 1) for k in rows[0]}
+        out[r]["n"] = len(nodes)
+    return walls, out
+
+
+# -- the compute floor -------------------------------------------------------------------------------------
+
+
+def _floor_worker(spec_json: str, client: str, rounds: int, barrier: mp.Barrier, q: mp.Queue) -> None:
+    import torch
+
+    from fedhop.common.algorithms.local import local_train, solver_for
+    from fedhop.common.engine.api import NodeContext
+    from fedhop.common.engine.base import MissingLog
+    from fedhop.common.engine.workspace import Workspace
+    from fedhop.common.spec import RunSpec
+    from fedhop.transport.child import LeafComm
+
+    torch.set_num_threads(1)
+    ws = Workspace(RunSpec.model_validate_json(spec_json), "cpu")
+    data = ws.client_data(client)
+    ctx = NodeContext(node_id=client, role="client", ws=ws, comm=LeafComm(client, ws.topology, MissingLog()),
+                      sizes={client: len(data)})
+    params = ws.initial_params()
+    ws.model  # noqa: B018
+    times = []
+    barrier.wait()
+    for r in range(rounds):
+        barrier.wait()
+        t0 = time.perf_counter()
+        local_train(ws, params, data, solver_for(ctx, {}), ctx.rng("local.train", r, 0))
+        times.append(time.perf_counter() - t0)
+    q.put((client, times))
+
+
+def compute_floor(spec_path: Path, rounds: int) -> list[float]:
+    """Per round: the slowest of the 4 clients' local training, run as 4 one-thread processes together."""
+    import tomllib
+
+    from fedhop.common.spec import RunSpec
+
+    spec = RunSpec.parse(tomllib.loads(spec_path.read_text()))
+    ctx = mp.get_context("spawn")
+    clients = [f"client-{i}" for i in range(spec.topology.clients)]
+    barrier, q = ctx.Barrier(len(clients)), ctx.Queue()
+    procs = [ctx.Process(target=_floor_worker, args=(spec.model_dump_json(), c, rounds, barrier, q)) for c in clients]
+    for p in procs:
+        p.start()
+    got = dict(q.get() for _ in procs)
+    for p in procs:
+        p.join()
+    return [max(got[c][r] for c in clients) for r in range(rounds)]
+
+
+# -- output -------------------------------------------------------------------------------------------------
+
+
+def table(name: str, walls: list[float], parts: dict[str, dict[str, float]]) -> str:
+    c = CASES[name]
+    mb = mlp_params(c["hidden"]) * 4 / 1e6
+    lines = [f"**{name}** ({mlp_params(c['hidden']):,} parameters, {mb:.1f} MB): {len(walls)} rounds, mean round "
+             f"{statistics.mean(walls):.2f} s (rounds: {', '.join(f'{w:.2f}' for w in walls)})", "",
+             "| role (processes) | compute | down | up | encode (CPU) | decode (CPU) | in own scatters | waiting |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in ("ps", "edge", "client"):
+        if r in parts:
+            p = parts[r]
+            lines.append(f"| {r} ({p['n']:.0f}) | {p['compute']:.2f} | {p['down']:.2f} | {p['up']:.2f} | "
+                         f"{p['encode']:.2f} | {p['decode']:.2f} | {p['in_scatter']:.2f} | {p['waiting']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", choices=sorted(CASES), help="run only these cases (repeatable)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per case (fedavg-25M: at least 3)")
+    ap.add_argument("--keep", type=Path, help="keep the run folders and timer logs here")
+    a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
+    cases = a.case or list(CASES)
+    with tempfile.TemporaryDirectory(prefix="fedhop-breakdown-") as tmp:
+        work = a.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        print("Seconds per round, mean over the processes of a role (see the module docstring for the parts)\n")
+        for name in cases:
+            rounds = max(a.rounds, 3) if name == "fedavg-25M" else a.rounds
+            walls, parts = breakdown(run_case(name, rounds, work))
+            print(table(name, walls, parts))
+            if name == "fedavg-25M":
+                floor = compute_floor(work / f"{name}.toml", rounds)
+                mean_round, mean_floor = statistics.mean(walls), statistics.mean(floor)
+                print(f"\ncompute floor (4 clients' local training together, no transport): "
+                      f"{mean_floor:.2f} s per round; mean round / floor = {mean_round / mean_floor:.2f} "
+                      f"(target <= 1.3)")
+            print(flush=True)
+
+
+if __name__ == "__main__":
+    main()
