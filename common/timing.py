@@ -22,8 +22,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-FOLDER = os.environ.get("FEDHOP_TIMERS") or None
-ENABLED = FOLDER is not None
+FOLDER: str | None = None
+ENABLED = False
 
 _lock = threading.Lock()
 _events: list[dict[str, Any]] = []
@@ -66,6 +66,16 @@ def flush() -> None:
         _sums.clear()
 
 
-if ENABLED:
-    Path(FOLDER).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
-    atexit.register(_dump)
+def configure_from_env() -> None:
+    """Read ``FEDHOP_TIMERS`` (again): at import, and in a process forked from one that imported this module
+    under another environment (fedhop/forkstart.py)."""
+    global FOLDER, ENABLED
+    FOLDER = os.environ.get("FEDHOP_TIMERS") or None
+    ENABLED = FOLDER is not None
+    if ENABLED:
+        Path(FOLDER).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
+        atexit.unregister(_dump)
+        atexit.register(_dump)
+
+
+configure_from_env()

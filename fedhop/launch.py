@@ -23,6 +23,7 @@ from fedhop.client_ids import AUTO, format_ids, resolve_per_process
 from fedhop.common.engine.results import RunResult
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.forkstart import ForkedChild, fedhop_argv, warm
 
 log = logging.getLogger("fedhop.launch")
 
@@ -75,20 +76,28 @@ def role_cmd(role: str, node: str, connect: str, *, listen: str | None = None, d
 
 
 class Processes:
-    """The child processes of a federation, by node id."""
+    """The child processes of a federation, by node id. ``fork``: start ``python -m fedhop ...`` commands by
+    forking a server that has imported torch once (fedhop/forkstart.py) instead of a new interpreter each."""
 
-    def __init__(self, logs: Path) -> None:
+    def __init__(self, logs: Path, fork: bool = True) -> None:
         self.logs = logs
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.fork = fork
+        self.procs: dict[str, subprocess.Popen | ForkedChild] = {}
         self._files: list[Any] = []
 
-    def start(self, node: str, cmd: list[str]) -> subprocess.Popen:
+    def start(self, node: str, cmd: list[str]) -> subprocess.Popen | ForkedChild:
         self.logs.mkdir(parents=True, exist_ok=True)
-        f = (self.logs / f"{node}.log").open("wb")
-        self._files.append(f)
+        log = self.logs / f"{node}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                             start_new_session=True)  # Ctrl-C reaches the launcher, which then kills us
+        argv = fedhop_argv(cmd) if self.fork else None
+        if argv is not None:
+            log.write_bytes(b"")
+            p: subprocess.Popen | ForkedChild = ForkedChild(argv, log, env)
+        else:
+            f = log.open("wb")
+            self._files.append(f)
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)  # Ctrl-C reaches the launcher, which then kills us
         self.procs[node] = p
         return p
 
@@ -161,7 +170,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
            on_join: Callable[[str, dict[str, int]], None] | None = None, resume: Any = None,
            events: Any = None, security: Any = None, child_args: Sequence[str] = (),
            ps_workspace: Callable[[Any], None] | None = None,
-           clients_per_process: int | str = AUTO) -> RunResult:
+           clients_per_process: int | str = AUTO, fork_children: bool = True) -> RunResult:
     """Run ``spec`` with the PS in this process, every edge in its own process and the clients in client hosts
     of up to ``clients_per_process`` ids (1: a ``fedhop client`` process per client; ``auto``: see
     :func:`~fedhop.client_ids.resolve_per_process`).
@@ -170,14 +179,18 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
     ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
     run with every node restored. ``on_join(child, data sizes)``: a child of the PS said Ready. ``security``:
     the PS's links (transport.credentials.Security); ``child_args``: the same for every child (``--tls DIR``).
-    ``ps_workspace(ws)``: applied to the PS's Workspace before round 1 (see run_server)."""
+    ``ps_workspace(ws)``: applied to the PS's Workspace before round 1 (see run_server). ``fork_children``:
+    children are forked from a process that imported torch once (:class:`Processes`), else each is a new
+    interpreter."""
     from fedhop.server.main import run_server
 
     topo = build_topology(spec.topology, spec.seed)
     nodes = topo.all_nodes()
     devices = dict(zip(nodes, pick_devices(device, len(nodes)), strict=True))
     out.mkdir(parents=True, exist_ok=True)
-    procs = Processes(out / "logs")
+    procs = Processes(out / "logs", fork=fork_children)
+    if fork_children:
+        warm()
     (out / "logs").mkdir(exist_ok=True)
     handler = logging.FileHandler(out / "logs" / "ps.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))

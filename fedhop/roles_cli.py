@@ -75,7 +75,8 @@ def cmd_launch(a: argparse.Namespace) -> int:
     try:
         result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
                         on_join=bar.on_join, resume=resume, events=events, security=security,
-                        child_args=child_security, clients_per_process=per_process)
+                        child_args=child_security, clients_per_process=per_process,
+                        fork_children=not a.exec_children)
     except Interrupted as e:
         raise Fatal(ExitCode.INTERRUPTED, f"interrupted after {len(e.result.rounds)} of {spec.rounds} rounds; "
                     f"every process was stopped; the rounds done are in {out} (logs in {logs})") from None
@@ -335,6 +336,9 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
                         "hosts of at most K ids, each id with its own session, state and byte counts; 1: one "
                         "`fedhop client` process per client; auto: ceil(clients / CPU cores), at least "
                         f"{MIN_AUTO_PER_PROCESS} (about one host per core; small runs: one host per parent)")
+    s.add_argument("--exec-children", action="store_true",
+                   help="start every edge and client process as a new interpreter (`python -m fedhop ...`, each "
+                        "importing torch) instead of forking them from one process that imported it once")
     add_http_args(s, default="127.0.0.1:0")
     add_security_args(s, launch=True)
     s.set_defaults(fn=cmd_launch)

@@ -1,0 +1,94 @@
+"""Role processes forked from a preloaded server (fedhop/forkstart.py) behave like the command line: the
+caller's working directory, ``sys.path[0]``, environment at the time of the start (not the server's), their
+own session, their log, their exit code and signals."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedhop.forkstart import ForkedChild, fedhop_argv
+from fedhop.launch import Processes
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "least_squares"
+
+
+def fedhop(*args: str) -> list[str]:
+    return [sys.executable, "-m", "fedhop", *args]
+
+
+def test_only_fedhop_commands_are_forked() -> None:
+    assert fedhop_argv(fedhop("spec", "x.toml")) == ["spec", "x.toml"]
+    assert fedhop_argv(["/another/python", "-m", "fedhop", "spec"]) is None
+    assert fedhop_argv([sys.executable, "-c", "pass"]) is None
+    assert fedhop_argv([sys.executable, "-m", "other"]) is None
+
+
+def test_forked_child_runs_in_the_callers_folder_with_its_environment(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(EXAMPLE / "fedavg.toml", work)
+    shutil.copy(EXAMPLE / "lsq.py", work)  # user code: importable only through sys.path[0] = the working directory
+    timers = tmp_path / "timers"
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("FEDHOP_TIMERS", str(timers))  # read at import by common/timing.py: must be re-read
+    procs = Processes(tmp_path / "logs")
+    try:
+        p = procs.start("probe", fedhop("spec", "fedavg.toml"))
+        assert isinstance(p, ForkedChild)
+        assert p.wait(120) == 0, (tmp_path / "logs" / "probe.log").read_text()
+    finally:
+        procs.kill_all()
+    log = (tmp_path / "logs" / "probe.log").read_text()
+    assert 'source = "lsq:source"' in log and 'name = "lsq:build"' in log
+    assert timers.is_dir()
+
+
+def test_forked_child_fails_like_the_command_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    procs = Processes(tmp_path / "logs")
+    try:
+        forked = procs.start("forked", fedhop("spec", "missing.toml"))
+        code = forked.wait(120)
+    finally:
+        procs.kill_all()
+    spawned = subprocess.run(fedhop("spec", "missing.toml"), capture_output=True, text=True, timeout=120)
+    assert code == spawned.returncode != 0
+    assert spawned.stderr.strip() in (tmp_path / "logs" / "forked.log").read_text()
+
+
+def test_forked_child_has_its_own_session_and_dies_by_signal(tmp_path: Path) -> None:
+    procs = Processes(tmp_path / "logs")
+    try:
+        # a client that keeps dialling a port nobody listens on
+        p = procs.start("client-0", fedhop("client", "--id", "client-0", "--connect", "127.0.0.1:9",
+                                           "--connect-timeout", "600"))
+        deadline = time.monotonic() + 60  # the child calls setsid() right after the fork
+        while os.getsid(p.pid) != p.pid and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.getsid(p.pid) == p.pid != os.getsid(0)
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(0.5)
+        procs.kill("client-0")
+        assert p.wait(60) == -signal.SIGKILL
+    finally:
+        procs.kill_all()
+
+
+def test_exec_children_start_new_interpreters(tmp_path: Path) -> None:
+    procs = Processes(tmp_path / "logs", fork=False)
+    try:
+        p = procs.start("probe", fedhop("algorithms"))
+        assert isinstance(p, subprocess.Popen)
+        assert p.wait(120) == 0
+    finally:
+        procs.kill_all()
+    assert "fedchs" in (tmp_path / "logs" / "probe.log").read_text()
