@@ -25,6 +25,8 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import setproctitle
+
 # imported once by the server, shared copy-on-write by every child
 PRELOAD = ["torch", "numpy", "grpc", "fedhop.cli", "fedhop.roles_cli", "fedhop.common.algorithms",
            "fedhop.client.host", "fedhop.client.main", "fedhop.edge.node", "fedhop.server.main",
@@ -62,6 +64,9 @@ def fedhop_argv(cmd: list[str]) -> list[str] | None:
 
 def _become(argv: list[str], log: str, cwd: str, env: dict[str, str]) -> None:
     """In the forked child: take the caller's place (session, directory, environment, log) and run fedhop."""
+    # what `ps` showed for a spawned child (before the environment is replaced: setproctitle takes the
+    # memory of the original argv and environ strings)
+    setproctitle.setproctitle(" ".join([sys.executable, *FEDHOP, *argv]))
     os.setsid()  # like Popen(start_new_session=True): Ctrl-C reaches the launcher, which then stops us
     fd = os.open(log, os.O_WRONLY | os.O_APPEND)
     os.dup2(fd, 1)

@@ -93,7 +93,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path) -> Row:
     while proc.poll() is None:
         ps_peak = max(ps_peak, _rss(ps))
         try:
-            kids = ps.children()
+            kids = [k for k in ps.children(recursive=True)  # forked hosts are the fork server's children
+                    if "multiprocessing.forkserver" not in " ".join(k.cmdline())]
         except psutil.Error:
             kids = []
         children.update(k.pid for k in kids)

@@ -71,6 +71,7 @@ def mlp_params(hidden: int) -> int:
 
 
 def role_of(cmd: list[str]) -> str:
+    cmd = " ".join(cmd).split()  # a forked child's title (fedhop/forkstart.py) is one string
     if cmd[1:3] == ["-m", "fedhop"] and len(cmd) > 3:
         return {"launch": "ps", "client": "client", "edge": "edge", "clients": "clients"}.get(cmd[3], "")
     return ""
@@ -93,7 +94,7 @@ class Poller:
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                procs = [self.root, *self.root.children()]  # the PS (launcher) and its node processes
+                procs = [self.root, *self.root.children(recursive=True)]  # the PS (launcher), its nodes
             except psutil.NoSuchProcess:
                 continue
             now = time.time()

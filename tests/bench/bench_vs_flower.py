@@ -276,8 +276,10 @@ def run_flower(bin_dir: Path, version: str, hidden: int, rounds: int, clients: i
 
 def fedhop_role(cmd: list[str]) -> str:
     """``python -m fedhop launch ...`` is the PS (it runs in the launcher); ``python -m fedhop client ...``."""
+    cmd = " ".join(cmd).split()  # a forked child's title (fedhop/forkstart.py) is one string
     if cmd[1:3] == ["-m", "fedhop"] and len(cmd) > 3:
-        return {"launch": "ps (launch)", "client": "client", "edge": "edge"}.get(cmd[3], "")
+        return {"launch": "ps (launch)", "client": "client", "clients": "client host",
+                "edge": "edge"}.get(cmd[3], "")
     return ""
 
 

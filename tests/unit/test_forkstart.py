@@ -75,6 +75,8 @@ def test_forked_child_has_its_own_session_and_dies_by_signal(tmp_path: Path) -> 
         while os.getsid(p.pid) != p.pid and time.monotonic() < deadline:
             time.sleep(0.01)
         assert os.getsid(p.pid) == p.pid != os.getsid(0)
+        title = Path(f"/proc/{p.pid}/cmdline").read_bytes().rstrip(b"\0").decode()
+        assert title == f"{sys.executable} -m fedhop client --id client-0 --connect 127.0.0.1:9 --connect-timeout 600"
         with pytest.raises(subprocess.TimeoutExpired):
             p.wait(0.5)
         procs.kill("client-0")
