@@ -28,7 +28,7 @@ from typing import Any
 import setproctitle
 
 # imported once by the server, shared copy-on-write by every child
-PRELOAD = ["torch", "numpy", "grpc", "fedhop.cli", "fedhop.roles_cli", "fedhop.common.algorithms",
+PRELOAD = ["torch", "numpy", "grpc", "sklearn.datasets", "fedhop.cli", "fedhop.roles_cli", "fedhop.common.algorithms",
            "fedhop.client.host", "fedhop.client.main", "fedhop.edge.node", "fedhop.server.main",
            "fedhop.transport.parent", "fedhop.transport.child"]
 FEDHOP = ("-m", "fedhop")

@@ -53,6 +53,19 @@ def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequenc
     return out
 
 
+def launch_here(spec: RunSpec, tmp: Path) -> Path:
+    """:func:`fedhop.launch.launch` in the test process: the PS here, every edge and client host a separate
+    process forked from this session's fork server (fedhop/forkstart.py), which imported torch once for all
+    tests; the same run folder as ``fedhop launch`` writes. For tests about what crosses the wire, not about
+    the command line (that is :func:`launch_run`)."""
+    from fedhop.launch import launch
+
+    out = tmp / "run"
+    launch(spec, out, device="cpu")
+    assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
+    return out
+
+
 def node_log(out: Path, node: str) -> str:
     """The log of the process that ran ``node`` in a launch: ``logs/<node>.log``, or its client host's
     (``logs/client-0..client-3.log``)."""

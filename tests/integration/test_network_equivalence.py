@@ -23,7 +23,7 @@ from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.integration.netutil import launch_run, load_result, rows_by_key, small_spec
+from tests.integration.netutil import launch_here, load_result, rows_by_key, small_spec
 
 BERN = {"kind": "bernoulli", "p": [0.9, 0.5, 0.2]}
 MARKOV = {"kind": "markov", "p_stay": 0.5}
@@ -234,7 +234,7 @@ def test_every_algorithm_has_a_networked_case() -> None:
 def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
     spec = spec_of(case, tmp_path)
     oracle = InProcessEngine(spec, device="cpu").run()
-    res, final = load_result(launch_run(spec, tmp_path))
+    res, final = load_result(launch_here(spec, tmp_path))
 
     assert res["engine"] == "network"
     assert res["missing"] == []
