@@ -96,6 +96,10 @@ class TransportSpec(Strict):
                                   "replies, a neighbour's hand-offs); more are refused before allocating")
     max_inflight_bytes: int = Field(0, ge=0, description="payload bytes one peer may have arriving at once, summed "
                                     "over its open bundles (0 = max_bundle_bytes)")
+    drop_after_missed: int = Field(3, ge=0, description="a child that sends no reply at all (not even a late one or "
+                                   "an error) to the tasks of this many consecutive rounds it was given tasks in is "
+                                   "disconnected and its session freed; it stays in the run and may re-join "
+                                   "(0 = never)")
 
     @model_validator(mode="after")
     def _keepalive_fits(self) -> TransportSpec:

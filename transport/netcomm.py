@@ -148,6 +148,10 @@ class NetComm(BaseComm):
         finally:
             gate.open()
 
+    def unanswered(self, node: NodeId, round_idx: int, reason: str) -> None:
+        """A silent child: after transport.drop_after_missed such rounds in a row its session is closed."""
+        self.hub.missed(node, round_idx, reason)
+
     def lost_state(self, node: NodeId) -> Failure | None:
         """A child whose algorithm keeps state and that came back (restarted) with state older than its last
         reply this node accepted has lost state the run depends on (FOCUS: its g_i is part of y): it is left

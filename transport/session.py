@@ -120,6 +120,10 @@ class ChildLink:
         self.cancel: Callable[[], Any] | None = None  # ends the transport's stream (the servicer's)
         self._q: queue.Queue = queue.Queue()
         self.last_sent = time.monotonic()
+        self.missed = 0  # consecutive rounds whose tasks this child left without any reply
+        self.missed_round: int | None = None  # the last round counted in ``missed``
+        self.heard_round = -1  # the latest round of a call this child replied to in full (late replies included)
+        self.dropped = ""  # why the parent closed this session for silence ("" while it did not)
 
     @property
     def name(self) -> str:
@@ -133,6 +137,19 @@ class ChildLink:
 
     def close(self) -> None:
         self._q.put(CLOSE)
+
+    def discard(self) -> None:
+        """Forget the frames not sent yet (a dropped session's tasks: their bundles are freed)."""
+        while True:
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                return
+
+    def heard(self, round_idx: int) -> None:
+        """A whole reply to one of this child's calls (of round ``round_idx``) came in: it is not silent."""
+        self.missed, self.missed_round = 0, None
+        self.heard_round = max(self.heard_round, round_idx)
 
     def outgoing(self) -> Iterator[pb.Frame | bytes]:
         """The response stream: frames in queue order; a message's frames are never interleaved."""
@@ -189,6 +206,7 @@ class ParentHub:
         self.handshake_timeout_s = TransportSpec().handshake_timeout_s  # the spec's once configured
         self.max_open_bundles: int | None = None
         self.max_inflight_bytes: int | None = None
+        self.drop_after_missed = TransportSpec().drop_after_missed
         self._ids = itertools.count(CALL_ID_BASE)
         self._stop = threading.Event()
 
@@ -204,6 +222,7 @@ class ParentHub:
         self.handshake_timeout_s = spec.transport.handshake_timeout_s
         self.max_open_bundles = spec.transport.max_open_bundles
         self.max_inflight_bytes = spec.transport.inflight_bytes()
+        self.drop_after_missed = spec.transport.drop_after_missed
         self.configured.set()
         threading.Thread(target=self._keepalive, args=(spec.transport.keepalive_s,), daemon=True,
                          name=f"{self.node}-keepalive").start()
@@ -332,7 +351,7 @@ class ParentHub:
         self._end(link, pb.ERROR_CODE_BAD_REQUEST, f"no Hello within {self.handshake_timeout_s:g}s")
 
     def _end(self, link: ChildLink, code: int, message: str) -> None:
-        """Refuse a session that was never accepted: one Error frame, then the stream ends."""
+        """End a session that was never accepted, or one dropped: one Error frame, then the stream ends."""
         link.send([error_frame(0, code, message)])
         link.alive = False
         link.close()
@@ -525,10 +544,57 @@ class ParentHub:
             self._changed.notify_all()
         for c in pending:
             c.finish(Failure(f"connection to {link.node_id} lost: {why}"))
-        if current and not link.bye.is_set():
+        if current and not link.bye.is_set() and not link.dropped:
             log.warning("%s: lost %s: %s", self.node, link.node_id, why)
             if self.on_lost is not None:
                 self.on_lost(link.node_id, why)
+
+    def missed(self, node: NodeId, round_idx: int, why: str) -> bool:
+        """A task of round ``round_idx`` to ``node`` got no reply at all (``why``); True when this drops it.
+
+        A child that sent no Result (not a late one, not an error) for the tasks of
+        ``transport.drop_after_missed`` consecutive rounds it was given tasks in is dropped (:meth:`drop`). A
+        round counts once however many tasks it had; any Result of the child's calls resets the count."""
+        n = self.drop_after_missed
+        if n == 0:
+            return False
+        with self._lock:
+            link = self.links.get(node)
+            if link is None or not link.alive or link.heard_round >= round_idx or link.missed_round == round_idx:
+                return False
+            link.missed += 1
+            link.missed_round = round_idx
+            if link.missed < n:
+                return False
+        self.drop(link, f"no reply in {n} consecutive rounds (transport.drop_after_missed = {n})", f"; the last: {why}")
+        return True
+
+    def drop(self, link: ChildLink, why: str, detail: str = "") -> None:
+        """Close a child's session for silence: its pending calls fail, the frames queued for it and the bundles
+        it was sending are freed, its stream is cancelled (a stopped peer reads nothing, so the transport's
+        thread would wait on it). The node stays admitted: it re-joins (Hello with the run id) as after any
+        lost stream, and takes part again from its Ready on."""
+        node = link.node_id
+        with self._changed:
+            if not link.alive or node is None or self.links.get(node) is not link:
+                return
+            link.alive = False
+            link.dropped = why
+            pending = [c for c in self._calls.values() if c.node == node]
+            for c in pending:  # kept as given up on: the replies of a child that comes back are counted, dropped
+                del self._calls[c.call_id]
+                self._expired[c.call_id] = c
+            while len(self._expired) > EXPIRED_KEPT:
+                self._expired.popitem(last=False)
+            self._changed.notify_all()
+        log.warning("%s: dropped %s (%s): %s%s; its session is closed, it may re-join", self.node, node, link.peer, why,
+                    detail)
+        for c in pending:
+            c.finish(Failure(f"{node} was dropped: {why}"))
+        link.discard()
+        self._end(link, pb.ERROR_CODE_DEADLINE_EXCEEDED, f"{self.node} closed this session: {why}")
+        if self.on_lost is not None:
+            self.on_lost(node, f"dropped: {why}")
 
     # -- calls --------------------------------------------------------------------------------------------
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
@@ -536,6 +602,8 @@ class ParentHub:
         """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`. With
         ``gate``, the reply's bundle is read only when the gate admits it."""
         link, admitted = self.await_link(target)
+        if link is not None and link.dropped and not link.alive:
+            return Failure(f"{target} is not connected (dropped: {link.dropped})")
         if link is None or not link.alive:
             return Failure(f"{target} is not connected")
         # a node that just re-joined says Ready right after its Welcome: worth a short wait, not a lost round
@@ -593,6 +661,7 @@ class ParentHub:
             if info is not None and info.node == link.node_id:
                 call = self._calls.pop(msg.call_id, None)
                 late = self._expired.pop(msg.call_id, None) if call is None else None
+                link.heard(info.round)  # a whole reply, on time or late, good or an error: the child is not silent
             else:
                 info = call = late = None
         if info is None:

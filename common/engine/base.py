@@ -145,6 +145,8 @@ class BaseComm(ABC):
                 silent += 1
                 return
             self.missing.add(rnd, self.node, t, task, r.reason)
+            if r.silent:
+                self.unanswered(t, rnd, r.reason)
 
         timing.event("scatter", at=self.node, task=task)
         if fold is None:
@@ -158,6 +160,11 @@ class BaseComm(ABC):
         self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed
         self._ok += len(out)
         return out
+
+    def unanswered(self, node: NodeId, round_idx: int, reason: str) -> None:
+        """A task of round ``round_idx`` that ``node`` had to answer got no reply at all (not an optional one).
+        A networked engine counts these to drop a child that stays silent; the in-process engine drops no one."""
+        return None
 
     def _check_peer(self, peer: NodeId) -> None:
         if peer not in self.topology.neighbours.get(self.node, ()):

@@ -28,46 +28,13 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import psutil
-
-SPEC = """name = "bench-memory"
-rounds = {rounds}
-seed = 0
-device = "cpu"
-
-[algorithm]
-name = "fedavg"
-
-[algorithm.options]
-lr = 0.05
-local_steps = {steps}
-batch_size = 32
-
-[topology]
-clients = {clients}
-
-[data]
-dataset = "digits"
-partition = "iid"
-
-[model]
-name = "mlp"
-hidden = [{hidden}, {hidden}]
-
-[transport]
-round_deadline_s = 1200.0
-join_timeout_s = 600.0
-"""
+from launch_job import fedavg_job, launch, log_time, mlp_params
 
 IMPORT_ONLY = ("import fedhop.transport.child, fedhop.server.main, torch, gc; gc.collect(); "
                "print([int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmRSS:')][0] * 1024)")
-
-
-def mlp_params(hidden: int) -> int:
-    return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
 
 
 def role_of(cmd: list[str]) -> str:
@@ -115,10 +82,6 @@ class Poller:
         self._thread.join()
 
 
-def _log_time(line: str) -> float:
-    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
 @dataclass
 class Row:
     role: str
@@ -129,33 +92,27 @@ class Row:
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
             trace: Path | None = None) -> tuple[list[Row], float]:
     spec = work / "spec.toml"
-    spec.write_text(SPEC.format(rounds=rounds, clients=clients, hidden=hidden, steps=steps))
-    out = work / "run"
-    p = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec), "--out", str(out), "--device", "cpu",
-                          "--quiet", "--http", "off"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    poller = Poller(psutil.Process(p.pid)).start()
+    spec.write_text(fedavg_job(hidden, clients, rounds, steps, name="bench-memory"))
+    pollers: list[Poller] = []
     try:
-        output, _ = p.communicate(timeout=timeout)
+        run = launch(spec, work / "run", args=("--http", "off"), timeout=timeout,
+                     on_start=lambda p: pollers.append(Poller(psutil.Process(p.pid)).start()))
     finally:
-        if p.poll() is None:
-            p.kill()
-        poller.stop()
-    if p.returncode != 0:
-        raise RuntimeError(f"fedhop launch exited with {p.returncode}:\n{output[-3000:]}")
-    log = (out / "logs" / "ps.log").read_text().splitlines()
-    ready = max(_log_time(x) for x in log if " is ready" in x)
+        for poller in pollers:
+            poller.stop()
+    log = run.ps_log().splitlines()
+    ready = max(log_time(x) for x in log if " is ready" in x)
     rows = []
-    for role, series in poller.series.values():
+    for role, series in pollers[0].series.values():
         before = [rss for t, rss in series if t <= ready]
         if not before:
             continue
         rows.append(Row(role, before[-1], max(rss for _, rss in series)))
-    res = json.loads((out / "results.json").read_text())
     if trace is not None:  # RSS over time per process, with the PS log's round marks
-        marks = [(_log_time(x), x[24:].strip()) for x in log if " round " in x or " is ready" in x]
+        marks = [(log_time(x), x[24:].strip()) for x in log if " round " in x or " is ready" in x]
         trace.write_text(json.dumps({"marks": marks, "series": {f"{role}-{pid}": s for pid, (role, s)
-                                                                 in poller.series.items()}}))
-    return rows, res["wall_s"] / rounds
+                                                                 in pollers[0].series.items()}}))
+    return rows, run.results["wall_s"] / rounds
 
 
 def main() -> None:

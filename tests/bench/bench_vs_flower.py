@@ -44,20 +44,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import psutil
+from launch_job import fedavg_job, launch, mlp_params
 
 HERE = Path(__file__).resolve().parent
 APP = HERE / "flower_app"
 FLWR_VERSION = "1.42.0"
 MODELS = {"55,210 params": 200, "24,978,570 params": 4960}
 SUPERLINK_PORT = 8000
-
-
-def mlp_params(hidden: int) -> int:
-    return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
 
 
 # -- Flower's virtual environment -------------------------------------------------------------------------
@@ -283,79 +279,17 @@ def fedhop_role(cmd: list[str]) -> str:
     return ""
 
 
-SPEC = """name = "vs-flower"
-rounds = {rounds}
-seed = 0
-device = "cpu"
-
-[algorithm]
-name = "fedavg"
-
-[algorithm.options]
-lr = 0.05
-local_steps = 12
-batch_size = 32
-
-[topology]
-clients = {clients}
-
-[data]
-dataset = "digits"
-partition = "iid"
-
-[model]
-name = "mlp"
-hidden = [{hidden}, {hidden}]
-
-[transport]
-round_deadline_s = 600.0
-join_timeout_s = 600.0
-"""
-
-_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-
-
-def _log_time(line: str) -> float:
-    m = _LOG_TIME.match(line)
-    if not m:
-        raise ValueError(f"no timestamp at the start of PS log line {line!r}")
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def fedhop_round_times(ps_log: str, rounds: int) -> list[float]:
-    ready = [_log_time(x) for x in ps_log.splitlines() if " is ready" in x]
-    done = [_log_time(x) for x in ps_log.splitlines() if re.search(rf" round \d+/{rounds} ", x)]
-    if not ready or len(done) != rounds:
-        raise ValueError(f"PS log: expected 'is ready' lines and {rounds} 'round k/{rounds}' lines, found "
-                         f"{len(ready)} and {len(done)}")
-    marks = [max(ready), *done]
-    return [b - a for a, b in zip(marks, marks[1:], strict=False)]
-
-
 def run_fedhop(hidden: int, rounds: int, clients: int, work: Path, timeout: float) -> Result:
     spec = work / "spec.toml"
-    spec.write_text(SPEC.format(rounds=rounds, clients=clients, hidden=hidden))
-    out = work / "run"
+    spec.write_text(fedavg_job(hidden, clients, rounds, name="vs-flower"))
     poller = RssPoller(fedhop_role).start()
     with Netns("fedhop") as ns:
-        t0 = time.perf_counter()
-        p = subprocess.Popen(ns.wrap([sys.executable, "-m", "fedhop", "launch", str(spec), "--out", str(out),
-                                      "--device", "cpu", "--quiet"]), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-        poller.roots.append(psutil.Process(p.pid))
-        try:
-            output, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            raise
-        wall = time.perf_counter() - t0
+        run = launch(spec, work / "run", timeout=timeout, wrap=ns.wrap,
+                     on_start=lambda p: poller.roots.append(psutil.Process(p.pid)))
         lo = ns.lo_tx_bytes()
         rss = poller.stop()
-    if p.returncode != 0:
-        raise RuntimeError(f"fedhop launch exited with {p.returncode}:\n{output[-3000:]}")
-    res = json.loads((out / "results.json").read_text())
-    times = fedhop_round_times((out / "logs" / "ps.log").read_text(), rounds)
-    return Result("fedhop", "", mlp_params(hidden), times, res["wall_s"] / rounds, wall, lo,
+    res = run.results
+    return Result("fedhop", "", mlp_params(hidden), run.round_s, res["wall_s"] / rounds, run.wall_s, lo,
                   2 * rounds * clients * mlp_params(hidden) * 4, rss, res["rounds"][-1]["accuracy"])
 
 

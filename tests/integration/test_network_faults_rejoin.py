@@ -13,9 +13,10 @@ from tests.integration.netutil import Federation, load_result, replies, small_sp
 def test_late_client_is_admitted_at_a_round_boundary(tmp_path) -> None:
     """FedAvg without edges: client-2 starts after the run started; the PS admits it at the next round
     boundary and weighs its reply by its data size (unknown when the run started). While it starts, client-0
-    is stopped, so that each round lasts its deadline and the run is still going when client-2 arrives."""
+    is stopped, so that each round lasts its deadline and the run is still going when client-2 arrives (it is
+    never dropped for its silence: transport.drop_after_missed = 0)."""
     spec = small_spec("fedavg", clients=3, edges=0, rounds=30, options={"local_steps": 40},
-                      transport={"join_timeout_s": 20.0, "round_deadline_s": 2.0})
+                      transport={"join_timeout_s": 20.0, "round_deadline_s": 2.0, "drop_after_missed": 0})
     fed = Federation(spec, tmp_path, hold=("client-2",))
     try:
         fed.release_join()
@@ -70,7 +71,8 @@ def test_late_client_under_a_fedchs_edge_is_admitted(tmp_path) -> None:
 
 def test_late_client_is_refused_when_the_spec_says_so(tmp_path) -> None:
     spec = small_spec("fedavg", clients=3, edges=0, rounds=30, options={"local_steps": 40},
-                      transport={"join_timeout_s": 20.0, "late_join": "refuse", "round_deadline_s": 2.0})
+                      transport={"join_timeout_s": 20.0, "late_join": "refuse", "round_deadline_s": 2.0,
+                                 "drop_after_missed": 0})
     fed = Federation(spec, tmp_path, hold=("client-2",))
     try:
         fed.release_join()
