@@ -33,26 +33,42 @@ PRELOAD = ["torch", "numpy", "grpc", "sklearn.datasets", "fedhop.cli", "fedhop.r
            "fedhop.transport.parent", "fedhop.transport.child"]
 FEDHOP = ("-m", "fedhop")
 
+# environment variables that torch, OpenMP, gRPC or Python itself read when they are imported or start: a child
+# that needs other values than the server had cannot be forked from it
+IMPORT_TIME_ENV = ("GRPC_", "OMP_", "MKL_", "KMP_", "GOMP_", "PYTHON", "LD_", "MALLOC_", "TORCH_")
+NOT_AT_IMPORT = {"PYTHONUNBUFFERED"}  # applied by _become
+
 _ctx: Any = None
+_server_env: dict[str, str] = {}
 _live: weakref.WeakSet[ForkedChild] = weakref.WeakSet()
 
 
 def context() -> Any:
-    """The forkserver context, its server told what to preload (started on first use, once per process)."""
+    """The forkserver context; its server (preloading :data:`PRELOAD`) is started on first use, once per
+    process, with the environment of that moment."""
     global _ctx
     if _ctx is None:
+        from multiprocessing import forkserver
+
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
+        _server_env.update(os.environ)
+        forkserver.ensure_running()
         _ctx = ctx
     return _ctx
 
 
 def warm() -> None:
     """Start the server now, so that its imports overlap the caller's own set-up."""
-    from multiprocessing import forkserver
-
     context()
-    forkserver.ensure_running()
+
+
+def import_time_differences(env: dict[str, str]) -> list[str]:
+    """The variables of :data:`IMPORT_TIME_ENV` on which ``env`` and the server's environment differ (the
+    server is started now if it is not running)."""
+    context()
+    keys = {k for k in {*env, *_server_env} if k.startswith(IMPORT_TIME_ENV) and k not in NOT_AT_IMPORT}
+    return sorted(k for k in keys if env.get(k) != _server_env.get(k))
 
 
 def fedhop_argv(cmd: list[str]) -> list[str] | None:

@@ -23,7 +23,7 @@ from fedhop.client_ids import AUTO, format_ids, resolve_per_process
 from fedhop.common.engine.results import RunResult
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
-from fedhop.forkstart import ForkedChild, fedhop_argv, warm
+from fedhop.forkstart import ForkedChild, fedhop_argv, import_time_differences, warm
 
 log = logging.getLogger("fedhop.launch")
 
@@ -87,14 +87,18 @@ class Processes:
 
     def start(self, node: str, cmd: list[str]) -> subprocess.Popen | ForkedChild:
         self.logs.mkdir(parents=True, exist_ok=True)
-        log = self.logs / f"{node}.log"
+        log_file = self.logs / f"{node}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         argv = fedhop_argv(cmd) if self.fork else None
+        if argv is not None and (differ := import_time_differences(env)):
+            log.info("%s: started as a new interpreter: %s differ from the fork server's environment", node,
+                     ", ".join(differ))
+            argv = None
         if argv is not None:
-            log.write_bytes(b"")
-            p: subprocess.Popen | ForkedChild = ForkedChild(argv, log, env)
+            log_file.write_bytes(b"")
+            p: subprocess.Popen | ForkedChild = ForkedChild(argv, log_file, env)
         else:
-            f = log.open("wb")
+            f = log_file.open("wb")
             self._files.append(f)
             p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=True)  # Ctrl-C reaches the launcher, which then kills us

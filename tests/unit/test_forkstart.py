@@ -94,3 +94,19 @@ def test_exec_children_start_new_interpreters(tmp_path: Path) -> None:
     finally:
         procs.kill_all()
     assert "fedchs" in (tmp_path / "logs" / "probe.log").read_text()
+
+
+def test_a_child_needing_other_import_time_settings_is_a_new_interpreter(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC reads GRPC_TRACE when it is imported: the fork server imported it already, so a child that asks for
+    another value (here: the handshake trace that names the peer of a failed TLS handshake) is exec'd."""
+    Processes(tmp_path / "warm").start("warm", fedhop("algorithms")).wait(120)  # the server runs, without it
+    monkeypatch.setenv("GRPC_TRACE", "handshaker")
+    procs = Processes(tmp_path / "logs")
+    try:
+        p = procs.start("probe", fedhop("health", "127.0.0.1:9", "--timeout", "2"))
+        assert isinstance(p, subprocess.Popen)
+        p.wait(120)
+    finally:
+        procs.kill_all()
+    assert "gRPC Tracers: handshaker" in (tmp_path / "logs" / "probe.log").read_text()
