@@ -4,6 +4,8 @@ the other on this machine. Prints a table (and writes it as JSON with --json).
     sudo .venv/bin/python tests/bench/bench_vs_flower.py            # both model sizes (long: Flower is slow)
     sudo .venv/bin/python tests/bench/bench_vs_flower.py --quick    # only the 55,210-parameter model
 
+fedhop runs one client process per client, like Flower's SuperNodes (``--clients-per-process`` changes that).
+
 The job (tests/bench/flower_app/ is the Flower side, written for this benchmark): FedAvg over 4 clients,
 scikit-learn digits split 80/20 and the training part IID over the clients, 10 rounds, MLP 64-h-h-10 with
 h = 200 (55,210 parameters) and h = 4,960 (24,978,570 parameters), one local epoch of mini-batch SGD with
@@ -275,9 +277,10 @@ def run_flower(bin_dir: Path, version: str, hidden: int, rounds: int, clients: i
 
 
 def fedhop_role(cmd: list[str]) -> str:
-    """``python -m fedhop launch ...`` is the PS (it runs in the launcher); ``python -m fedhop client ...``."""
+    """``python -m fedhop launch ...`` is the PS (it runs in the launcher); ``python -m fedhop client ...``;
+    ``python -m fedhop clients ...``: a client host (several client ids in one process)."""
     if cmd[1:3] == ["-m", "fedhop"] and len(cmd) > 3:
-        return {"launch": "ps (launch)", "client": "client", "edge": "edge"}.get(cmd[3], "")
+        return {"launch": "ps (launch)", "client": "client", "clients": "client host", "edge": "edge"}.get(cmd[3], "")
     return ""
 
 
@@ -330,7 +333,8 @@ def fedhop_round_times(ps_log: str, rounds: int) -> list[float]:
     return [b - a for a, b in zip(marks, marks[1:], strict=False)]
 
 
-def run_fedhop(hidden: int, rounds: int, clients: int, work: Path, timeout: float) -> Result:
+def run_fedhop(hidden: int, rounds: int, clients: int, work: Path, timeout: float,
+               per_process: str = "1") -> Result:
     spec = work / "spec.toml"
     spec.write_text(SPEC.format(rounds=rounds, clients=clients, hidden=hidden))
     out = work / "run"
@@ -338,8 +342,8 @@ def run_fedhop(hidden: int, rounds: int, clients: int, work: Path, timeout: floa
     with Netns("fedhop") as ns:
         t0 = time.perf_counter()
         p = subprocess.Popen(ns.wrap([sys.executable, "-m", "fedhop", "launch", str(spec), "--out", str(out),
-                                      "--device", "cpu", "--quiet"]), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+                                      "--device", "cpu", "--quiet", "--clients-per-process", per_process]),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         poller.roots.append(psutil.Process(p.pid))
         try:
             output, _ = p.communicate(timeout=timeout)
@@ -384,12 +388,17 @@ def main() -> int:
     p.add_argument("--flower-venv", type=Path, help="Flower's virtual environment (default "
                    "~/.cache/fedhop/flwr-VERSION; created on first use)")
     p.add_argument("--only", choices=["flower", "fedhop"], help="run one framework only")
+    p.add_argument("--clients-per-process", default="1", metavar="K",
+                   help="fedhop's clients per process (launch --clients-per-process: a number or auto); default 1, "
+                   "one process per client like Flower's SuperNodes")
     p.add_argument("--timeout", type=float, default=7200, help="seconds one framework's run may take")
     p.add_argument("--keep", type=Path, help="keep the work folders (logs, run results) here")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     a = p.parse_args()
     if a.rounds < 1 or a.clients < 1:
         p.error("--rounds and --clients must be at least 1")
+    if a.clients_per_process != "auto" and not (a.clients_per_process.isdigit() and int(a.clients_per_process) >= 1):
+        p.error(f"--clients-per-process must be a positive number or auto, got {a.clients_per_process!r}")
     if os.geteuid() != 0:
         p.error("needs root: each framework runs in its own network namespace (ip netns)")
     if shutil.which("ip") is None:
@@ -416,7 +425,7 @@ def main() -> int:
                 print(f"{fw}: {label} (h = {hidden}), {a.rounds} rounds, {a.clients} clients ...", file=sys.stderr,
                       flush=True)
                 r = (run_flower(bin_dir, a.flwr_version, hidden, a.rounds, a.clients, work, a.timeout) if fw == "flower"
-                     else run_fedhop(hidden, a.rounds, a.clients, work, a.timeout))
+                     else run_fedhop(hidden, a.rounds, a.clients, work, a.timeout, a.clients_per_process))
                 r.model = label
                 rows.append(r.row())
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
