@@ -162,12 +162,12 @@ def read_maps(pid: int) -> list[Mapping]:
     return out
 
 
-def classify(maps: list[Mapping], model_tensors: set[int]) -> dict[str, int]:
-    """Resident bytes by kind. Anonymous mappings: glibc's per-thread malloc arenas (64 MiB-aligned heaps),
-    8 MiB thread stacks, mappings the size of one model tensor or of a whole model (tensors and decode
-    buffers; 2 MiB slack for huge-page-rounded buffers), other single allocations of >= 256 KiB (glibc's mmap
-    threshold in role processes: chunk frames, gRPC slices) and the rest; then the heap and file-backed
-    mappings (libraries)."""
+def classify(maps: list[Mapping]) -> dict[str, int]:
+    """Resident bytes by kind of mapping. Anonymous ones: glibc's per-thread malloc arenas (64 MiB-aligned
+    heaps; blocks below glibc's mmap threshold, 256 KiB in role processes: gRPC's buffers, Python objects of the
+    threads), 8 MiB thread stacks, single allocations of >= 256 KiB (each its own mapping, though the kernel
+    merges neighbours: tensors, decode buffers, chunk frames, Python's 1 MiB object arenas) and the rest; then
+    the heap (glibc's main arena) and file-backed mappings (libraries)."""
     out: dict[str, int] = {}
     for m in maps:
         if m.name.startswith("/"):
@@ -175,15 +175,13 @@ def classify(maps: list[Mapping], model_tensors: set[int]) -> dict[str, int]:
         elif m.name:
             kind = m.name  # [heap] (glibc's main arena), [stack], ...
         elif m.start % (64 << 20) == 0 and m.perms.startswith("rw"):
-            kind = "anon: malloc arena of a thread (64 MiB heap)"
+            kind = "anon: malloc arenas of threads (blocks < 256 KiB)"
         elif m.size == 8 << 20:
-            kind = "anon: thread stack (8 MiB)"
-        elif any(abs(m.size - t) <= (2 << 20 if t >= 32 << 20 else 8192) for t in model_tensors):
-            kind = "anon: a model tensor or a whole-model buffer"
+            kind = "anon: thread stacks (8 MiB)"
         elif m.size >= 256 << 10:
-            kind = "anon: other single blocks >= 256 KiB (chunk frames, gRPC slices)"
+            kind = "anon: single blocks >= 256 KiB (tensors, decode buffers, chunk frames)"
         else:
-            kind = "anon: < 256 KiB (small mmaps)"
+            kind = "anon: other (< 256 KiB)"
         out[kind] = out.get(kind, 0) + m.rss
     return out
 
@@ -208,12 +206,20 @@ class Job:
     poller: Poller
 
 
+# ``--auto-window``: the PS (the launcher process) with gRPC's auto-tuned receive windows, as before
+# ``channels.RECEIVE_WINDOW_BYTES``; its children are started as usual
+AUTO_WINDOW_LAUNCH = ("import sys; from fedhop.transport import channels; channels.SERVER_OPTIONS[:] = [o for o in "
+                      "channels.SERVER_OPTIONS if o[0] not in ('grpc.http2.bdp_probe', 'grpc.http2.lookahead_bytes')]; "
+                      "from fedhop.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
-            trace: Path | None = None, per_process: str = "1", maps: bool = False) -> Job:
+            trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False) -> Job:
     spec = work / "spec.toml"
     spec.write_text(SPEC.format(rounds=rounds, clients=clients, hidden=hidden, steps=steps))
     out = work / "run"
-    p = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec), "--out", str(out), "--device", "cpu",
+    fedhop = ["-c", AUTO_WINDOW_LAUNCH] if auto_window else ["-m", "fedhop"]
+    p = subprocess.Popen([sys.executable, *fedhop, "launch", str(spec), "--out", str(out), "--device", "cpu",
                           "--quiet", "--http", "off", "--clients-per-process", per_process],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     poller = Poller(psutil.Process(p.pid), maps=maps).start()
@@ -243,21 +249,21 @@ def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, time
     return Job(rows, res["wall_s"] / rounds, res, ready, poller)
 
 
-def print_maps(job: Job, hidden: int, model: int) -> None:
+def print_maps(job: Job, model: int) -> None:
     """The PS's resident memory by kind of mapping at idle (the last snapshot before round 1) and at its peak."""
-    h = hidden
-    tensors = {4 * n for n in (64 * h, h, h * h, 10 * h, 10)} | {model}
     idle = [m for t, m in job.poller.timed_maps if t <= job.ready]
     if not idle or not job.poller.peak_maps:
         print("no mappings captured")
         return
-    a, b = classify(idle[-1], tensors), classify(job.poller.peak_maps, tensors)
+    a, b = classify(idle[-1]), classify(job.poller.peak_maps)
     mb = 1 << 20
     print("\nPS resident memory by mapping kind (/proc/PID/smaps), MiB")
     print("| kind | idle | peak | peak - idle | / model |")
     print("|---|---:|---:|---:|---:|")
     for k in sorted(set(a) | set(b), key=lambda k: -(b.get(k, 0) - a.get(k, 0))):
         d = b.get(k, 0) - a.get(k, 0)
+        if max(a.get(k, 0), b.get(k, 0)) < 1 << 20 and abs(d) < 1 << 20:
+            continue  # [vdso], [vvar], ...: nothing
         print(f"| {k} | {a.get(k, 0) / mb:.1f} | {b.get(k, 0) / mb:.1f} | {d / mb:+.1f} | {d / model:+.3f} |")
     ta, tb = sum(a.values()), sum(b.values())
     print(f"| total | {ta / mb:.1f} | {tb / mb:.1f} | {(tb - ta) / mb:+.1f} | {(tb - ta) / model:+.3f} |")
@@ -273,6 +279,8 @@ def main() -> None:
     ap.add_argument("--clients-per-process", default="1", metavar="K",
                     help="clients per client process, passed to launch (a number or auto; default 1)")
     ap.add_argument("--trace", type=Path, help="write every process's RSS over time (JSON) to this file")
+    ap.add_argument("--auto-window", action="store_true",
+                    help="ablation: the PS with gRPC's auto-tuned HTTP/2 receive windows (before issue 11's fixed one)")
     ap.add_argument("--maps", action="store_true",
                     help="also print the PS's resident memory by kind of mapping (smaps) at idle and at its peak")
     a = ap.parse_args()
@@ -285,11 +293,12 @@ def main() -> None:
                                check=True).stdout.strip().splitlines()[-1])
     with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
         job = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace,
-                      a.clients_per_process, a.maps)
+                      a.clients_per_process, a.maps, a.auto_window)
     rows, mean_round = job.rows, job.mean_round_s
     mb = 1 << 20
     print(f"FedAvg, MLP h={a.hidden}: {mlp_params(a.hidden):,} parameters, model {model / mb:.1f} MiB; "
-          f"{a.clients} clients ({a.clients_per_process} per process), {a.rounds} rounds, mean round "
+          f"{a.clients} clients ({a.clients_per_process} per process), {a.rounds} rounds, PS receive window "
+          f"{'auto-tuned' if a.auto_window else 'fixed'}, mean round "
           f"{mean_round:.2f} s; import-only process {floor / mb:.0f} MiB")
     res = job.results
     last = res["rounds"][-1] if res["rounds"] else {}
@@ -303,7 +312,7 @@ def main() -> None:
         print(f"| {r.role} | {r.idle / mb:.0f} | {r.peak / mb:.0f} | {(r.idle - floor) / model:.2f} | {extra:.2f} | "
               f"{'met' if extra <= 3 else 'not met'} |")
     if a.maps:
-        print_maps(job, a.hidden, model)
+        print_maps(job, model)
 
 
 if __name__ == "__main__":
