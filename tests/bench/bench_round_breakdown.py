@@ -86,14 +86,15 @@ def mlp_params(hidden: int) -> int:
     return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
 
 
-def run_case(name: str, rounds: int, work: Path) -> Path:
+def run_case(name: str, rounds: int, work: Path, per_process: str = "1") -> Path:
     c = CASES[name]
     spec = work / f"{name}.toml"
     spec.write_text(BASE.format(name=name, rounds=rounds, **c))
     timers = work / f"{name}-timers"
     env = {**os.environ, "FEDHOP_TIMERS": str(timers)}
     done = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec), "--out", str(work / f"{name}-run"),
-                           "--device", "cpu", "--quiet", "--http", "off"], env=env, capture_output=True, text=True)
+                           "--device", "cpu", "--quiet", "--http", "off", "--clients-per-process", per_process],
+                          env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{name}: fedhop launch exited with {done.returncode}:\n{done.stdout[-2000:]}"
                            f"{done.stderr[-2000:]}")
@@ -240,9 +241,14 @@ def main() -> None:
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="run only these cases (repeatable)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per case (fedavg-25M: at least 3)")
     ap.add_argument("--keep", type=Path, help="keep the run folders and timer logs here")
+    ap.add_argument("--clients-per-process", default="1", metavar="K",
+                    help="clients per client process (launch --clients-per-process); default 1, as the compute floor "
+                    "runs them (a client host runs its clients' tasks one at a time)")
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if a.clients_per_process != "auto" and not (a.clients_per_process.isdigit() and int(a.clients_per_process) >= 1):
+        ap.error(f"--clients-per-process must be a positive number or auto, got {a.clients_per_process!r}")
     cases = a.case or list(CASES)
     with tempfile.TemporaryDirectory(prefix="fedhop-breakdown-") as tmp:
         work = a.keep or Path(tmp)
@@ -250,7 +256,7 @@ def main() -> None:
         print("Seconds per round, mean over the processes of a role (see the module docstring for the parts)\n")
         for name in cases:
             rounds = max(a.rounds, 3) if name == "fedavg-25M" else a.rounds
-            walls, parts = breakdown(run_case(name, rounds, work))
+            walls, parts = breakdown(run_case(name, rounds, work, a.clients_per_process))
             print(table(name, walls, parts))
             if name == "fedavg-25M":
                 floor = compute_floor(work / f"{name}.toml", rounds)
