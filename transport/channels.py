@@ -21,11 +21,20 @@ MESSAGE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
 ]
+# What each stream may send a parent before the parent reads it (its HTTP/2 receive window), fixed instead of
+# gRPC's auto-tuning, which grows it to 4 MiB or more per stream. A folding scatter leaves early replies
+# waiting in their senders (transport/reply_gate.py), and a waiting stream still fills its window in the
+# parent: with auto-tuning that was 0.4-1.9 models of gRPC buffers in the PS of the 25M-parameter FedAvg job
+# (docs/benchmarks.md, issue 11). The cost: at most one window per round trip per stream towards a parent
+# (1 MiB: 1 GB/s at 1 ms, 100 MB/s at 10 ms).
+RECEIVE_WINDOW_BYTES = 1 << 20
 SERVER_OPTIONS = [
     *MESSAGE_OPTIONS,
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
     ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.http2.bdp_probe", 0),
+    ("grpc.http2.lookahead_bytes", RECEIVE_WINDOW_BYTES),
 ]
 # HTTP/2 pings find a half-open TCP connection (a peer host that vanished); a parent that is alive but
 # stalled is found by the session's own keep-alive frames (transport.keepalive_timeout_s).

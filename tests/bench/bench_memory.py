@@ -1,11 +1,13 @@
 """Peak RSS of the PS and of a client against the model size, on a real ``fedhop launch`` FedAvg job.
 
     .venv/bin/python tests/bench/bench_memory.py                       # 25M-parameter MLP (100 MB), 4 clients
-    .venv/bin/python tests/bench/bench_memory.py --hidden 16000 --clients 2 --rounds 2   # a ~1 GB model
+    .venv/bin/python tests/bench/bench_memory.py --hidden 15800 --clients 2 --rounds 2   # a ~1 GB model
+    .venv/bin/python tests/bench/bench_memory.py --clients-per-process 4   # the 4 clients in one client host
 
 The job is the one of ``bench_vs_flower.py`` (FedAvg, digits IID, MLP 64-h-h-10, 12 local steps of batch 32)
-with ``rounds`` rounds. psutil polls every process of the run (the launcher, which is the PS, and its
-children) every 20 ms and keeps each one's RSS over time. Per process:
+with ``rounds`` rounds, one ``fedhop client`` process per client unless ``--clients-per-process`` says
+otherwise (launch's own default puts up to 16 clients in one client host). psutil polls every process of
+the run (the launcher, which is the PS, and its children) every 20 ms and keeps each one's RSS over time. Per process:
 
 * **idle**: its RSS just before round 1 starts (the PS log's last "is ready" line): the process with its data
   loaded and its model built, before the first bundle travels (the issue's "idle process");
@@ -22,19 +24,53 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import psutil
-from launch_job import fedavg_job, launch, log_time, mlp_params
+
+SPEC = """name = "bench-memory"
+rounds = {rounds}
+seed = 0
+device = "cpu"
+
+[algorithm]
+name = "fedavg"
+
+[algorithm.options]
+lr = 0.05
+local_steps = {steps}
+batch_size = 32
+
+[topology]
+clients = {clients}
+
+[data]
+dataset = "digits"
+partition = "iid"
+
+[model]
+name = "mlp"
+hidden = [{hidden}, {hidden}]
+
+[transport]
+round_deadline_s = 1200.0
+join_timeout_s = 600.0
+"""
 
 IMPORT_ONLY = ("import fedhop.transport.child, fedhop.server.main, torch, gc; gc.collect(); "
                "print([int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmRSS:')][0] * 1024)")
+
+
+def mlp_params(hidden: int) -> int:
+    return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
 
 
 def role_of(cmd: list[str]) -> str:
@@ -50,7 +86,10 @@ class Poller:
 
     root: psutil.Process
     every_s: float = 0.02
+    maps: bool = False  # also keep the root's mappings at its peak and about every second (``Maps``)
     series: dict[int, tuple[str, list[tuple[float, int]]]] = field(default_factory=dict)
+    peak_maps: list[Mapping] = field(default_factory=list)
+    timed_maps: list[tuple[float, list[Mapping]]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> Poller:
@@ -73,13 +112,83 @@ class Poller:
                         if not role or role == "ps" and p.pid != self.root.pid:
                             continue
                         self.series[p.pid] = (role, [])
-                    self.series[p.pid][1].append((now, p.memory_info().rss))
+                    rss = p.memory_info().rss
+                    if self.maps and p.pid == self.root.pid:
+                        self._snap(p.pid, now, rss)
+                    self.series[p.pid][1].append((now, rss))
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
+
+    def _snap(self, pid: int, now: float, rss: int) -> None:
+        series = self.series[pid][1]
+        peak = max((r for _, r in series), default=0)
+        if rss > peak + (1 << 20):
+            self.peak_maps = read_maps(pid)
+        if not self.timed_maps or now - self.timed_maps[-1][0] >= 1.0:
+            self.timed_maps.append((now, read_maps(pid)))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+@dataclass
+class Mapping:
+    """One line of /proc/PID/smaps with its resident and anonymous bytes."""
+
+    name: str  # the mapped file, [heap], [stack], or "" (anonymous)
+    start: int
+    perms: str
+    size: int
+    rss: int
+    anon: int
+
+
+def read_maps(pid: int) -> list[Mapping]:
+    out: list[Mapping] = []
+    try:
+        text = Path(f"/proc/{pid}/smaps").read_text()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        head, _, rest = line.partition(" ")
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            parts = rest.split(None, 4)
+            out.append(Mapping(parts[4].strip() if len(parts) > 4 else "", lo, parts[0], hi - lo, 0, 0))
+        elif head == "Rss:":
+            out[-1].rss = int(rest.split()[0]) * 1024
+        elif head == "Anonymous:":
+            out[-1].anon = int(rest.split()[0]) * 1024
+    return out
+
+
+def classify(maps: list[Mapping]) -> dict[str, int]:
+    """Resident bytes by kind of mapping. Anonymous ones: glibc's per-thread malloc arenas (64 MiB-aligned
+    heaps; blocks below glibc's mmap threshold, 256 KiB in role processes: gRPC's buffers, Python objects of the
+    threads), 8 MiB thread stacks, single allocations of >= 256 KiB (each its own mapping, though the kernel
+    merges neighbours: tensors, decode buffers, chunk frames, Python's 1 MiB object arenas) and the rest; then
+    the heap (glibc's main arena) and file-backed mappings (libraries)."""
+    out: dict[str, int] = {}
+    for m in maps:
+        if m.name.startswith("/"):
+            kind = "file-backed (libraries and their data)"
+        elif m.name:
+            kind = m.name  # [heap] (glibc's main arena), [stack], ...
+        elif m.start % (64 << 20) == 0 and m.perms.startswith("rw"):
+            kind = "anon: malloc arenas of threads (blocks < 256 KiB)"
+        elif m.size == 8 << 20:
+            kind = "anon: thread stacks (8 MiB)"
+        elif m.size >= 256 << 10:
+            kind = "anon: single blocks >= 256 KiB (tensors, decode buffers, chunk frames)"
+        else:
+            kind = "anon: other (< 256 KiB)"
+        out[kind] = out.get(kind, 0) + m.rss
+    return out
+
+
+def _log_time(line: str) -> float:
+    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 @dataclass
@@ -89,30 +198,76 @@ class Row:
     peak: int
 
 
+@dataclass
+class Job:
+    rows: list[Row]
+    mean_round_s: float
+    results: dict
+    ready: float  # when round 1 started (time.time())
+    poller: Poller
+
+
+# ``--auto-window``: the PS (the launcher process) with gRPC's auto-tuned receive windows, as before
+# ``channels.RECEIVE_WINDOW_BYTES``; its children are started as usual
+AUTO_WINDOW_LAUNCH = ("import sys; from fedhop.transport import channels; channels.SERVER_OPTIONS[:] = [o for o in "
+                      "channels.SERVER_OPTIONS if o[0] not in ('grpc.http2.bdp_probe', 'grpc.http2.lookahead_bytes')]; "
+                      "from fedhop.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
-            trace: Path | None = None) -> tuple[list[Row], float]:
+            trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False) -> Job:
     spec = work / "spec.toml"
-    spec.write_text(fedavg_job(hidden, clients, rounds, steps, name="bench-memory"))
-    pollers: list[Poller] = []
+    spec.write_text(SPEC.format(rounds=rounds, clients=clients, hidden=hidden, steps=steps))
+    out = work / "run"
+    fedhop = ["-c", AUTO_WINDOW_LAUNCH] if auto_window else ["-m", "fedhop"]
+    p = subprocess.Popen([sys.executable, *fedhop, "launch", str(spec), "--out", str(out), "--device", "cpu",
+                          "--quiet", "--http", "off", "--clients-per-process", per_process],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    poller = Poller(psutil.Process(p.pid), maps=maps).start()
     try:
-        run = launch(spec, work / "run", args=("--http", "off"), timeout=timeout,
-                     on_start=lambda p: pollers.append(Poller(psutil.Process(p.pid)).start()))
+        output, _ = p.communicate(timeout=timeout)
     finally:
-        for poller in pollers:
-            poller.stop()
-    log = run.ps_log().splitlines()
-    ready = max(log_time(x) for x in log if " is ready" in x)
+        if p.poll() is None:
+            p.kill()
+        poller.stop()
+    if p.returncode != 0:
+        raise RuntimeError(f"fedhop launch exited with {p.returncode}:\n{output[-3000:]}")
+    log = (out / "logs" / "ps.log").read_text().splitlines()
+    ready = max(_log_time(x) for x in log if " is ready" in x)
     rows = []
-    for role, series in pollers[0].series.values():
+    for role, series in poller.series.values():
         before = [rss for t, rss in series if t <= ready]
         if not before:
             continue
         rows.append(Row(role, before[-1], max(rss for _, rss in series)))
+    res = json.loads((out / "results.json").read_text())
     if trace is not None:  # RSS over time per process, with the PS log's round marks
-        marks = [(log_time(x), x[24:].strip()) for x in log if " round " in x or " is ready" in x]
-        trace.write_text(json.dumps({"marks": marks, "series": {f"{role}-{pid}": s for pid, (role, s)
-                                                                 in pollers[0].series.items()}}))
-    return rows, run.results["wall_s"] / rounds
+        marks = [(_log_time(x), x[24:].strip()) for x in log if " round " in x or " is ready" in x]
+        series = {f"{role}-{pid}": s for pid, (role, s) in poller.series.items()}
+        maps = {"peak_maps": [vars(m) for m in poller.peak_maps],
+                "timed_maps": [(t, [vars(m) for m in ms]) for t, ms in poller.timed_maps]} if maps else {}
+        trace.write_text(json.dumps({"marks": marks, "series": series, **maps}))
+    return Job(rows, res["wall_s"] / rounds, res, ready, poller)
+
+
+def print_maps(job: Job, model: int) -> None:
+    """The PS's resident memory by kind of mapping at idle (the last snapshot before round 1) and at its peak."""
+    idle = [m for t, m in job.poller.timed_maps if t <= job.ready]
+    if not idle or not job.poller.peak_maps:
+        print("no mappings captured")
+        return
+    a, b = classify(idle[-1]), classify(job.poller.peak_maps)
+    mb = 1 << 20
+    print("\nPS resident memory by mapping kind (/proc/PID/smaps), MiB")
+    print("| kind | idle | peak | peak - idle | / model |")
+    print("|---|---:|---:|---:|---:|")
+    for k in sorted(set(a) | set(b), key=lambda k: -(b.get(k, 0) - a.get(k, 0))):
+        d = b.get(k, 0) - a.get(k, 0)
+        if max(a.get(k, 0), b.get(k, 0)) < 1 << 20 and abs(d) < 1 << 20:
+            continue  # [vdso], [vvar], ...: nothing
+        print(f"| {k} | {a.get(k, 0) / mb:.1f} | {b.get(k, 0) / mb:.1f} | {d / mb:+.1f} | {d / model:+.3f} |")
+    ta, tb = sum(a.values()), sum(b.values())
+    print(f"| total | {ta / mb:.1f} | {tb / mb:.1f} | {(tb - ta) / mb:+.1f} | {(tb - ta) / model:+.3f} |")
 
 
 def main() -> None:
@@ -122,25 +277,43 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="local steps per round")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--clients-per-process", default="1", metavar="K",
+                    help="clients per client process, passed to launch (a number or auto; default 1)")
     ap.add_argument("--trace", type=Path, help="write every process's RSS over time (JSON) to this file")
+    ap.add_argument("--auto-window", action="store_true",
+                    help="ablation: the PS with gRPC's auto-tuned HTTP/2 receive windows (before issue 11's fixed one)")
+    ap.add_argument("--maps", action="store_true",
+                    help="also print the PS's resident memory by kind of mapping (smaps) at idle and at its peak")
     a = ap.parse_args()
     if min(a.hidden, a.clients, a.rounds, a.steps) < 1:
         ap.error("--hidden, --clients, --rounds and --steps must be at least 1")
+    if a.clients_per_process != "auto" and not (a.clients_per_process.isdigit() and int(a.clients_per_process) >= 1):
+        ap.error(f"--clients-per-process must be a positive number or auto, got {a.clients_per_process!r}")
     model = mlp_params(a.hidden) * 4
     floor = int(subprocess.run([sys.executable, "-c", IMPORT_ONLY], capture_output=True, text=True,
                                check=True).stdout.strip().splitlines()[-1])
     with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
-        rows, mean_round = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace)
+        job = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace,
+                      a.clients_per_process, a.maps, a.auto_window)
+    rows, mean_round = job.rows, job.mean_round_s
     mb = 1 << 20
     print(f"FedAvg, MLP h={a.hidden}: {mlp_params(a.hidden):,} parameters, model {model / mb:.1f} MiB; "
-          f"{a.clients} clients, {a.rounds} rounds, mean round {mean_round:.2f} s; import-only process "
-          f"{floor / mb:.0f} MiB")
+          f"{a.clients} clients ({a.clients_per_process} per process), {a.rounds} rounds, PS receive window "
+          f"{'auto-tuned' if a.auto_window else 'fixed'}, mean round "
+          f"{mean_round:.2f} s; import-only process {floor / mb:.0f} MiB")
+    res = job.results
+    last = res["rounds"][-1] if res["rounds"] else {}
+    print(f"results.json: {len(res['rounds'])} of {a.rounds} rounds, interrupted {res['interrupted']}, final "
+          f"accuracy {last.get('accuracy', float('nan')):.4f}, {len(res['missing'])} missing entries, payload "
+          f"{res['totals']['payload_bytes']:,} B, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print("| process | idle MiB | peak MiB | (idle - import) / model | (peak - idle) / model | target <= 3 |")
     print("|---|---:|---:|---:|---:|---|")
     for r in sorted(rows, key=lambda r: (r.role != "ps", r.role)):
         extra = (r.peak - r.idle) / model
         print(f"| {r.role} | {r.idle / mb:.0f} | {r.peak / mb:.0f} | {(r.idle - floor) / model:.2f} | {extra:.2f} | "
               f"{'met' if extra <= 3 else 'not met'} |")
+    if a.maps:
+        print_maps(job, model)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,15 @@ def _sink_child(addr: str, plain_buffers: bool = False) -> int:
     def sink(ctx: NodeContext, bundle: Bundle, args: dict) -> Reply:
         return Reply({}, {"bytes": payload_bytes(bundle)})
 
+    source: dict = {}
+
+    @task("bench.source")
+    def send_back(ctx: NodeContext, bundle: Bundle, args: dict) -> Reply:
+        n = int(args["numel"])  # the same tensor every time (built on the first call): only the upload varies
+        if source.get("n") != n:
+            source.update(n=n, w=torch.randn(n, generator=torch.Generator().manual_seed(0)))
+        return Reply({"w": source["w"]}, {})
+
     return run_client("client-0", addr, device="cpu")
 
 
@@ -143,7 +152,11 @@ def bench_tcp(payload: torch.Tensor, reps: int, fresh: bool = False) -> list[flo
     return times
 
 
-def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffers: bool = False) -> list[float]:
+def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffers: bool = False,
+                 upload: bool = False) -> list[float]:
+    """Best-of times of a scatter that pushes ``payload`` to the client, or (``upload``) of one that sends an
+    empty task and gets ``payload``'s size back as the client's reply (the client -> parent direction, whose
+    flow-control windows the parent's gRPC server sets)."""
     from fedhop.common.engine.api import NodeContext
     from fedhop.common.engine.base import MissingLog
     from fedhop.common.engine.topology import build_topology
@@ -175,11 +188,18 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffe
         comm.ctx = ctx
         bundle = {"w": payload}
         times = []
-        for _ in range(reps):
+        for rep in range(reps + upload):  # upload: one untimed call first, in which the client builds its tensor
             t0 = time.perf_counter()
-            got = comm.scatter(["client-0"], "bench.sink", bundle)
+            if upload:
+                got = comm.scatter(["client-0"], "bench.source", {}, {"numel": payload.numel()})
+                assert got["client-0"].bundle["w"].numel() == payload.numel(), (got, missing.entries)
+                del got
+                if rep == 0:
+                    continue
+            else:
+                got = comm.scatter(["client-0"], "bench.sink", bundle)
+                assert got["client-0"].scalars["bytes"] == payload.numel() * 4, (got, missing.entries)
             times.append(time.perf_counter() - t0)
-            assert got["client-0"].scalars["bytes"] == payload.numel() * 4, (got, missing.entries)
         hub.shutdown(10, finished=True)
         return times
     finally:
@@ -213,6 +233,9 @@ def main() -> int:
     for c in a.chunk_mib:
         t = bench_fedhop(payload, a.reps, int(c * (1 << 20)))
         rows.append(("fedhop scatter PS -> client (gRPC)", f"{c:g} MiB", min(t)))
+    for c in a.chunk_mib:
+        t = bench_fedhop(payload, a.reps, int(c * (1 << 20)), upload=True)
+        rows.append(("fedhop reply client -> PS (gRPC)", f"{c:g} MiB", min(t)))
     if not a.no_lane:
         rows.append(("prototype bulk lane: TCP + codec fill()", "-", min(bench_lane(payload, a.reps))))
     if not a.no_ablation:

@@ -279,12 +279,13 @@ def fedhop_role(cmd: list[str]) -> str:
     return ""
 
 
-def run_fedhop(hidden: int, rounds: int, clients: int, work: Path, timeout: float) -> Result:
+def run_fedhop(hidden: int, rounds: int, clients: int, work: Path, timeout: float,
+               per_process: str = "1") -> Result:
     spec = work / "spec.toml"
     spec.write_text(fedavg_job(hidden, clients, rounds, name="vs-flower"))
     poller = RssPoller(fedhop_role).start()
     with Netns("fedhop") as ns:
-        run = launch(spec, work / "run", timeout=timeout, wrap=ns.wrap,
+        run = launch(spec, work / "run", args=("--clients-per-process", per_process), timeout=timeout, wrap=ns.wrap,
                      on_start=lambda p: poller.roots.append(psutil.Process(p.pid)))
         lo = ns.lo_tx_bytes()
         rss = poller.stop()
@@ -321,6 +322,9 @@ def main() -> int:
                    "~/.cache/fedhop/flwr-VERSION; created on first use)")
     p.add_argument("--only", choices=["flower", "fedhop"], help="run one framework only")
     p.add_argument("--timeout", type=float, default=7200, help="seconds one framework's run may take")
+    p.add_argument("--clients-per-process", default="1", metavar="K",
+                   help="fedhop's `launch --clients-per-process` (default 1: a process per client, as Flower's "
+                        "SuperNodes; `auto` puts 4 clients in one host that trains them one at a time)")
     p.add_argument("--keep", type=Path, help="keep the work folders (logs, run results) here")
     p.add_argument("--json", type=Path, help="also write the rows to this JSON file")
     a = p.parse_args()
@@ -352,7 +356,8 @@ def main() -> int:
                 print(f"{fw}: {label} (h = {hidden}), {a.rounds} rounds, {a.clients} clients ...", file=sys.stderr,
                       flush=True)
                 r = (run_flower(bin_dir, a.flwr_version, hidden, a.rounds, a.clients, work, a.timeout) if fw == "flower"
-                     else run_fedhop(hidden, a.rounds, a.clients, work, a.timeout))
+                     else run_fedhop(hidden, a.rounds, a.clients, work, a.timeout,
+                                     a.clients_per_process))
                 r.model = label
                 rows.append(r.row())
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
