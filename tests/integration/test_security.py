@@ -5,7 +5,9 @@ its FedAvg weight by claiming another data size than the one it joined with."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import io
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import grpc
 import pytest
 import torch
 
+from fedhop.cli import main
 from fedhop.common.engine.base import HandOffError, MissingLog
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
@@ -32,8 +35,11 @@ SESSION = "/fedhop.v1.Parent/Session"
 
 
 def fedhop(*args: str) -> None:
-    p = subprocess.run([sys.executable, "-m", "fedhop", *args], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"fedhop {' '.join(args)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
+    """``fedhop ARGS`` in this process (`certs`, `tokens`: no role, nothing that outlives the call)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    assert code == 0, f"fedhop {' '.join(args)} failed ({code}):\n{out.getvalue()}\n{err.getvalue()}"
 
 
 def certs_for(spec: RunSpec, tmp: Path, name: str = "pki") -> Path:
