@@ -192,6 +192,7 @@ class ParentHub:
         self.links: dict[NodeId, ChildLink] = {}
         self.started = False  # the run started: later Hellos are late joiners
         self.admitted: set[NodeId] = set()
+        self.sizes_at_ready: dict[NodeId, dict[NodeId, int]] = {}  # each child's data sizes at its latest Ready
         self.peers: dict[NodeId, str] = {}  # edge addresses sent with the start
         self.on_update: Callable[[], None] | None = None  # a late child became ready (an edge tells its parent)
         self.on_ready: Callable[[NodeId, dict[NodeId, int]], None] | None = None  # e.g. a progress bar's
@@ -276,6 +277,10 @@ class ParentHub:
                     self.admitted.add(n)
                 if n in self.admitted and link.ready.is_set():
                     out.update(link.data_sizes)
+                elif n in self.admitted and n in self.sizes_at_ready:
+                    # re-joining (Hello seen, Ready not yet): its sizes stay what it reported last, so that a
+                    # round begun meanwhile does not see its subtree as empty and reject its reply
+                    out.update(self.sizes_at_ready[n])
         return out
 
     def start(self, peers: Mapping[NodeId, str] | None = None) -> dict[NodeId, int]:
@@ -505,6 +510,8 @@ class ParentHub:
         with self._changed:
             update = link.ready.is_set()
             link.data_sizes = {k: int(v) for k, v in ready.data_sizes.items()}
+            if link.node_id is not None:
+                self.sizes_at_ready[link.node_id] = dict(link.data_sizes)
             link.ready.set()
             self._changed.notify_all()
         log.info("%s: %s is ready%s (%d clients, %d samples)", self.node, link.name, " (update)" if update else "",
