@@ -14,21 +14,23 @@ table's ``forward`` hook would see them only where ``br_netfilter`` is loaded wi
 container, installed after the container exists and before its process talks, which Swarm gives no moment for;
 the overlay's namespace exists from the first local task's attachment, before any process in it has started.
 
-Measured on a single-node swarm (Docker 20.10, kernel 6.18): one task sending 10,000,000 bytes over TCP to
-another on the overlay read 10,008,900 bytes for that direction in the ``bridge`` table of the overlay's
-namespace, in an ``inet`` ``forward`` table there, and in the sender's own ``output`` hook alike.
+Measured on a single-node swarm (Docker 20.10, kernel 6.18, nftables 1.0.6): one task sending 10,000,000 bytes
+over TCP to another read 10,008,900 bytes for that direction in the ``bridge`` table of the overlay's namespace,
+in an ``inet`` ``forward`` table there and in the sender's own ``output`` hook alike, so neither the family nor
+the namespace was why an earlier attempt read zeros; timing was. The namespace appears only when the first local
+task attaches, after ``docker stack deploy`` has returned, so :class:`OverlayCounters` watches for it every 50 ms;
+but Docker mounts it first and only then moves the VXLAN device in, renames it ``vxlan0`` and makes it a port of
+``br0``, and a table put in before that never sees a packet (a plain ``counter`` rule at the top of its chain
+stays at 0 while a table put into the same namespace afterwards counts every packet; the kernel-side reason was
+not pinned down). So the counters go in once ``vxlan0`` is a port of ``br0``, which Docker does while it attaches
+the first local task, before that task's process runs (a Fed-CHS run on the single-node swarm: every link's wire
+bytes at or above its message bytes, ``tests/testbed/test_compose.py``).
 
-Two things differ from compose, and :class:`OverlayCounters` handles both:
-
-- The namespace appears only when the first local task attaches, after ``docker stack deploy`` has returned, so
-  it is watched for (every 50 ms) and the counters go in as soon as it is there; task processes start seconds
-  later (a Python interpreter and torch to import), so no packet precedes them.
-- Docker deletes the namespace when the last local task leaves, which takes the counters with it. An earlier
-  attempt read them after the run and got nothing. Here each namespace is held open by a file descriptor of this
-  process from the moment its counters are installed; nftables tables live as long as their namespace, so the
-  counters are read after every task has ended, complete, and the descriptor is closed afterwards (the emptied
-  namespace goes with it). If Docker makes a new namespace for the network during the run (a new epoch), it is
-  counted as well and the readings are summed.
+Docker deletes the namespace when the last local task leaves, which would take the counters with it; each
+namespace is therefore held open by a file descriptor of this process from the moment its counters are installed
+(nftables tables live as long as their namespace), the counters are read after every task has ended, complete,
+and the descriptor is closed afterwards (the emptied namespace goes with it). If Docker makes a new namespace for
+the network during the run (a new epoch), it is counted as well and the readings are summed.
 
 Addresses are mapped to node ids as compose-run does (the Swarm service name without the stack prefix), from
 every task of the stack Swarm knows of (``docker network inspect --verbose``, on the manager) and every local
@@ -133,6 +135,15 @@ def overlay_namespaces(net_id: str) -> list[Path]:
     return sorted(DOCKER_NETNS.glob(f"*-{net_id[:10]}")) if net_id and DOCKER_NETNS.is_dir() else []
 
 
+def _bridge_ready(netns: Path) -> bool:
+    """Whether Docker has finished setting up the overlay's namespace: its VXLAN device is a port of ``br0``."""
+    proc = subprocess.run(["nsenter", f"--net={netns}", "ip", "-o", "link", "show", "master", "br0"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr.strip())
+    return any(" vxlan" in line.split(":", 2)[1] for line in proc.stdout.splitlines() if line.count(":") >= 2)
+
+
 @dataclass
 class _Held:
     fd: int
@@ -174,8 +185,12 @@ class OverlayCounters:
             fd = os.open(ns, os.O_RDONLY)
         except FileNotFoundError:  # gone again
             return
-        counters = PairCounters(self.table, subnet, netns=Path(f"/proc/{os.getpid()}/fd/{fd}"))
+        netns = Path(f"/proc/{os.getpid()}/fd/{fd}")
+        counters = PairCounters(self.table, subnet, netns=netns)
         try:
+            if not _bridge_ready(netns):  # see the module docstring: a table put in earlier never counts
+                os.close(fd)
+                return
             counters.install()
         except RuntimeError:  # the file exists a moment before Docker mounts the namespace on it: next round
             os.close(fd)
@@ -318,6 +333,8 @@ def run_stack(stack: str, workdir: Path, runs: Path, run_name: str, *, timeout_s
         notes.append(f"stack ran {time.monotonic() - t0:.1f}s; counters in overlay namespaces "
                      f"{', '.join(counters.namespaces()) or 'none'}")
         pairs = counters.read()
+        if not pairs:
+            notes.append("the wire counters saw no packet: wire bytes are missing, not zero")
     services = _docker("stack", "services", stack, "--format", "{{.Name}}", check=False).stdout.split()
     with log_path.open("w") as logf:
         for svc in sorted(services):

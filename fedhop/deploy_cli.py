@@ -131,6 +131,10 @@ def cmd_stack_run(a: argparse.Namespace) -> int:
     if run.links:
         print(format_table(run.links))
         print(f"wire bytes per link in {run.run_dir / 'wire.csv'}")
+        if not any(r["wire_bytes"] for r in run.links):
+            print("fedhop stack-run: the wire counters on this machine saw no packet of the run (wire bytes are "
+                  "missing, not zero); see the end of the service log", file=sys.stderr)
+            return run.rc or 1
     print(f"PS exited {run.rc}; run folder {run.run_dir}; service logs {Path(a.runs) / (name + '.stack.log')}"
           f"{'' if a.keep else f'; stack {a.stack} removed'}")
     return run.rc
