@@ -16,17 +16,19 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedhop.deploy.wire import PairCounters, by_node
+from fedhop.deploy.wire import PairBytes, PairCounters, by_node
 
 NETWORK = "fl"  # the network name in generated compose files
 
 
 @dataclass
 class ComposeRun:
-    """What one ``compose up`` gave: the PS's exit code, the run folder and the per-link bytes."""
+    """What one run gave (``compose up`` here, ``docker stack deploy`` in :mod:`fedhop.deploy.swarm_run`): the
+    PS's exit code, the run folder and the per-link bytes."""
 
     rc: int
     run_dir: Path
@@ -85,11 +87,15 @@ class AddressBook:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="addresses", daemon=True)
 
+    def poll(self) -> None:
+        """Add the addresses held now."""
+        self.book.update(addresses(self.network))
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             # the network goes away at the end of the run: a failed look-up then is expected
             with contextlib.suppress(subprocess.CalledProcessError, json.JSONDecodeError, IndexError):
-                self.book.update(addresses(self.network))
+                self.poll()
             self._stop.wait(self.period_s)
 
     def __enter__(self) -> AddressBook:
@@ -122,6 +128,16 @@ def write_wire_csv(run_dir: Path, rows: list[dict]) -> Path:
         w.writeheader()
         w.writerows({k: r[k] for k in cols} for r in rows)
     return path
+
+
+def attribute(run_dir: Path, pairs: Mapping[tuple[str, str], PairBytes], node_of: Mapping[str, str]) -> list[dict]:
+    """Counters per address pair -> wire bytes per node pair, beside links.csv's payload and message bytes, written
+    to ``run_dir/wire.csv``; the rows (none when the run left no links.csv)."""
+    if not (run_dir / "links.csv").exists():
+        return []
+    rows = link_table(run_dir, by_node(pairs, node_of))
+    write_wire_csv(run_dir, rows)
+    return rows
 
 
 def format_table(rows: list[dict]) -> str:
@@ -171,8 +187,5 @@ def run_compose(compose: list[str], project: str, workdir: Path, runs: Path, run
         logf.write(f"\n[fedhop compose-run] compose up ended with {rc} after {time.monotonic() - t0:.1f}s\n")
         pairs = counters.read()
     run_dir = runs / run_name
-    result = ComposeRun(rc=rc, run_dir=run_dir, log=log_path.read_text(errors="replace"))
-    if (run_dir / "links.csv").exists():
-        result.links = link_table(run_dir, by_node(pairs, book.book))
-        write_wire_csv(run_dir, result.links)
-    return result
+    return ComposeRun(rc=rc, run_dir=run_dir, links=attribute(run_dir, pairs, book.book),
+                      log=log_path.read_text(errors="replace"))

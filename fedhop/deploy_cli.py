@@ -94,6 +94,52 @@ def cmd_compose_run(a: argparse.Namespace) -> int:
     return run.rc
 
 
+def cmd_stack_run(a: argparse.Namespace) -> int:
+    import os
+    import subprocess
+    import time
+
+    from fedhop.deploy.compose_run import format_table
+    from fedhop.deploy.swarm_run import COMPOSE_FILE, SwarmError, check_stack, remove_stack, run_stack
+
+    if a.timeout <= 0 or a.settle < 0:
+        print("fedhop stack-run: --timeout must be positive and --settle not negative", file=sys.stderr)
+        return 2
+    folder = Path(a.dir)
+    if not (folder / COMPOSE_FILE).is_file():
+        print(f"fedhop stack-run: no {COMPOSE_FILE} in {folder} (write one with `fedhop compose SPEC --out-dir "
+              f"{folder}`)", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("fedhop stack-run: needs root (nftables counters in the overlay network's namespace)", file=sys.stderr)
+        return 2
+    try:
+        check_stack(a.stack, folder / COMPOSE_FILE)
+    except SwarmError as e:
+        print(f"fedhop stack-run: {e}", file=sys.stderr)
+        return 2
+    name = a.name or time.strftime("%Y%m%d-%H%M%S")
+    try:
+        run = run_stack(a.stack, folder, Path(a.runs), name, timeout_s=a.timeout, settle_s=a.settle)
+    except (RuntimeError, subprocess.CalledProcessError) as e:
+        detail = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
+        print(f"fedhop stack-run: {detail}", file=sys.stderr)
+        return 1
+    finally:
+        if not a.keep:
+            remove_stack(a.stack)
+    if run.links:
+        print(format_table(run.links))
+        print(f"wire bytes per link in {run.run_dir / 'wire.csv'}")
+        if not any(r["wire_bytes"] for r in run.links):
+            print("fedhop stack-run: the wire counters on this machine saw no packet of the run (wire bytes are "
+                  "missing, not zero); see the end of the service log", file=sys.stderr)
+            return run.rc or 1
+    print(f"PS exited {run.rc}; run folder {run.run_dir}; service logs {Path(a.runs) / (name + '.stack.log')}"
+          f"{'' if a.keep else f'; stack {a.stack} removed'}")
+    return run.rc
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("health", help="probe a node's gRPC health service (exit 0 serving, 1 not serving, "
                                       "2 unreachable)")
@@ -137,3 +183,25 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
     s.add_argument("--keep", action="store_true", help="leave containers and network in place (no `down`)")
     s.set_defaults(fn=cmd_compose_run)
+
+    s = sub.add_parser("stack-run", help="docker stack deploy on a Docker Swarm (run on a manager, root) with wire "
+                                         "bytes per link from the kernel: waits for the PS, writes wire.csv into "
+                                         "the run folder, prints the table, removes the stack",
+                       description="Deploys DIR/docker-compose.yml (from `fedhop compose`) as a stack, counts bytes "
+                                   "per address pair on the overlay network's bridge on this machine, waits until "
+                                   "the PS's task ends (its exit code is the command's), collects the service logs "
+                                   "and removes the stack. Every node label the placement constraints name "
+                                   "(fedhop.ps, fedhop.edges, fedhop.clients) must be on some node: "
+                                   "`docker node update --label-add fedhop.ps=true NODE`. On several machines only "
+                                   "links with an end on this machine show wire bytes.")
+    s.add_argument("dir", nargs="?", default=".", help="folder holding docker-compose.yml (default: .)")
+    s.add_argument("--stack", default="fedhop", help="stack name (default fedhop); services are STACK_<node id>")
+    s.add_argument("--runs", default="runs", help="folder of run folders on the PS's machine (bind-mounted at /runs "
+                                                  "as an absolute path; default runs)")
+    s.add_argument("--name", help="run folder name (default: the time)")
+    s.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the PS's task (default 3600)")
+    s.add_argument("--settle", type=float, default=120.0,
+                   help="seconds to wait, after the PS ended, for the other tasks to end before the counters are "
+                        "read (default 120)")
+    s.add_argument("--keep", action="store_true", help="leave the stack in place (no `docker stack rm`)")
+    s.set_defaults(fn=cmd_stack_run)

@@ -1,10 +1,12 @@
 """The compose testbed end to end (root + Docker; ``make test-testbed``): a generated compose file runs a short
 Fed-CHS job (PS, three edges, clients) and a short FOCUS job (no edges) to completion under Compose v2 and
-Compose v1, with wire bytes per link from the kernel; the same file deploys on a single-node Docker Swarm.
+Compose v1, with wire bytes per link from the kernel; the same file deploys on a single-node Docker Swarm, also
+with wire bytes per link.
 Everything it starts is torn down (containers, networks, volumes, the swarm it created)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -114,13 +116,18 @@ def assert_link_levels(spec: RunSpec, links: list[dict]) -> dict[tuple[str, str]
     return by_link
 
 
-def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str) -> None:
-    """The same generated compose file on a single-node swarm: overlay network, placement by node labels,
-    results in the PS's bind-mounted run folder."""
+def read_wire_csv(path: Path) -> list[dict]:
+    with path.open() as f:
+        return [{k: v if k in ("src", "dst") else int(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
-    spec = write_files("fedchs", tmp_path / "project", docker_image)
+
+def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str) -> None:
+    """`fedhop stack-run`: the same generated compose file on a single-node swarm (overlay network, placement by
+    node labels, results in the PS's bind-mounted run folder) with wire bytes per link counted on the overlay's
+    bridge; the stack, its network and the counters are gone afterwards."""
+    project = tmp_path / "project"
+    spec = write_files("fedchs", project, docker_image)
     runs = tmp_path / "runs"
-    runs.mkdir()
     created = _swarm_state() != "active"
     if created:
         sh("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
@@ -129,20 +136,15 @@ def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str
     try:
         sh("docker", "node", "update", "--label-add", "fedhop.ps=true", "--label-add", "fedhop.edges=true",
            "--label-add", "fedhop.clients=true", node)
-        env = {"FEDHOP_RUNS": str(runs), "FEDHOP_RUN": "swarm", "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"}
-        sh("docker", "stack", "deploy", "-c", "docker-compose.yml", stack, cwd=tmp_path / "project", env=env)
-        network = sh("docker", "network", "inspect", f"{stack}_fl", "--format", "{{.Driver}}").stdout.strip()
-        assert network == "overlay"
-
-        def ps_finished() -> str:
-            out = sh("docker", "service", "ps", f"{stack}_ps", "--format", "{{.CurrentState}}").stdout.strip()
-            return out if out.split(" ")[0] in ("Complete", "Failed", "Rejected", "Shutdown") else ""
-
-        state = wait_for("the PS task to end", ps_finished, timeout_s=1500, period_s=2)
-        task = sh("docker", "service", "ps", f"{stack}_ps", "-q", "--no-trunc").stdout.split()[0]
-        code = sh("docker", "inspect", task, "--format", "{{.Status.ContainerStatus.ExitCode}}").stdout.strip()
-        logs = sh("docker", "service", "logs", f"{stack}_ps").stdout[-4000:]
-        assert state.startswith("Complete") and code == "0", f"PS task {state}, exit {code}:\n{logs}"
+        run = subprocess.run([sys.executable, "-m", "fedhop", "stack-run", str(project), "--stack", stack, "--runs",
+                              str(runs), "--name", "swarm", "--timeout", "1500"], capture_output=True, text=True)
+        print(f"\nfedchs on a single-node swarm (fedhop stack-run):\n{run.stdout}{run.stderr}")
+        log = (runs / "swarm.stack.log").read_text(errors="replace") if (runs / "swarm.stack.log").exists() else ""
+        assert run.returncode == 0, f"stack-run exited {run.returncode}:\n{log[-6000:]}"
+        assert "counters in overlay namespaces 1-" in log, log[-2000:]
+        # stack-run removed what it deployed
+        assert stack not in sh("docker", "stack", "ls", "--format", "{{.Name}}").stdout.split()
+        assert subprocess.run(["docker", "network", "inspect", f"{stack}_fl"], capture_output=True).returncode != 0
     finally:
         subprocess.run(["docker", "stack", "rm", stack], capture_output=True)
         wait_for("the stack's network to go", lambda: subprocess.run(
@@ -152,10 +154,14 @@ def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str
         if created:
             sh("docker", "swarm", "leave", "--force")
             subprocess.run(["docker", "network", "rm", "docker_gwbridge"], capture_output=True)  # swarm init's
+    assert "fedhop_fhswarm" not in sh("nft", "list", "tables").stdout
     res = json.loads((runs / "swarm" / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1))
     assert res["missing"] == []
-
+    links = read_wire_csv(runs / "swarm" / "wire.csv")
+    by_link = assert_link_levels(spec, links)
+    assert any(s.startswith("edge-") and d.startswith("edge-") and r["payload_bytes"] > 0 and r["wire_bytes"] > 0
+               for (s, d), r in by_link.items()), "no edge -> edge hand-off on the overlay's wire"
 
 
 def test_compose_with_tls_runs_to_completion(tmp_path: Path, docker_image: str, compose_v2) -> None:
