@@ -31,46 +31,13 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 import psutil
-
-SPEC = """name = "bench-memory"
-rounds = {rounds}
-seed = 0
-device = "cpu"
-
-[algorithm]
-name = "fedavg"
-
-[algorithm.options]
-lr = 0.05
-local_steps = {steps}
-batch_size = 32
-
-[topology]
-clients = {clients}
-
-[data]
-dataset = "digits"
-partition = "iid"
-
-[model]
-name = "mlp"
-hidden = [{hidden}, {hidden}]
-
-[transport]
-round_deadline_s = 1200.0
-join_timeout_s = 600.0
-"""
+from launch_job import fedavg_job, log_time, mlp_params
 
 IMPORT_ONLY = ("import fedhop.transport.child, fedhop.server.main, torch, gc; gc.collect(); "
                "print([int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmRSS:')][0] * 1024)")
-
-
-def mlp_params(hidden: int) -> int:
-    return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
 
 
 def role_of(cmd: list[str]) -> str:
@@ -187,10 +154,6 @@ def classify(maps: list[Mapping]) -> dict[str, int]:
     return out
 
 
-def _log_time(line: str) -> float:
-    return datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
 @dataclass
 class Row:
     role: str
@@ -217,7 +180,7 @@ AUTO_WINDOW_LAUNCH = ("import sys; from fedhop.transport import channels; channe
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
             trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False) -> Job:
     spec = work / "spec.toml"
-    spec.write_text(SPEC.format(rounds=rounds, clients=clients, hidden=hidden, steps=steps))
+    spec.write_text(fedavg_job(hidden, clients, rounds, steps, name="bench-memory"))
     out = work / "run"
     fedhop = ["-c", AUTO_WINDOW_LAUNCH] if auto_window else ["-m", "fedhop"]
     p = subprocess.Popen([sys.executable, *fedhop, "launch", str(spec), "--out", str(out), "--device", "cpu",
@@ -233,7 +196,7 @@ def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, time
     if p.returncode != 0:
         raise RuntimeError(f"fedhop launch exited with {p.returncode}:\n{output[-3000:]}")
     log = (out / "logs" / "ps.log").read_text().splitlines()
-    ready = max(_log_time(x) for x in log if " is ready" in x)
+    ready = max(log_time(x) for x in log if " is ready" in x)
     rows = []
     for role, series in poller.series.values():
         before = [rss for t, rss in series if t <= ready]
@@ -242,7 +205,7 @@ def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, time
         rows.append(Row(role, before[-1], max(rss for _, rss in series)))
     res = json.loads((out / "results.json").read_text())
     if trace is not None:  # RSS over time per process, with the PS log's round marks
-        marks = [(_log_time(x), x[24:].strip()) for x in log if " round " in x or " is ready" in x]
+        marks = [(log_time(x), x[24:].strip()) for x in log if " round " in x or " is ready" in x]
         series = {f"{role}-{pid}": s for pid, (role, s) in poller.series.items()}
         maps = {"peak_maps": [vars(m) for m in poller.peak_maps],
                 "timed_maps": [(t, [vars(m) for m in ms]) for t, ms in poller.timed_maps]} if maps else {}
