@@ -1,27 +1,17 @@
-"""Maps the design's top-level folders onto one import namespace, ``fedhop.*``.
+"""Installs the design's top-level folders as one import namespace, ``fedhop.*``.
 
-DESIGN.md section 2 keeps ``common/``, ``server/``, ``edge/``, ``client/`` and ``proto/`` at the top of
-the repository; installing them under generic top-level names would collide with other packages, so
-they are installed as ``fedhop.common``, ``fedhop.server`` ... (editable installs map them too).
+docs/design.md ("Layout") keeps ``common/``, ``server/``, ``edge/``, ``client/``, ``transport/``, ``deploy/`` and
+``proto/`` at the top of the repository. Installing them under generic top-level names would collide with other
+packages, so ``fedhop/`` holds one relative symbolic link per folder (``fedhop/common -> ../common``, ...,
+``fedhop/v1 -> ../proto/fedhop/v1``). The namespace is therefore an ordinary folder tree: an editor's
+go-to-definition, an import-graph tool and ``python -c "import fedhop.common"`` run from the repository root all
+resolve ``fedhop.common.spec`` to ``common/spec.py`` with no installation and no remapping. The wheel carries
+real files (setuptools follows the links).
 """
 
 from setuptools import find_packages, setup
 
-ROOTS = {
-    "fedhop": "fedhop",
-    "fedhop.common": "common",
-    "fedhop.server": "server",
-    "fedhop.edge": "edge",
-    "fedhop.client": "client",
-    "fedhop.transport": "transport",
-    "fedhop.deploy": "deploy",
-    "fedhop.v1": "proto/fedhop/v1",
-}
-
-packages, package_dir = [], {}
-for pkg, folder in ROOTS.items():
-    package_dir[pkg] = folder
-    packages += [pkg] + [f"{pkg}.{sub}" for sub in find_packages(folder)]
+packages = find_packages(include=["fedhop", "fedhop.*"])
 
 # Everything a run needs beside the code: the default spec (``fedhop launch`` with no spec), the compose
 # spec, the Dockerfile and base-image script (so ``fedhop compose`` works from an installed fedhop).
@@ -32,4 +22,4 @@ PACKAGE_DATA = {
     "fedhop.server.web": ["static/*"],
 }
 
-setup(packages=packages, package_dir=package_dir, package_data=PACKAGE_DATA)
+setup(packages=packages, package_data=PACKAGE_DATA)
