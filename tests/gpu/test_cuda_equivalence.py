@@ -29,6 +29,8 @@ CASES: dict[str, dict[str, Any]] = {
     "fedavg-flat": dict(algorithm="fedavg", clients=3, edges=0),
     "fedavg-edges": dict(algorithm="fedavg", clients=4, edges=2),
     "fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring", options={"K": 2}),
+    # 17M parameters: matrix products big enough for cuBLAS to pick other kernels than for the small MLP
+    "fedavg-mlp-17M": dict(algorithm="fedavg", clients=3, edges=0, rounds=2, hidden=[4096, 4096]),
 }
 
 
