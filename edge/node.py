@@ -81,8 +81,8 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
         if got.tag is not None:
             log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
         service.on_received = lambda c, rnd: store.save(c, welcome.run_id, tag=rnd)
-        log.info("%s: joined run %s, serving on %s; waiting for %d clients", node_id, welcome.run_id, address,
-                 len(hub.children))
+        log.info("%s: joined run %s on %s, serving on %s; waiting for %d clients", node_id, welcome.run_id,
+                 ws.device, address, len(hub.children))
         absent = hub.wait_ready(0.9 * spec.transport.join_timeout_s)
         if absent:
             log.warning("%s: clients that did not join: %s", node_id, absent)
