@@ -57,6 +57,7 @@ class AlgorithmInfo:
     options_ref: Ref | type[BaseModel]
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     check_ref: Ref | Check | None = None  # further checks of a whole spec (raise ValueError naming the field)
+    summary: str = ""  # one line for `fedhop algorithms` and `fedhop spec --explain`
 
     @property
     def options(self) -> type[BaseModel]:
@@ -92,33 +93,58 @@ _A = "fedhop.common.algorithms."
 _O = "fedhop.common.options."
 
 
-def _algo(name: str, module: str, options: str, needs_edges: bool | None, check: str | None = None) -> AlgorithmInfo:
+def _algo(name: str, module: str, options: str, needs_edges: bool | None, summary: str = "", *,
+          check: str | None = None) -> AlgorithmInfo:
     return AlgorithmInfo(name, _A + module, f"{_O}{module}:{options}", needs_edges,
-                         None if check is None else f"{_O}{module}:{check}")
+                         None if check is None else f"{_O}{module}:{check}", summary)
 
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in (
-    _algo("centralized-sgd", "centralized", "CentralizedSGDOptions", False, "check_spec"),
-    _algo("dr-dsgd", "dr_dsgd", "DRDSGDOptions", False),
-    _algo("drfa", "drfa", "DRFAOptions", False),
-    _algo("drfa-prox", "drfa", "DRFAProxOptions", False),
-    _algo("fedadam", "fedadam", "FedAdamOptions", False),
-    _algo("fedau", "fedau", "FedAUOptions", False),
-    _algo("fedavg", "fedavg", "FedAvgOptions", None),
-    _algo("fedchs", "fedchs", "FedCHSOptions", True),
-    _algo("fedcluster", "fedcluster", "FedClusterOptions", True, "check_spec"),
-    _algo("fgdro-cvar", "fgdro", "FGDROCVaROptions", False),
-    _algo("fgdro-kl", "fgdro", "FGDROKLOptions", False),
-    _algo("fgdro-kl-adam", "fgdro", "FGDROKLAdamOptions", False),
-    _algo("focus", "focus", "FocusOptions", None, "check_spec"),
-    _algo("hier-local-qsgd", "qsgd", "HierLocalQSGDOptions", True),
-    _algo("hierfavg", "fedavg", "HierFAVGOptions", True),
-    _algo("local-adam", "fgdro", "LocalAdamOptions", False),
-    _algo("mifa", "mifa", "MifaOptions", False),
-    _algo("proxskip", "proxskip", "ProxSkipOptions", False),
-    _algo("scaffold", "scaffold", "ScaffoldOptions", False),
-    _algo("sg-focus", "focus", "SGFocusOptions", None, "check_spec"),
-    _algo("wrwgd", "wrwgd", "WRWGDOptions", False),
+    _algo("centralized-sgd", "centralized", "CentralizedSGDOptions", False,
+          "centralized mini-batch SGD on one trainer holding the pooled data (FedCluster's "
+          "baseline)", check="check_spec"),
+    _algo("dr-dsgd", "dr_dsgd", "DRDSGDOptions", False,
+          "DR-DSGD (Issaid et al. 2022) with server averaging"),
+    _algo("drfa", "drfa", "DRFAOptions", False,
+          "DRFA (Deng et al. 2020): distributionally robust FedAvg"),
+    _algo("drfa-prox", "drfa", "DRFAProxOptions", False,
+          "DRFA-Prox (Deng et al. 2020, Alg. 2): DRFA with a KL-regularised prox step on lambda"),
+    _algo("fedadam", "fedadam", "FedAdamOptions", False,
+          "FedAdam (Reddi et al. 2021): server-side Adam on the mean update"),
+    _algo("fedau", "fedau", "FedAUOptions", False,
+          "FedAU (Wang & Ji 2023): online 1/p_i aggregation weights"),
+    _algo("fedavg", "fedavg", "FedAvgOptions", None,
+          "FedAvg; through edges when the topology has them"),
+    _algo("fedchs", "fedchs", "FedCHSOptions", True,
+          "Fed-CHS: sequential cluster walk, K interactions per cluster"),
+    _algo("fedcluster", "fedcluster", "FedClusterOptions", True,
+          "FedCluster: M clusters (= edges) train in turn each round; the model cycles edge -> "
+          "edge", check="check_spec"),
+    _algo("fgdro-cvar", "fgdro", "FGDROCVaROptions", False,
+          "FGDRO-CVaR (Guo & Yang 2024, Alg. 1): averages (w, s), d+1 floats"),
+    _algo("fgdro-kl", "fgdro", "FGDROKLOptions", False,
+          "FGDRO-KL (Alg. 2): averages (w, m, v), 2d+1 floats"),
+    _algo("fgdro-kl-adam", "fgdro", "FGDROKLAdamOptions", False,
+          "FGDRO-KL-Adam (Alg. 3): averages (w, m, q, v), 3d+1 floats"),
+    _algo("focus", "focus", "FocusOptions", None,
+          "FOCUS (Ying et al. 2025, Alg. 1): push-pull, exact under arbitrary participation; flat or through "
+          "edges", check="check_spec"),
+    _algo("hier-local-qsgd", "qsgd", "HierLocalQSGDOptions", True,
+          "Hier-Local-QSGD: client-edge-cloud local SGD with QSGD-quantised uploads"),
+    _algo("hierfavg", "fedavg", "HierFAVGOptions", True,
+          "HierFAVG: kappa2 edge rounds per cloud round"),
+    _algo("local-adam", "fgdro", "LocalAdamOptions", False,
+          "LocalAdam (FGDRO App. D, Alg. 4): local Adam steps, averages (w, m, q), 3d floats"),
+    _algo("mifa", "mifa", "MifaOptions", False,
+          "MIFA (Gu et al. 2021), correct version: stale updates of absent clients"),
+    _algo("proxskip", "proxskip", "ProxSkipOptions", False,
+          "ProxSkip / Scaffnew (Mishchenko et al. 2022), communication every tau steps"),
+    _algo("scaffold", "scaffold", "ScaffoldOptions", False,
+          "SCAFFOLD (Karimireddy et al. 2020), option II"),
+    _algo("sg-focus", "focus", "SGFocusOptions", None,
+          "SG-FOCUS (Ying et al. 2025, Alg. 2): stochastic FOCUS", check="check_spec"),
+    _algo("wrwgd", "wrwgd", "WRWGDOptions", False,
+          "WRWGD: one model on a Metropolis-Hastings walk over clients"),
 )}
 
 _D = _O + "datasets:"
@@ -176,17 +202,20 @@ def _differs(kind: str, name: str, what: str, listed: Any, registered: Any) -> V
 
 
 def add_algorithm(name: str, module: str, options: type[BaseModel], needs_edges: bool | None,
-                  check: Check | None) -> None:
+                  check: Check | None, summary: str = "") -> AlgorithmInfo:
     """Called by ``engine.api.register``: a listed algorithm must match its entry (options model, needs_edges,
-    check); another one is added, under the module that registered it."""
+    check); another one is added, under the module that registered it. Returns the entry (its summary)."""
     info = ALGORITHMS.get(name)
     if info is None:
-        ALGORITHMS[name] = AlgorithmInfo(name, module, options, needs_edges, check)
-        return
+        info = ALGORITHMS[name] = AlgorithmInfo(name, module, options, needs_edges, check, summary)
+        return info
+    if summary and summary != info.summary:
+        raise _differs("algorithm", name, "summary", info.summary, summary)
     for what, listed, registered in (("options", info.options, options), ("needs_edges", info.needs_edges,
                                      needs_edges), ("check", info.check, check)):
         if listed is not registered:
             raise _differs("algorithm", name, what, listed, registered)
+    return info
 
 
 def add_dataset(name: str, options: type[BaseModel], file_backed: bool) -> None:

@@ -89,5 +89,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("centralized-sgd", CentralizedSGDOptions, init, server_round,
-                   summary="centralized mini-batch SGD on one trainer holding the pooled data (FedCluster's "
-                   "baseline)", needs_edges=False, check=check_spec))
+                   needs_edges=False, check=check_spec))

@@ -54,4 +54,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("dr-dsgd", DRDSGDOptions, init, server_round,
-                   summary="DR-DSGD (Issaid et al. 2022) with server averaging", needs_edges=False))
+                   needs_edges=False))

@@ -145,7 +145,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("drfa", DRFAOptions, init, server_round,
-                   summary="DRFA (Deng et al. 2020): distributionally robust FedAvg", needs_edges=False))
+                   needs_edges=False))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -230,5 +230,4 @@ def prox_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("drfa-prox", DRFAProxOptions, init, prox_round,
-                   summary="DRFA-Prox (Deng et al. 2020, Alg. 2): DRFA with a KL-regularised prox step on lambda",
                    needs_edges=False))

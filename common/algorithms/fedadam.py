@@ -56,4 +56,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("fedadam", FedAdamOptions, init, server_round,
-                   summary="FedAdam (Reddi et al. 2021): server-side Adam on the mean update", needs_edges=False))
+                   needs_edges=False))

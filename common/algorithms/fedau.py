@@ -95,4 +95,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("fedau", FedAUOptions, init, server_round,
-                   summary="FedAU (Wang & Ji 2023): online 1/p_i aggregation weights", needs_edges=False))
+                   needs_edges=False))

@@ -136,7 +136,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("fedavg", FedAvgOptions, init, server_round,
-                   summary="FedAvg; through edges when the topology has them", round_replaces_tensors=True))
+                   round_replaces_tensors=True))
 register(Algorithm("hierfavg", HierFAVGOptions, init, server_round,
-                   summary="HierFAVG: kappa2 edge rounds per cloud round", needs_edges=True,
+                   needs_edges=True,
                    round_replaces_tensors=True))

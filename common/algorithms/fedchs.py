@@ -283,5 +283,5 @@ def final(ctx: NodeContext, s: ServerState) -> Bundle:
 
 
 register(Algorithm("fedchs", FedCHSOptions, init, server_round, final=final, node_state=node_state,
-                   summary="Fed-CHS: sequential cluster walk, K interactions per cluster", needs_edges=True,
+                   needs_edges=True,
                    handoff_slots=("model",)))

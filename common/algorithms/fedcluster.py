@@ -229,8 +229,7 @@ def final(ctx: NodeContext, holders: Holders) -> Bundle:
 
 
 register(Algorithm("fedcluster", FedClusterOptions, init, server_round, final=final, node_state=node_state,
-                   summary="FedCluster: M clusters (= edges) train in turn each round; the model cycles edge -> "
-                   "edge", needs_edges=True, check=check_spec, handoff_slots=(SLOT,)))
+                   needs_edges=True, check=check_spec, handoff_slots=(SLOT,)))
 
 
 # -- heterogeneity (Eq. 2): a measurement, not part of the algorithm --------------------------------------

@@ -301,11 +301,10 @@ def round_kl(ctx: NodeContext, st: ServerState) -> ServerState:
 
 
 register(Algorithm("fgdro-cvar", FGDROCVaROptions, init_cvar, round_cvar, node_state=node_state,
-                   summary="FGDRO-CVaR (Guo & Yang 2024, Alg. 1): averages (w, s), d+1 floats", needs_edges=False))
+                   needs_edges=False))
 register(Algorithm("fgdro-kl", FGDROKLOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   summary="FGDRO-KL (Alg. 2): averages (w, m, v), 2d+1 floats", needs_edges=False))
+                   needs_edges=False))
 register(Algorithm("fgdro-kl-adam", FGDROKLAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   summary="FGDRO-KL-Adam (Alg. 3): averages (w, m, q, v), 3d+1 floats", needs_edges=False))
+                   needs_edges=False))
 register(Algorithm("local-adam", LocalAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   summary="LocalAdam (FGDRO App. D, Alg. 4): local Adam steps, averages (w, m, q), 3d floats",
                    needs_edges=False))

@@ -244,8 +244,6 @@ def _pull_push(ctx: NodeContext, chosen: list[str], s: ServerState, local_steps:
 
 
 register(Algorithm("focus", FocusOptions, init, server_round, setup=setup, node_state=node_state,
-                   summary="FOCUS (Ying et al. 2025, Alg. 1): push-pull, exact under arbitrary participation; "
-                   "flat or through edges", check=check_spec))
-register(Algorithm("sg-focus", SGFocusOptions, init, server_round, setup=setup,
-                   node_state=node_state, summary="SG-FOCUS (Ying et al. 2025, Alg. 2): stochastic FOCUS",
                    check=check_spec))
+register(Algorithm("sg-focus", SGFocusOptions, init, server_round, setup=setup,
+                   node_state=node_state, check=check_spec))

@@ -56,5 +56,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     return ServerState(x, updates, s.participation)
 
 
-register(Algorithm("mifa", MifaOptions, init, server_round, summary="MIFA (Gu et al. 2021), correct version: "
-                   "stale updates of absent clients", needs_edges=False))
+register(Algorithm("mifa", MifaOptions, init, server_round, needs_edges=False))

@@ -109,5 +109,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("proxskip", ProxSkipOptions, init, server_round, node_state=node_state,
-                   summary="ProxSkip / Scaffnew (Mishchenko et al. 2022), communication every tau steps",
                    needs_edges=False))

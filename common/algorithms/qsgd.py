@@ -140,5 +140,4 @@ def cloud_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("hier-local-qsgd", HierLocalQSGDOptions, init, cloud_round,
-                   summary="Hier-Local-QSGD: client-edge-cloud local SGD with QSGD-quantised uploads",
                    needs_edges=True))

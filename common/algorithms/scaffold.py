@@ -99,4 +99,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("scaffold", ScaffoldOptions, init, server_round, node_state=node_state,
-                   summary="SCAFFOLD (Karimireddy et al. 2020), option II", needs_edges=False))
+                   needs_edges=False))

@@ -89,4 +89,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("wrwgd", WRWGDOptions, init, server_round,
-                   summary="WRWGD: one model on a Metropolis-Hastings walk over clients", needs_edges=False))
+                   needs_edges=False))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -250,7 +250,9 @@ def register(algo: Algorithm) -> Algorithm:
     is validated against the catalogue without importing the algorithm)."""
     if algo.name in ALGORITHMS:
         raise ValueError(f"algorithm {algo.name!r} registered twice")
-    catalog.add_algorithm(algo.name, algo.init.__module__, algo.options, algo.needs_edges, algo.check)
+    info = catalog.add_algorithm(algo.name, algo.init.__module__, algo.options, algo.needs_edges, algo.check,
+                                 algo.summary)
+    algo = replace(algo, summary=info.summary)  # a listed algorithm's one line lives in the catalogue
     ALGORITHMS[algo.name] = algo
     return algo
 
