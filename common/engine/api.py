@@ -229,6 +229,8 @@ class Algorithm:
     final: Callable[[NodeContext, Any], Bundle] = final_model
     setup: Callable[[NodeContext, Any], Any] | None = None
     node_state: Callable[[str], Any] = no_node_state
+    # summary, needs_edges, check and options are what a spec is validated against: for an algorithm that
+    # fedhop.common.catalog lists they must equal its entry there (register() checks; the summary comes from it)
     summary: str = ""
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     # further checks of a whole spec, run at validation (raise ValueError naming the field to change)

@@ -89,7 +89,7 @@ class CyclicParticipation(_Strict):
 
 
 class TraceParticipation(_Strict):
-    """A recorded rounds x clients 0/1 table replayed row by row (``common/data/trace.py`` reads it): round r
+    """A recorded rounds x clients 0/1 table replayed row by row (``common/options/trace.py`` reads it): round r
     takes the clients marked 1 in row r. Past the last row the run fails at spec time unless ``wrap``, which
     starts again at row 0 (row r mod rows). The table needs one column per client (spec check)."""
 
