@@ -236,8 +236,11 @@ class BridgeCounters:
         self.pairs.install()
 
     def read(self) -> WireReading:
-        rows, stray = attribute_pairs(self.pairs.read(), self.node_of(), self.backend)
+        pairs = self.pairs.read()
+        rows, stray = attribute_pairs(pairs, self.node_of(), self.backend)
         notes = [*self.notes]
+        if not pairs:
+            notes.append("the wire counters saw no packet: wire bytes are missing, not zero")
         if stray:
             notes.append(f"{stray} B between addresses no node of the run held (left out)")
         return WireReading(tuple(rows), self.backend, complete=True, notes=tuple(notes))
