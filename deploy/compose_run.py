@@ -170,7 +170,9 @@ class ComposeTestbed:
         return rc
 
     def wire(self) -> WireReading:
+        """The counters, attributed with every address the book recorded (it stops recording first)."""
         assert self.counters is not None, "start() first"
+        self.book.stop()
         return self.counters.read()
 
     def stop(self) -> None:

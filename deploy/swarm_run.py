@@ -371,6 +371,9 @@ class StackTestbed:
         """The counters of every overlay namespace held (raises RuntimeError if none was)."""
         self.notes.append(f"stack ran {time.monotonic() - self._t0:.1f}s; counters in overlay namespaces "
                           f"{', '.join(self.overlay.namespaces()) or 'none'}")
+        if self._recording:  # every address recorded before the counters are attributed
+            self.book.stop()
+            self._recording = False
         reading = self.counters.read()
         self.notes.extend(reading.notes)
         return reading
