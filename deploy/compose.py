@@ -14,8 +14,9 @@ Two documents come out of one spec (:func:`compose_files`):
 Node ids cannot be derived inside a replicated service (Compose gives a replica no index), and a client's
 parent edge follows from its id, so every node is its own service; ``--scale`` does not apply.
 
-Ports inside the network: PS 50051, edges 50061, client health 50070. Every container reaches the others by
-service name (the node id), also on a Swarm overlay network.
+Ports inside the network: PS 50051, edges 50061 (the testbed contract's), client health 50070. Every container
+reaches the others by service name (the node id), also on a Swarm overlay network; the commands are the contract's
+role command lines (deploy/contract.py).
 """
 
 from __future__ import annotations
@@ -28,10 +29,8 @@ import yaml
 
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
-from fedhop.deploy.contract import RoleCommand, fixed_ports, plan
+from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, fixed_ports, link_security, plan
 
-PS_PORT = 50051
-EDGE_PORT = 50061
 HEALTH_PORT = 50070
 SPEC_TARGET = "/etc/fedhop/spec.toml"
 TLS_TARGET = "/etc/fedhop/tls"
@@ -87,7 +86,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     """The base and override documents for ``spec`` (see the module docstring)."""
     opts = replace(opts, spec_path=host_path(opts.spec_path), runs=host_path(opts.runs),
                    tls=host_path(opts.tls).rstrip("/") if opts.tls else None)
-    sec = ("--tls", TLS_TARGET) if opts.tls else ("--insecure",)
+    sec = link_security(TLS_TARGET if opts.tls else None)
 
     def tls_of(node: str) -> dict[str, Any]:
         return {"volumes": _tls_mounts(opts.tls, node)} if opts.tls else {}

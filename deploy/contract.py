@@ -27,6 +27,8 @@ from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.wire import WireReading
 
 ROLES = ("server", "edge", "client")
+PS_PORT = 50051  # where the PS listens on a testbed host of its own (namespace, container)
+EDGE_PORT = 50061  # where an edge listens on its own host
 
 
 # -- the plan -----------------------------------------------------------------------------------------------------
@@ -153,6 +155,12 @@ class RoleCommand:
     def argv(self) -> list[str]:
         """``python -m fedhop ...`` with this interpreter."""
         return [sys.executable, "-m", "fedhop", *self.args()]
+
+
+def link_security(tls_dir: str | None) -> tuple[str, ...]:
+    """A role's link options on a testbed: mutual TLS with the certificates in ``tls_dir``, else plaintext, which
+    roles must be told (``--insecure``) because a testbed's addresses are not loopback."""
+    return ("--tls", tls_dir) if tls_dir else ("--insecure",)
 
 
 # -- the protocol -------------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class, link_delay, link_rate
 from fedhop.deploy import contract, kernel_bytes, link_table, shaping, testbed_http, testbed_tls
-from fedhop.deploy.contract import RoleCommand
+from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, link_security
 from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
 from fedhop.deploy.processes import Processes
@@ -41,8 +41,6 @@ from fedhop.deploy.wire import WireReading
 
 log = logging.getLogger("fedhop.testbed")
 
-PS_PORT = 50051
-EDGE_PORT = 50061
 STOP_GRACE_S = 30.0
 STARTUP_S = 300.0  # a role behind a delay proxy must listen within this (torch imports are slow on busy hosts)
 POLL_S = 0.02
@@ -191,9 +189,8 @@ class Testbed:
         self.children.start(name, in_ns(ns, cmd), env=env, pass_fds=pass_fds)
 
     def _security(self) -> tuple[str, ...]:
-        """Every role's link options: mutual TLS with --tls, else plaintext (the testbed's addresses are not
-        loopback, so roles must be told --insecure)."""
-        return ("--tls", str(self.tls_dir)) if self.tls_dir else ("--insecure",)
+        """Every role's link options: mutual TLS with --tls, else plaintext (:func:`contract.link_security`)."""
+        return link_security(str(self.tls_dir) if self.tls_dir else None)
 
     def _web(self) -> tuple[list[str], dict[str, str]]:
         """The PS's --http options (and token, through its environment), and the forwarder from the host."""

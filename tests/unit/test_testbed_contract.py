@@ -83,6 +83,8 @@ def test_role_command_lines() -> None:
     host = RoleCommand("clients", "client-0..client-3", connect="127.0.0.1:5", state_dir="/s", data_path="/d")
     assert host.args() == ["clients", "--ids", "client-0..client-3", "--connect", "127.0.0.1:5", "--state-dir", "/s",
                            "--data-path", "/d"]
+    assert contract.link_security(None) == ("--insecure",)  # testbed addresses are not loopback
+    assert contract.link_security("/t") == ("--tls", "/t")
     with pytest.raises(ValueError, match="a client needs an address"):
         RoleCommand("client", "client-0")
     with pytest.raises(ValueError, match="unknown role 'router'"):
