@@ -21,7 +21,7 @@ import json
 import shutil
 
 from fedhop.deploy.netns import Network, in_ns, run_cmd
-from fedhop.deploy.wire import OTHER, WireCount, WireReading
+from fedhop.deploy.wire import OTHER, WireCount, WireReading, interface_bytes
 
 TABLE = "fedhop_wire"
 
@@ -110,10 +110,9 @@ class NamespaceCounters:
             peers = self.peers.get(node, [])
             if len(peers) != 1:
                 continue
-            info = json.loads(run_cmd(["ip", "-n", nn.ns, "-s", "-j", "link", "show", "dev", nn.dev]))[0]
-            st = info["stats64"]
-            rows.append(WireCount(node, peers[0], int(st["tx"]["packets"]), int(st["tx"]["bytes"]), None, "veth"))
-            rows.append(WireCount(peers[0], node, int(st["rx"]["packets"]), int(st["rx"]["bytes"]), None, "veth"))
+            c = interface_bytes(nn.ns, nn.dev)
+            rows.append(WireCount(node, peers[0], c.tx_packets, c.tx_bytes, None, "veth"))
+            rows.append(WireCount(peers[0], node, c.rx_packets, c.rx_bytes, None, "veth"))
         return rows
 
 

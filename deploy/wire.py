@@ -22,7 +22,7 @@ Every backend's :meth:`~KernelCounters.read` gives a :class:`WireReading`: one :
 link (``src -> dst`` as node ids; ``other`` for traffic to or from anyone outside the run), written as
 ``wire.csv`` by :func:`write_wire_csv` (the one writer; :func:`read_wire_csv` reads it back).
 :func:`attribute_pairs` turns address pairs into node pairs given who holds which address;
-:func:`interface_bytes` reads one interface's totals inside a process's network namespace.
+:func:`interface_bytes` reads one interface's totals inside a network namespace.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
+
+from fedhop.deploy.netns import run_cmd
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,60}$")
 
@@ -111,15 +113,12 @@ class InterfaceBytes:
     tx_packets: int
 
 
-def interface_bytes(pid: int, iface: str = "eth0") -> InterfaceBytes:
-    """Counters of ``iface`` in the network namespace of process ``pid`` (``/proc/<pid>/net/dev``)."""
-    path = Path(f"/proc/{pid}/net/dev")
-    for line in path.read_text().splitlines()[2:]:
-        name, _, rest = line.partition(":")
-        if name.strip() == iface:
-            f = [int(x) for x in rest.split()]
-            return InterfaceBytes(rx_bytes=f[0], rx_packets=f[1], tx_bytes=f[8], tx_packets=f[9])
-    raise KeyError(f"no interface {iface!r} in the network namespace of pid {pid} ({path})")
+def interface_bytes(ns: str, dev: str = "eth0") -> InterfaceBytes:
+    """Counters of interface ``dev`` in network namespace ``ns`` (``ip -n NS -s -j link show dev DEV``: Ethernet
+    frames, ARP included); raises TestbedError with ip's answer."""
+    st = json.loads(run_cmd(["ip", "-n", ns, "-s", "-j", "link", "show", "dev", dev]))[0]["stats64"]
+    return InterfaceBytes(rx_bytes=int(st["rx"]["bytes"]), tx_bytes=int(st["tx"]["bytes"]),
+                          rx_packets=int(st["rx"]["packets"]), tx_packets=int(st["tx"]["packets"]))
 
 
 @dataclass(frozen=True)

@@ -271,3 +271,35 @@ def test_compose_run_counts_attributes_and_writes_the_per_link_table(tmp_path: P
         "nft -f -") < made.index("docker compose -p fhp up --exit-code-from ps")
     assert made[-1] == "nft delete table bridge fedhop_fhp"  # the counters go when the testbed stops
     assert "compose up ended with 0" in run.log
+
+
+# -- the namespace testbed's fallback: interface counters ---------------------------------------------------------
+FAKE_IP = """\
+#!{python}
+import json, sys
+args = sys.argv[1:]
+assert args[0] == "-n" and args[-2:] == ["dev", "eth0"], args
+rx_bytes, rx_packets, tx_bytes, tx_packets = {{"fhx-ps": (100, 2, 300, 3), "fhx-client-0": (5000, 9, 700, 6)}}[args[1]]
+print(json.dumps([{{"ifname": "eth0", "stats64": {{"rx": {{"bytes": rx_bytes, "packets": rx_packets}},
+                                                  "tx": {{"bytes": tx_bytes, "packets": tx_packets}}}}}}]))
+"""
+
+
+def test_without_nft_a_one_peer_namespace_counts_on_its_interface(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedhop.deploy.kernel_bytes import NamespaceCounters
+    from fedhop.deploy.netns import plan_network
+
+    (tmp_path / "ip").write_text(FAKE_IP.format(python=sys.executable))
+    (tmp_path / "ip").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nft on it
+    net = plan_network([("ps", "server"), ("edge-0", "edge"), ("client-0", "client")], "10.9.0.0/24", tag="fhx")
+    counters = NamespaceCounters(net, {"ps": ["edge-0"], "edge-0": ["ps", "client-0"], "client-0": ["edge-0"]})
+    assert counters.backend == "veth"
+    counters.install()
+    reading = counters.read()  # edge-0 has two peers: its interface cannot tell them apart
+    assert reading.rows == (WireCount("ps", "edge-0", 3, 300, None, "veth"),
+                            WireCount("edge-0", "ps", 2, 100, None, "veth"),
+                            WireCount("client-0", "edge-0", 6, 700, None, "veth"),
+                            WireCount("edge-0", "client-0", 9, 5000, None, "veth"))
+    assert not reading.complete and "no wire count for links of ['edge-0']" in reading.notes[0]
