@@ -94,21 +94,27 @@ class AddressBook:
         """Add the addresses held now."""
         self.book.update(addresses(self.network))
 
+    def _poll_quietly(self) -> None:
+        # the network goes away at the end of the run: a failed look-up then is expected
+        with contextlib.suppress(subprocess.CalledProcessError, json.JSONDecodeError, IndexError):
+            self.poll()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            # the network goes away at the end of the run: a failed look-up then is expected
-            with contextlib.suppress(subprocess.CalledProcessError, json.JSONDecodeError, IndexError):
-                self.poll()
+            self._poll_quietly()
             self._stop.wait(self.period_s)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop polling (nothing to do when it never started)."""
+        """Stop polling, after one last look (nothing to do when it never started, or stopped already)."""
+        if self._stop.is_set() or not self._thread.is_alive():
+            self._stop.set()
+            return
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._thread.join()
+        self._poll_quietly()
 
     def __enter__(self) -> AddressBook:
         self.start()

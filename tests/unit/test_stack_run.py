@@ -14,11 +14,12 @@ import pytest
 
 from fedhop.cli import main
 from fedhop.common.spec import RunSpec
+from fedhop.deploy import contract
 from fedhop.deploy.compose import write_compose
 from fedhop.deploy.contract import collect
 from fedhop.deploy.link_table import LinkBytes, read_link_table
-from fedhop.deploy.swarm_run import placement_labels, stack_addresses
-from fedhop.deploy.wire import BridgeCounters, PairBytes, read_wire_csv
+from fedhop.deploy.swarm_run import StackTestbed, placement_labels, stack_addresses
+from fedhop.deploy.wire import BridgeCounters, PairBytes, WireCount, read_wire_csv
 
 FAKE_DOCKER = """\
 #!{python}
@@ -198,3 +199,43 @@ def test_bridge_counters_put_wire_bytes_beside_the_meters_in_wire_csv_and_link_b
     assert read_wire_csv(tmp_path / "wire.csv") == list(reading.rows)
     assert collect(tmp_path / "nothing", reading) is None  # no run folder: nothing written
     assert not (tmp_path / "nothing").exists()
+
+
+class HeldOverlay(FixedPairs):
+    """An overlay whose one namespace (``1-abc``) was held and counted ``pairs``."""
+
+    def namespaces(self) -> list[str]:
+        return ["1-abc"]
+
+
+def test_stack_testbed_waits_for_the_ps_task_and_writes_wire_csv_link_bytes_csv_and_the_log(
+        tmp_path: Path, fake_docker) -> None:
+    answer, made = fake_docker
+    runs = tmp_path / "runs"
+    (runs / "r1").mkdir(parents=True)
+    (runs / "r1" / "links.csv").write_text("src,dst,kind,messages,payload_bytes,message_bytes\n"
+                                           "edge-0,edge-1,handoff,2,1000,1100\n")
+    done = json.dumps([{"Status": {"State": "complete", "ContainerStatus": {"ExitCode": 0}, "Err": ""}}])
+    verbose = [{"Services": {"fh_edge-0": {"Tasks": [{"EndpointIP": "10.0.1.5"}]},
+                             "fh_edge-1": {"Tasks": [{"EndpointIP": "10.0.1.6"}]}}}]
+    answer({**MANAGER, "node inspect": nodes_with({"fedhop.ps": "true", "fedhop.edges": "true",
+                                                   "fedhop.clients": "true"}),
+            "stack deploy": "", "service ps fh_ps": "t1\n", "stack ps fh": "t1\n", "inspect t1": done,
+            "network inspect --verbose fh_fl": json.dumps(verbose), "network inspect fh_fl": json.dumps([{}]),
+            "stack services fh": "fh_ps\n", "service logs --no-task-ids fh_ps": "results in /runs/r1\n"})
+    bed = StackTestbed("fh", project(tmp_path), runs, "r1", settle_s=30)
+    overlay = HeldOverlay({("10.0.1.5", "10.0.1.6"): PairBytes(12, 1700), ("10.0.1.6", "10.0.1.5"): PairBytes(5, 300)})
+    bed.overlay = overlay
+    bed.counters = BridgeCounters(overlay, lambda: bed.book.book, backend="overlay")
+    outcome = contract.run(bed, timeout_s=60)
+    assert outcome.rc == 0 and outcome.out == (runs / "r1").resolve()
+    assert outcome.links == [LinkBytes("edge-0", "edge-1", 1000, 1100, 1700, 2),
+                             LinkBytes("edge-1", "edge-0", 0, 0, 300, 0)]
+    assert read_wire_csv(runs / "r1" / "wire.csv")[0] == WireCount("edge-0", "edge-1", 12, 1700, None, "overlay")
+    assert read_link_table(runs / "r1" / "link_bytes.csv") == outcome.links
+    log = (runs / "r1.stack.log").read_text()
+    assert log.startswith("results in /runs/r1\n")
+    assert "[fedhop stack-run] PS task complete, exit code 0\n" in log
+    assert "counters in overlay namespaces 1-abc" in log
+    assert "stack deploy -c docker-compose.yml fh" in made()
+    assert not any(c.startswith("stack rm") for c in made())  # the caller removes the stack
