@@ -8,12 +8,11 @@ A :class:`LivePage` is a run's event stream with a RunStatus subscribed to it an
         result = simulate(spec, page.events)     # /api/status, /api/rounds, ... follow the run
         ...                                      # still served until the block ends
 
-The web stack (starlette, uvicorn) is imported only when a page is served.
+The web stack (starlette, uvicorn) is imported only when a page is served, the engine only by :func:`simulate`.
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,12 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
-from fedhop.common.engine.results import RunResult
-from fedhop.common.spec import RunSpec
 from fedhop.server.web.status import RunStatus
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the engine is imported by simulate, the web stack only when a page is served
+    from fedhop.common.engine.inprocess import FaultPlan
+    from fedhop.common.engine.results import RunResult
+    from fedhop.common.spec import RunSpec
     from fedhop.server.web.serve import HttpServer
 
 OFF = "off"
@@ -91,9 +90,7 @@ def simulate(spec: RunSpec, events: RunEvents | None = None, *, device: str | No
              journal: Path | None = None, run_id: str | None = None, faults: FaultPlan | None = None) -> RunResult:
     """``fedhop simulate``'s run: ``spec`` with the in-process engine, its lifecycle events into ``events`` (a
     :class:`LivePage`'s, a progress bar's). ``journal``: the rounds.jsonl file; ``faults``: a test's fault plan."""
+    from fedhop.common.engine.inprocess import InProcessEngine
+
     engine = InProcessEngine(spec, device=device, faults=faults)
     return engine.run(journal, events=events, run_id=run_id)
-
-
-def stderr_line(line: str) -> None:
-    print(f"fedhop: {line}", file=sys.stderr, flush=True)
