@@ -148,7 +148,6 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
               run_id=resume.run_id if resume is not None else None, records=records,
               journal=out / "rounds.jsonl" if out is not None else None, store=store,
               after_commit=lambda t: _gate(t + 1) if t + 1 < spec.rounds else None)
-    run.events.subscribe(round_records(lambda rec: _log_round(rec, spec.rounds)))
     # The hub's callback slots feed the Run; when ParentHub takes one listener (transport/session.py), the Run's
     # joined / ready / lost are that listener.
     hub.on_join = run.joined
@@ -166,6 +165,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()
+    unlog = run.events.subscribe(round_records(lambda rec: _log_round(rec, spec.rounds)))  # (the caller's stream)
     try:
         log.info("ps: run %s listening on port %d; waiting for %d children", run.run_id, port, len(hub.children))
         if on_listening is not None:
@@ -199,6 +199,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
             raise outcome.failed
         return result
     finally:
+        unlog()
         server.stop(grace=2.0)
 
 
