@@ -112,8 +112,7 @@ class Processes(deploy_processes.Processes):
 
 
 def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
-           on_round: Callable[[dict[str, Any]], None] | None = None,
-           on_join: Callable[[str, dict[str, int]], None] | None = None, resume: Any = None,
+           resume: Any = None,
            events: Any = None, security: Any = None, child_args: Sequence[str] = (),
            ps_workspace: Callable[[Any], None] | None = None,
            clients_per_process: int | str = AUTO, fork_children: bool = True) -> RunResult:
@@ -123,7 +122,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
 
     Every child saves its state after each task under ``out/state/<node>`` (the PS checkpoints into
     ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
-    run with every node restored. ``on_join(child, data sizes)``: a child of the PS said Ready. ``security``:
+    run with every node restored. ``events``: the run's lifecycle events (progress; see run_server). ``security``:
     the PS's links (transport.credentials.Security); ``child_args``: the same for every child (``--tls DIR``).
     ``ps_workspace(ws)``: applied to the PS's Workspace before round 1 (see run_server). ``fork_children``:
     children are forked from a process that imported torch once (:class:`Processes`), else each is a new
@@ -151,9 +150,9 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
                           resolve_per_process(clients_per_process, len(topo.clients)))
 
     try:
-        result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
-                            on_listening=spawn, startup_failure=procs.startup_failure, on_join=on_join,
-                            resume=resume, events=events, security=security, ps_workspace=ps_workspace)
+        result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_listening=spawn,
+                            startup_failure=procs.startup_failure, resume=resume, events=events,
+                            security=security, ps_workspace=ps_workspace)
         codes = procs.wait(30)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:
