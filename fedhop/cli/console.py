@@ -1,19 +1,31 @@
-"""The ``fedhop`` command line: launch, simulate, one role per process, reproduce, compare.
+"""What the ``fedhop`` commands share: the help format, the spec and run folder options, the progress bars, the
+run's summary, the live page, and a role process's logging and exit.
 
-Exit codes: common/exit_codes.py (and the README).
+Importing this module imports no torch (nor the spec): each helper imports what it needs when called, so
+``fedhop --help`` and ``fedhop health`` stay light.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhop.common.exit_codes import ExitCode, Fatal
 
-DEFAULT_SPEC = Path(__file__).with_name("default_spec.toml")
+if TYPE_CHECKING:
+    from fedhop.common.engine.events import RunEvents
+    from fedhop.common.engine.results import RunResult
+    from fedhop.common.spec import RunSpec
+    from fedhop.server.main import Resume
+    from fedhop.server.web.serve import HttpServer
+
+DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "default_spec.toml"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -25,10 +37,20 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or ""
 
 
-def load_spec(path: str | None, sets: list[str] | None = None):
+def add_run_options(s: argparse.ArgumentParser, engine: str) -> None:
+    """Options every command that runs a spec shares: --out, --force, --set."""
+    s.add_argument("--out", help=f"run folder (default: runs/<time>-<name>-{engine})")
+    s.add_argument("--force", action="store_true",
+                   help="let --out name a folder that holds files (its run files are replaced)")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one spec field, e.g. --set rounds=5 --set algorithm.options.lr=0.1 "
+                   "(repeatable; values are TOML: 5, 0.1, true, [32, 32], or a bare string)")
+
+
+def load_spec(path: str | None, sets: list[str] | None = None) -> RunSpec:
     """The RunSpec of ``path`` (the built-in default run when None), with ``--set key=value`` applied."""
+    from fedhop.cli.spec_fields import apply_sets, read_raw
     from fedhop.common.spec import RunSpec
-    from fedhop.spec_cli import apply_sets, read_raw
 
     source = str(path or DEFAULT_SPEC)
     raw = read_raw(Path(source))
@@ -38,32 +60,75 @@ def load_spec(path: str | None, sets: list[str] | None = None):
     return RunSpec.parse(raw, source)
 
 
-def default_out(spec_name: str, engine: str) -> Path:
-    return Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{spec_name}-{engine}"
-
-
-def run_folder(a: argparse.Namespace, spec_name: str, engine: str) -> Path:
+def run_folder(out: str | None, force: bool, spec_name: str, engine: str) -> Path:
     """``--out`` (or the default), checked: an existing non-empty folder is refused without ``--force``."""
     from fedhop.common.engine.results import RunFolderExists, prepare_run_folder
+    from fedhop.run_folders import default_out
 
-    out = Path(a.out) if a.out else default_out(spec_name, engine)
+    folder = Path(out) if out else default_out(spec_name, engine)
     try:
-        return prepare_run_folder(out, force=a.force)
-    except RunFolderExists as e:
-        raise Fatal(ExitCode.USAGE, str(e)) from None
+        return prepare_run_folder(folder, force=force)
+    except RunFolderExists:
+        raise  # USAGE (errors.EXIT_CODES)
     except OSError as e:  # cannot even be created (read-only place, a file in the way, /proc ...)
-        raise Fatal(ExitCode.RUN_FOLDER, f"the run folder {out} cannot be written ({e.strerror or e}); "
+        raise Fatal(ExitCode.RUN_FOLDER, f"the run folder {folder} cannot be written ({e.strerror or e}); "
                                          "choose another --out") from None
 
 
 def check_device(device: str) -> None:
-    """Fail now, with NO_DEVICE, when ``device`` names a CUDA device that is not there."""
-    from fedhop.common.engine.workspace import DeviceError, resolve_device
+    """Fail now, with NO_DEVICE (a DeviceError, errors.EXIT_CODES), when ``device`` names a CUDA device that is
+    not there."""
+    from fedhop.common.engine.workspace import resolve_device
 
+    resolve_device(device)
+
+
+def load_resume(resume: str | None, spec: str | None, sets: list[str]) -> Resume | None:
+    """``--resume RUN_DIR``: the run's spec and newest readable PS checkpoint (a spec file or --set may not
+    be given with it: the run's own spec is the truth)."""
+    if not resume:
+        return None
+    from fedhop.common.engine.checkpoint import CheckpointError
+    from fedhop.server.main import load_resume as load
+
+    if spec or sets:
+        raise Fatal(ExitCode.USAGE, "--resume continues a run with its own spec; give no spec file or --set")
     try:
-        resolve_device(device)
-    except DeviceError as e:
-        raise Fatal(ExitCode.NO_DEVICE, str(e)) from None
+        r = load(Path(resume))
+    except CheckpointError as e:
+        raise Fatal(ExitCode.USAGE, f"cannot resume {resume}: {e}") from None
+    for why in r.skipped:
+        print(f"warning: {why}; resuming from the previous checkpoint", file=sys.stderr)
+    print(f"resuming run {r.run_id} at round {r.next_round + 1} of {r.spec.rounds} from {r.path}", file=sys.stderr)
+    return r
+
+
+@dataclass(frozen=True)
+class HttpArgs:
+    """``--http HOST:PORT|off`` and ``--http-token`` (fedhop.server.web.cli adds them)."""
+
+    http: str = "off"
+    http_token: str | None = None
+
+    @classmethod
+    def of(cls, a: argparse.Namespace) -> HttpArgs:
+        return cls(http=a.http, http_token=a.http_token)
+
+
+def start_web(http: HttpArgs) -> tuple[RunEvents, HttpServer | None]:
+    """The run's events and, with --http, the live page / JSON API / metrics fed by them."""
+    from fedhop.common.engine.events import RunEvents
+    from fedhop.server.web.cli import http_from_args
+    from fedhop.server.web.status import RunStatus
+
+    events = RunEvents()
+    status = RunStatus()
+    events.subscribe(status)
+    try:
+        server = http_from_args(http, status)  # type: ignore[arg-type]  # reads .http and .http_token
+    except OSError as e:
+        raise Fatal(ExitCode.ADDRESS_IN_USE, f"--http {http.http}: {e}") from None
+    return events, server
 
 
 class Progress:
@@ -116,82 +181,6 @@ class Progress:
         self.bar.close()
 
 
-def cmd_simulate(a: argparse.Namespace) -> int:
-    from fedhop.common.engine.inprocess import InProcessEngine
-    from fedhop.common.engine.results import write_run_folder
-    from fedhop.common.preflight import check_user_code
-
-    started = time.perf_counter()
-    spec = load_spec(a.spec, a.set)
-    check_user_code(spec, source=a.spec or "<default spec>")
-    check_device(a.device or spec.device)
-    out = run_folder(a, spec.name, "simulate")
-    engine = InProcessEngine(spec, device=a.device)
-    bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
-    try:
-        result = engine.run(on_round=bar.on_round, journal=out / "rounds.jsonl")
-    finally:
-        bar.close()
-    write_run_folder(result, out)
-    print_summary(result, out, time.perf_counter() - started)
-    return 0
-
-
-def print_summary(result, out: Path, total_s: float | None = None, details: bool = True) -> None:
-    """The run's one summary line (training time beside the whole command's wall-clock), then the per-link
-    table, largest links first, and the model's route for edge-walk algorithms."""
-    from fedhop.common.engine.results import totals
-    from fedhop.report import link_table, route
-
-    last = result.rounds[-1] if result.rounds else {}
-    t = totals(result.links)
-    acc = f"accuracy {last['accuracy']:.4f}, " if "accuracy" in last else ""
-    loss = last.get("loss", float("nan"))
-    whole = f" of {total_s:.1f}s in all (start-up and writing included)" if total_s is not None else ""
-    print(f"{result.spec.algorithm.name}: {len(result.rounds)} rounds reported, {acc}loss {loss:.4f}; "
-          f"payload {t['payload_bytes']:,} B, messages {t['message_bytes']:,} B; "
-          f"training wall-clock {result.wall_s:.1f}s{whole}")
-    if result.missing:
-        print(f"missing: {len(result.missing)} calls, e.g. {result.missing[0]}")
-    if details and result.links:
-        print("\nbytes per link (all kinds, phases and rounds; links.csv has each):")
-        print(link_table(result.links))
-        r = route(result.rounds)
-        if r:
-            print("\n" + r)
-    print(f"results in {out}")
-
-
-def cmd_reproduce(a: argparse.Namespace) -> int:
-    from fedhop.common.engine import results
-    from fedhop.reproduce import load_all, run_experiment
-    from fedhop.reproduce.runner import RunOptions
-
-    names = sorted(load_all()) if a.name == "all" else [a.name]
-    failed = []
-    for name in names:
-        out = Path(a.out or "runs/reproduce") / (name + ("-quick" if a.quick else ""))
-        hook = ReproduceProgress(name, a.quiet)
-        results.round_observers.append(hook)
-        try:
-            outcome = run_experiment(name, out, a.quick, dataset=a.dataset, path=a.data_path,
-                                     options=RunOptions(network=a.network, only=tuple(a.only)))
-        finally:
-            results.round_observers.remove(hook)
-            hook.close()
-        status = ("CLAIM NOT MET" if not outcome.ok else "ok" if outcome.checks
-                  else "no claim checked (--only left out the runs they need)")
-        print(f"\n== {name}{' (quick)' if a.quick else ''}: {status}; results in {out}\n{outcome.table_md}")
-        for claim, held in outcome.checks.items():
-            print(f"  [{'x' if held else ' '}] {claim}")
-        for note in outcome.notes:
-            if note.startswith("--only"):
-                print(f"  {note}")
-        if not outcome.ok:
-            failed.append(name)
-    return 1 if failed else 0
-
-
 class ReproduceProgress:
     """``fedhop reproduce``'s bar: the runs of an experiment made in this process, and the current run's round
     (runs in a worker pool, as in the full FedCluster E1, show when they return)."""
@@ -221,167 +210,44 @@ class ReproduceProgress:
         self.bar.close()
 
 
-def cmd_algorithms(a: argparse.Namespace) -> int:
-    from fedhop.common.engine.api import ALGORITHMS, get_algorithm
+def print_summary(result: RunResult, out: Path, total_s: float | None = None, details: bool = True) -> None:
+    """The run's one summary line (training time beside the whole command's wall-clock), then the per-link
+    table, largest links first, and the model's route for edge-walk algorithms."""
+    from fedhop.common.engine.results import totals
+    from fedhop.report import link_table, route
 
-    get_algorithm("fedavg")
-    for name in sorted(ALGORITHMS):
-        print(f"{name:24s} {ALGORITHMS[name].summary}")
-    return 0
-
-
-def cmd_spec(a: argparse.Namespace) -> int:
-    if a.explain is not None:
-        from fedhop.spec_cli import explain
-
-        print(explain(a.explain or load_spec(a.spec, a.set).algorithm.name))
-        return 0
-    spec = load_spec(a.spec, a.set)
-    full = spec.model_copy(update={"algorithm": spec.algorithm.model_copy(
-        update={"options": spec.options().model_dump(mode="json", exclude_none=True)})})
-    print(full.to_toml(), end="")
-    return 0
-
-
-def cmd_testbed_up(a: argparse.Namespace) -> int:
-    from fedhop.deploy.testbed import cmd_up
-
-    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet, tls=a.tls,
-                  http=None if a.http == "off" else a.http, http_token=a.http_token)
+    last = result.rounds[-1] if result.rounds else {}
+    t = totals(result.links)
+    acc = f"accuracy {last['accuracy']:.4f}, " if "accuracy" in last else ""
+    loss = last.get("loss", float("nan"))
+    whole = f" of {total_s:.1f}s in all (start-up and writing included)" if total_s is not None else ""
+    print(f"{result.spec.algorithm.name}: {len(result.rounds)} rounds reported, {acc}loss {loss:.4f}; "
+          f"payload {t['payload_bytes']:,} B, messages {t['message_bytes']:,} B; "
+          f"training wall-clock {result.wall_s:.1f}s{whole}")
+    if result.missing:
+        print(f"missing: {len(result.missing)} calls, e.g. {result.missing[0]}")
+    if details and result.links:
+        print("\nbytes per link (all kinds, phases and rounds; links.csv has each):")
+        print(link_table(result.links))
+        r = route(result.rounds)
+        if r:
+            print("\n" + r)
+    print(f"results in {out}")
 
 
-def cmd_testbed_clean(a: argparse.Namespace) -> int:
-    from fedhop.deploy.testbed import cmd_clean
-
-    return cmd_clean()
-
-
-def cmd_compare(a: argparse.Namespace) -> int:
-    from fedhop.compare import compare
-
-    out = Path(a.out) if a.out else Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-compare"
-    from fedhop.compare import Metric
-
-    metric = Metric(a.metric, a.goal or "", a.log_y)
-    table = compare([Path(r) for r in a.runs], out, a.target_accuracy, metric)
-    print(table)
-    print(f"\nfigure, table.md and table.csv in {out}")
-    return 0
+def log_to_stderr(verbose: bool = True) -> None:
+    """A role process's log: every line on stderr (INFO, or WARNING when not ``verbose``)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
 
 
-def add_run_options(s: argparse.ArgumentParser, engine: str) -> None:
-    """Options every command that runs a spec shares: --out, --force, --set."""
-    s.add_argument("--out", help=f"run folder (default: runs/<time>-<name>-{engine})")
-    s.add_argument("--force", action="store_true",
-                   help="let --out name a folder that holds files (its run files are replaced)")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one spec field, e.g. --set rounds=5 --set algorithm.options.lr=0.1 "
-                   "(repeatable; values are TOML: 5, 0.1, true, [32, 32], or a bare string)")
+def exit_now(rc: int) -> int:
+    """Leave without interpreter teardown once a role is done: gRPC's C-core threads can still be winding
+    down then, and tearing the interpreter down under them aborts the process ("terminate called without an
+    active exception", exit -6) although the run itself ended cleanly. Everything is written by now."""
+    from fedhop.common import timing
 
-
-def build_parser() -> argparse.ArgumentParser:
-    from fedhop import __version__
-
-    p = argparse.ArgumentParser(prog="fedhop", description=__doc__, formatter_class=HelpFormatter)
-    p.add_argument("--version", action="version", version=f"fedhop {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
-    s = sub.add_parser("simulate", help="run a spec with the in-process engine (no sockets)",
-                       formatter_class=HelpFormatter)
-    s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
-    add_run_options(s, "simulate")
-    s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(fn=cmd_simulate)
-
-    s = sub.add_parser("reproduce", help="run a paper reproduction (results, plots, markdown table)",
-                       formatter_class=HelpFormatter)
-    s.add_argument("name", help="focus-fig4 | fedcluster-e1 | fedchs-digits | fgdro-toy | all")
-    s.add_argument("--quick", action="store_true", help="the reduced size CI runs")
-    s.add_argument("--out", default="runs/reproduce", help="parent folder of the results")
-    s.add_argument("--dataset", help="fedchs-digits only: run on mnist / fashion-mnist / cifar10 / cifar100 files")
-    s.add_argument("--data-path", help="fedchs-digits only: the folder holding those files")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.add_argument("--network", action="store_true",
-                   help="run every run over real processes (PS, edges and clients on loopback, as `fedhop launch` "
-                   "does) instead of the in-process engine; the results are the same")
-    s.add_argument("--only", action="append", default=[], metavar="SUBSTRING",
-                   help="run only the runs whose key (its run folder's name under runs/) contains SUBSTRING "
-                   "(repeatable); the claims that need a run left out are not checked")
-    s.set_defaults(fn=cmd_reproduce)
-
-    s = sub.add_parser("compare", help="compare run folders: one figure and a table (accuracy, bytes, time)",
-                       formatter_class=HelpFormatter)
-    s.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders written by launch, simulate or server")
-    s.add_argument("--out", help="folder for compare.png, table.md and table.csv (default: runs/<time>-compare)")
-    s.add_argument("--target-accuracy", "--target", type=float, default=None,
-                   help="the accuracy (or --metric value) whose first reach is timed and costed (default: the "
-                   "worst final value among the runs, so every run reaches it)")
-    s.add_argument("--metric", default="accuracy",
-                   help="the per-round metric compared: accuracy, loss, or one the runs report (e.g. rel_err)")
-    s.add_argument("--goal", choices=("max", "min"),
-                   help="reached at or above the target (max) or at or below it (min); default: max for "
-                   "accuracy, min for any other metric")
-    s.add_argument("--log-y", action="store_true", help="draw the metric on a log scale")
-    s.set_defaults(fn=cmd_compare)
-
-    s = sub.add_parser("algorithms", help="list the algorithms", formatter_class=HelpFormatter)
-    s.set_defaults(fn=cmd_algorithms)
-
-    s = sub.add_parser("spec", help="print a spec, validated and with every default filled in; or --explain",
-                       formatter_class=HelpFormatter)
-    s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one spec field")
-    s.add_argument("--explain", nargs="?", const="", metavar="ALGORITHM",
-                   help="print every field with its type, default and description (algorithm options: "
-                   "ALGORITHM's, default the spec's algorithm)")
-    s.set_defaults(fn=cmd_spec)
-
-    s = sub.add_parser("testbed", help="network-namespace testbed (root): shaped links, kernel byte counts")
-    tb = s.add_subparsers(dest="testbed_cmd", required=True)
-    t = tb.add_parser("up", help="run SPEC with one network namespace per process; print bytes per link")
-    t.add_argument("spec", help="RunSpec TOML file; its [testbed] table shapes the links")
-    t.add_argument("--out", help="run folder (default: runs/<time>-<name>-testbed)")
-    t.add_argument("--device", help="override the spec's device for every process")
-    t.add_argument("--timeout", type=float, help="stop everything if the run has not finished after this many s")
-    t.add_argument("--quiet", action="store_true", help="no start-up line")
-    t.add_argument("--tls", metavar="DIR", help="mutual TLS on every link: `auto` makes a CA and certificates naming "
-                   "the testbed's addresses under RUN/tls; or a folder from `fedhop certs init` whose PS and edge "
-                   "certificates name them (checked first; the error gives the certs init command)")
-    from fedhop.server.web.cli import add_http_args
-
-    add_http_args(t)  # served by the PS inside its namespace, forwarded from HOST:PORT here
-    t.set_defaults(fn=cmd_testbed_up)
-    t = tb.add_parser("clean", help="remove namespaces left by testbeds whose owner died")
-    t.set_defaults(fn=cmd_testbed_clean)
-
-    from fedhop import roles_cli
-
-    roles_cli.add_commands(sub, HelpFormatter, add_run_options)
-    from fedhop import deploy_cli
-
-    deploy_cli.add_commands(sub)
-    from fedhop import identity_cli
-
-    identity_cli.add_commands(sub)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    name = f"fedhop {args.cmd}"
-    try:
-        return int(args.fn(args) or 0)
-    except Fatal as e:
-        print(f"{name}: {e.message}", file=sys.stderr)
-        return e.code
-    except KeyboardInterrupt:
-        print(f"{name}: interrupted", file=sys.stderr)
-        return ExitCode.INTERRUPTED
-    except Exception as e:
-        from fedhop.common.spec import SpecError  # imported here: it imports torch, which `fedhop health` avoids
-
-        if not isinstance(e, SpecError):
-            raise
-        print(f"{name}: {e}", file=sys.stderr)
-        return ExitCode.USAGE
+    timing.flush()  # os._exit skips atexit: the round-breakdown timers (when on) are written here
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
