@@ -31,6 +31,7 @@ EXIT_CODES: tuple[tuple[str, ExitCode], ...] = (
     ("fedhop.deploy.certs:CertError", ExitCode.USAGE),  # certs init/add
     ("fedhop.deploy.tokens:TokenError", ExitCode.USAGE),  # tokens init
     ("fedhop.deploy.swarm_run:SwarmError", ExitCode.USAGE),  # stack-run: the stack cannot be deployed as asked
+    ("fedhop.reproduce:ExperimentError", ExitCode.FAILED),  # reproduce: an unknown experiment, options it refuses
 )
 
 
