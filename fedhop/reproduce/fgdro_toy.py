@@ -36,7 +36,7 @@ from fedhop.common.data.fgdro_toy import FGDROToyOptions, toy_arrays
 from fedhop.common.engine.api import get_algorithm
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
-from fedhop.reproduce import Outcome, experiment
+from fedhop.reproduce import ExperimentError, Outcome, experiment
 from fedhop.reproduce.runner import current, folder_name, run_spec
 
 N_TOY, K_TOY, LAM_TOY = 8, 2.0, 1.0
@@ -348,7 +348,7 @@ def fgdro_toy(out: Path, quick: bool) -> Outcome:
     t0 = time.perf_counter()
     workers = 1 if quick else int(os.environ.get("FEDHOP_WORKERS", "2"))
     if current().only:  # every claim contrasts several of its runs
-        raise SystemExit("fgdro-toy: --only would leave out runs its claims need (run it without --only)")
+        raise ExperimentError("fgdro-toy: --only would leave out runs its claims need (run it without --only)")
     refs, toy, toy_runs = run_toy(toy_rounds, quick, workers, out / "runs")
     t_toy = time.perf_counter() - t0
     digits = run_digits(d_rounds, d_clients, seeds, quick, workers, out / "runs")
