@@ -8,6 +8,9 @@
 * ``inbound.py``: the one validation path for inbound tasks, hand-offs and results;
 * ``peer.py``: the edge-to-edge protocol, both halves (``Edge.HandOff`` / ``Edge.Describe``);
 * ``netcomm.py``: the networked Comm (scatter, hand-off, describe; round boundaries; nested deadlines);
+* ``credentials.py``: a node's :class:`Security` (plaintext, mutual TLS or tokens) for every channel and server;
+  ``certs.py`` and ``tokens.py``: the identity material (``fedhop certs`` / ``fedhop tokens``), so the runtime
+  never imports the testbeds;
 * exit codes: ``common/exit_codes.py`` (one module for every command and role).
 
 Roles import this package and ``common``, never each other; ``common`` stays free of sockets.

@@ -28,8 +28,8 @@ EXIT_CODES: tuple[tuple[str, ExitCode], ...] = (
     ("fedhop.common.engine.workspace:DeviceError", ExitCode.NO_DEVICE),  # --device names a missing CUDA device
     ("fedhop.transport.credentials:CredentialsError", ExitCode.USAGE),  # --tls/--token material unusable
     ("fedhop.server.web.serve:HttpConfigError", ExitCode.USAGE),  # --http beyond loopback without a token
-    ("fedhop.deploy.certs:CertError", ExitCode.USAGE),  # certs init/add
-    ("fedhop.deploy.tokens:TokenError", ExitCode.USAGE),  # tokens init
+    ("fedhop.transport.certs:CertError", ExitCode.USAGE),  # certs init/add
+    ("fedhop.transport.tokens:TokenError", ExitCode.USAGE),  # tokens init
     ("fedhop.deploy.swarm_run:SwarmError", ExitCode.USAGE),  # stack-run: the stack cannot be deployed as asked
     ("fedhop.reproduce:ExperimentError", ExitCode.FAILED),  # reproduce: an unknown experiment, options it refuses
 )

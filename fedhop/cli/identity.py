@@ -1,5 +1,5 @@
 """``fedhop certs init|add`` and ``fedhop tokens init``: the identity material for secure links (DESIGN.md
-section 6). The files' layout and formats are described in ``deploy/certs.py`` and ``deploy/tokens.py``.
+section 6). The files' layout and formats are described in ``transport/certs.py`` and ``transport/tokens.py``.
 
 A CertError or TokenError ends the command with USAGE (errors.EXIT_CODES).
 """
@@ -19,7 +19,7 @@ def _node_ids(spec_path: str | None) -> list[str]:
 
 
 def cmd_certs_init(a: argparse.Namespace) -> int:
-    from fedhop.deploy.certs import CA_KEY, init_folder, parse_host_options
+    from fedhop.transport.certs import CA_KEY, init_folder, parse_host_options
 
     ids = _node_ids(a.spec)
     files = init_folder(a.out, ids, hosts=parse_host_options(a.host), days=a.days, ca_days=a.ca_days,
@@ -31,7 +31,7 @@ def cmd_certs_init(a: argparse.Namespace) -> int:
 
 
 def cmd_certs_add(a: argparse.Namespace) -> int:
-    from fedhop.deploy.certs import add_node
+    from fedhop.transport.certs import add_node
 
     files = add_node(a.dir, a.id, hosts=a.host, days=a.days, force=a.force)
     print(f"wrote {files.cert} and {files.key}")
@@ -39,7 +39,7 @@ def cmd_certs_add(a: argparse.Namespace) -> int:
 
 
 def cmd_tokens_init(a: argparse.Namespace) -> int:
-    from fedhop.deploy.tokens import new_tokens, write_tokens
+    from fedhop.transport.tokens import new_tokens, write_tokens
 
     tokens = new_tokens(_node_ids(a.spec))
     path = write_tokens(a.out, tokens, force=a.force)
@@ -59,7 +59,7 @@ def _days(text: str) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from fedhop.deploy.certs import DEFAULT_CA_DAYS, DEFAULT_DAYS
+    from fedhop.transport.certs import DEFAULT_CA_DAYS, DEFAULT_DAYS
 
     host_help = ("an extra name or address peers dial a listening node at (repeatable). NAME: every listening "
                  "role (PS, edges); NODE=NAME: that node only. Always included: the node id as a DNS name, and "

@@ -80,7 +80,7 @@ def launch_tls_dir(tls: str | None, out: Path, node_ids: list[str]) -> Path | No
         return None
     if tls != AUTO:
         return Path(tls)
-    from fedhop.deploy.certs import CA_CERT, CertError, init_folder
+    from fedhop.transport.certs import CA_CERT, CertError, init_folder
 
     d = out / "tls"
     if (d / CA_CERT).is_file():
