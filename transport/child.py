@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
@@ -40,6 +41,7 @@ from fedhop.common.wire.messages import MessageAssembler
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
+from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.session import CLOSE, ChildProtocol, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -136,9 +138,13 @@ class ChildSession:
 
     def __init__(self, node_id: NodeId, role: str, parent: str, *, address: str = "",
                  info: Mapping[str, Scalar] | None = None, connect_timeout_s: float = 60.0,
-                 security: Any = None) -> None:
+                 security: Security = PLAINTEXT, task_lock: AbstractContextManager | None = None,
+                 own_connection: bool = False) -> None:
+        """``security``: the credentials of the channel to the parent. A client host's sessions give
+        ``task_lock`` (one task handler at a time in the process: a shared Workspace) and ``own_connection`` (a
+        TCP connection per session, not one shared by its ids)."""
         self.node = node_id
-        self.security = security  # transport.credentials.Security for the channel to the parent (None: plaintext)
+        self.security = security
         self.role = role
         self.parent_addr = parent
         self.address = address
@@ -158,8 +164,8 @@ class ChildSession:
         self.store: NodeStore | None = None  # this node's saved states (keep_state)
         self.meter: ByteMeter | None = None  # this node's byte meter, relabelled on a roll-back
         self._ctx: NodeContext | None = None
-        self.task_lock: Any = None  # a client host's: one task handler at a time in the process (shared Workspace)
-        self.own_connection = False  # a client host's: a TCP connection per session, not one shared by its ids
+        self.task_lock = task_lock
+        self.own_connection = own_connection
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
@@ -202,7 +208,7 @@ class ChildSession:
             channel.close()
             if rejoin:
                 raise _Retry("no gRPC handshake") from None
-            if self.security is not None and self.security.mode != "insecure":
+            if not self.security.plaintext:
                 raise JoinError(f"{self.node}: no TLS handshake with {self.parent_addr} within "
                                 f"{HANDSHAKE_TIMEOUT_S:g}s: the parent refused this node's certificate (another CA, "
                                 f"expired) or presented one this node does not trust or that does not name "

@@ -245,7 +245,8 @@ INFLATING_CLIENT = textwrap.dedent("""
 
     api.TASKS["local.train"] = inflated
     from fedhop.client.main import run_client
-    sys.exit(run_client(sys.argv[1], sys.argv[2]))
+    from fedhop.transport.node_config import NodeConfig
+    sys.exit(run_client(NodeConfig(sys.argv[1], sys.argv[2])))
 """)
 
 
