@@ -82,7 +82,6 @@ def run_edge(config: NodeConfig) -> int:
         hub = ParentHub(HubConfig(node_id, spec, ws.topology, welcome.run_id, welcome_info, security), meter,
                         missing, listener=_TellParent(session, lambda: hub.data_sizes()))
         pending.serve(hub)
-        service.max_bytes = spec.transport.max_bundle_bytes
         comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security)
         ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)
         comm.ctx = ctx
@@ -93,7 +92,6 @@ def run_edge(config: NodeConfig) -> int:
             return ExitCode.RUN_MISMATCH
         if got.tag is not None:
             log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
-        service.on_received = lambda c, rnd: store.save(c, welcome.run_id, tag=rnd)
         log.info("%s: joined run %s on %s, serving on %s; waiting for %d clients", node_id, welcome.run_id,
                  ws.device, address, len(hub.children))
         absent = hub.wait_ready(0.9 * spec.transport.join_timeout_s)
@@ -101,7 +99,7 @@ def run_edge(config: NodeConfig) -> int:
             log.warning("%s: clients that did not join: %s", node_id, absent)
         sizes = hub.start()
         ctx.sizes = {**sizes, node_id: sum(sizes.values())}
-        service.ctx = ctx
+        service.serve(ctx, on_received=lambda c, rnd: store.save(c, welcome.run_id, tag=rnd))
         session.send_ready(sizes)
 
         def bye(finished: bool) -> None:

@@ -42,7 +42,7 @@ from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
 from fedhop.transport.credentials import PLAINTEXT, Security
-from fedhop.transport.session import CLOSE, ChildProtocol, child_assembler, hello_frame
+from fedhop.transport.session import CLOSE, ChildProtocol, TaskHooks, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.child")
@@ -346,9 +346,10 @@ class ChildSession:
               before_task: Callable[[int | None, float], None] | None = None) -> ExitCode:
         """Serve the parent until its Bye (``on_bye(finished)`` runs first, e.g. an edge's own shutdown; then
         this node answers Bye) or until the parent is lost for good. Returns the process's exit code."""
-        proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, report=report,
-                              before_task=before_task, peers=self.peers, task_lock=self.task_lock,
-                              after_task=self._saved if self.store is not None else None)
+        hooks = TaskHooks(before_task=before_task, after_task=self._saved if self.store is not None else None,
+                          report=report)
+        proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, hooks=hooks,
+                              peers=self.peers, task_lock=self.task_lock)
         self.protocol = proto
         asms: dict[int, MessageAssembler] = {}
         tick = self.transport.keepalive_s

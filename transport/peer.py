@@ -135,11 +135,19 @@ class EdgeService:
     def __init__(self, node_id: NodeId, security: Security = PLAINTEXT) -> None:
         self.node = node_id
         self.security = security  # with TLS or tokens, who calls is what its certificate or token proves
-        self.ctx: NodeContext | None = None
+        self.ctx: NodeContext | None = None  # set by serve(): until then every call is refused
         self.max_bytes: int | None = None
         self._budgets: dict[str, InflightBudget] = {}  # per sender: every hand-off stream it has open
         self._budget_lock = threading.Lock()
         self.on_received: Callable[[NodeContext, int], None] | None = None  # (ctx, round): save the node's state
+
+    def serve(self, ctx: NodeContext, on_received: Callable[[NodeContext, int], None] | None = None) -> None:
+        """The edge is in the run: take hand-offs into ``ctx`` (bundles capped by its spec's
+        ``transport.max_bundle_bytes``); ``on_received(ctx, round)`` is told of each before it is acknowledged
+        (to save the node's state)."""
+        self.max_bytes = ctx.spec.transport.max_bundle_bytes
+        self.on_received = on_received
+        self.ctx = ctx  # last: a call that sees the run sees its cap and its saver
 
     def register(self, server: grpc.Server) -> None:
         handlers = {

@@ -205,7 +205,7 @@ def edge_service(**transport) -> tuple[EdgeService, NodeContext]:
     ws = Workspace(spec, "cpu")
     svc = EdgeService("edge-0")
     ctx = NodeContext(node_id="edge-0", role="edge", ws=ws, comm=None)  # type: ignore[arg-type]
-    svc.ctx, svc.max_bytes = ctx, spec.transport.max_bundle_bytes
+    svc.serve(ctx)
     return svc, ctx
 
 
