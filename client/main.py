@@ -36,9 +36,9 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     store = NodeStore(node_id, config.state_dir)
-    session = ChildSession(node_id, "client", config.connect, connect_timeout_s=config.connect_timeout_s,
+    session = ChildSession(config, "client",
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
-                           security=config.security, task_lock=host.task_lock if host is not None else None,
+                           task_lock=host.task_lock if host is not None else None,
                            own_connection=host is not None)
     try:
         welcome, ws = session.join(config.device, config.data_path, host.workspace if host is not None else None)

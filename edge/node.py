@@ -68,9 +68,8 @@ def run_edge(config: NodeConfig) -> int:
     host = listen.rsplit(":", 1)[0] or "127.0.0.1"
     address = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
     store = NodeStore(node_id, config.state_dir)
-    session = ChildSession(node_id, "edge", config.connect, address=address, connect_timeout_s=config.connect_timeout_s,
-                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
-                           security=security)
+    session = ChildSession(config, "edge", address=address,
+                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1})
     try:
         try:
             welcome, ws = session.join(config.device)

@@ -41,7 +41,7 @@ from fedhop.common.wire.messages import MessageAssembler
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
-from fedhop.transport.credentials import PLAINTEXT, Security
+from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.session import CLOSE, ChildProtocol, TaskHooks, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -136,20 +136,20 @@ class _Stream:
 class ChildSession:
     """This node's session with its parent, across re-joins."""
 
-    def __init__(self, node_id: NodeId, role: str, parent: str, *, address: str = "",
-                 info: Mapping[str, Scalar] | None = None, connect_timeout_s: float = 60.0,
-                 security: Security = PLAINTEXT, task_lock: AbstractContextManager | None = None,
-                 own_connection: bool = False) -> None:
-        """``security``: the credentials of the channel to the parent. A client host's sessions give
-        ``task_lock`` (one task handler at a time in the process: a shared Workspace) and ``own_connection`` (a
-        TCP connection per session, not one shared by its ids)."""
-        self.node = node_id
-        self.security = security
+    def __init__(self, config: NodeConfig, role: str, *, address: str = "", info: Mapping[str, Scalar] | None = None,
+                 task_lock: AbstractContextManager | None = None, own_connection: bool = False) -> None:
+        """``config``: who this node is, its parent (``connect``), how long to keep dialing it and the credentials
+        of the channel. ``address``: what the Hello advertises (an edge's, for its neighbours); ``info``: the
+        Hello's scalars. A client host's sessions give ``task_lock`` (one task handler at a time in the process:
+        a shared Workspace) and ``own_connection`` (a TCP connection per session, not one shared by its ids)."""
+        self.config = config
+        self.node: NodeId = config.node_id
+        self.security = config.security
         self.role = role
-        self.parent_addr = parent
+        self.parent_addr = config.connect
         self.address = address
         self.info = dict(info or {})
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_timeout_s = config.connect_timeout_s
         self.peers: dict[NodeId, str] = {}  # edge id -> Edge service address, from the parent's Ready
         self.welcome: pb.Welcome | None = None
         self.run_id = ""
