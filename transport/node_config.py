@@ -52,8 +52,8 @@ class NodeConfig:
                                   f"listen)")
         for name in ("connect_timeout_s", "linger_timeout_s"):
             value = getattr(self, name)
-            if not value > 0:
-                raise NodeConfigError(f"{self.node_id}: {name}: {value!r} (must be a positive number of seconds)")
+            if not value >= 0:  # 0: one attempt, no waiting
+                raise NodeConfigError(f"{self.node_id}: {name}: {value!r} (must be a number of seconds, >= 0)")
         if not isinstance(self.security, Security):
             raise NodeConfigError(f"{self.node_id}: security: {self.security!r} is not a Security (plaintext: "
                                   f"PLAINTEXT)")

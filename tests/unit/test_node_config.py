@@ -69,6 +69,7 @@ def test_a_node_config_is_frozen_with_plaintext_defaults() -> None:
     cfg = NodeConfig("client-1", "127.0.0.1:50051")
     assert cfg.security is PLAINTEXT and cfg.listen is None and cfg.state_dir is None
     assert (cfg.connect_timeout_s, cfg.linger_timeout_s) == (60.0, 300.0)
+    assert NodeConfig("client-1", "127.0.0.1:50051", connect_timeout_s=0.0).connect_timeout_s == 0.0  # one try
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.node_id = "client-2"  # type: ignore[misc]
 
@@ -85,7 +86,7 @@ def test_for_node_changes_only_the_id_and_the_credentials() -> None:
     ({"node_id": ""}, "node_id: empty"),
     ({"connect": ""}, "connect: empty"),
     ({"listen": ""}, "listen: empty"),
-    ({"connect_timeout_s": 0.0}, "connect_timeout_s: 0.0"),
+    ({"connect_timeout_s": -0.5}, "connect_timeout_s: -0.5"),
     ({"linger_timeout_s": -1.0}, "linger_timeout_s: -1.0"),
     ({"connect_timeout_s": float("nan")}, "connect_timeout_s: nan"),
     ({"security": None}, "security: None is not a Security"),
