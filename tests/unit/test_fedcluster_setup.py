@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedhop.common.algorithms.centralized import CentralizedSGDOptions
 from fedhop.common.algorithms.fedcluster import device_gradients, heterogeneity
 from fedhop.common.algorithms.local import LocalSolver, full_gradient, local_train
 from fedhop.common.data import Dataset, DataSpec, build_federated_data, make_rng
@@ -61,7 +62,8 @@ def test_budgets_per_round_match_fedavg():
             assert res.rounds[0]["cycles"] == edges  # M aggregations per round (FedAvg: 1)
             cyc = [r for r in res.links if r["kind"] == "fedcluster.cycle" and r["phase"] == "request"]
             assert sum(r["messages"] for r in cyc) == edges
-    assert 1000 * 60 == 60_000  # centralized SGD: 1000 iterations of batch 60
+    central = CentralizedSGDOptions()  # the baseline's defaults: the paper's 1000 iterations of batch 60
+    assert central.iters_per_round * central.batch_size == 60_000  # the same sample-gradients per round
 
 
 # -- T5 / T6: device data ------------------------------------------------------------------------------------
