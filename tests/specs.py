@@ -14,8 +14,23 @@ from typing import Any
 
 from fedhop.common.spec import RunSpec
 
-DIGITS_MLP: dict[str, Any] = {"data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5}}
-"""The digits data set as most role tests use it (pass ``**DIGITS_MLP`` and a ``model``)."""
+DIGITS: dict[str, Any] = {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5}
+"""The digits data set split by a Dirichlet(0.5) draw, as the role and network tests use it."""
+
+LINEAR_F64: dict[str, Any] = {"name": "linear", "bias": False, "init": "zeros", "dtype": "float64"}
+"""The float64 linear model of the least-squares (FOCUS) tests."""
+
+
+def focus_lsq(dim: int, rows: int, hetero: float = 1.0) -> dict[str, Any]:
+    """The FOCUS least-squares data (iid, no notebook seed): ``rows`` rows of ``dim`` features per client."""
+    return {"dataset": "focus-lsq", "partition": "iid",
+            "options": {"dim": dim, "rows_per_client": rows, "notebook_seed": None, "hetero": hetero}}
+
+
+def fgdro_toy(dim: int, samples: int, test: int = 10) -> dict[str, Any]:
+    """The FGDRO toy data (iid): ``samples`` training and ``test`` test samples of ``dim`` features per client."""
+    return {"dataset": "fgdro-toy", "partition": "iid",
+            "options": {"dim": dim, "samples_per_client": samples, "test_per_client": test}}
 
 
 def spec_dict(algorithm: str | None = "fedavg", options: Mapping[str, Any] | None = None, *,

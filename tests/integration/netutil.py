@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ import torch
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.launch import Processes, free_port, role_cmd
+from tests.specs import DIGITS, run_spec
+from tests.waiting import exited, wait_until
 
 
 def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, rounds: int = 3,
@@ -23,18 +24,11 @@ def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, r
                seed: int = 7, edge_graph: str = "random") -> RunSpec:
     base = {"lr": 0.1, "local_steps": 3, "batch_size": 16} if algorithm in ("fedavg", "hierfavg") else {}
     opts = {**base, **(options or {})}
-    return RunSpec.parse({
-        "name": f"net-{algorithm}-{edges}e",
-        "rounds": rounds,
-        "seed": seed,
-        "device": "cpu",
-        "algorithm": {"name": algorithm, "options": opts},
-        "topology": {"clients": clients, "edges": edges, "edge_graph": edge_graph},
-        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-        "model": {"name": "mlp", "hidden": [16]},
-        "transport": {"round_deadline_s": 60.0, "join_timeout_s": 90.0, "chunk_bytes": 4096,
-                      **(transport or {})},
-    })
+    return run_spec(algorithm, opts, clients=clients, edges=edges, edge_graph=edge_graph,
+                    name=f"net-{algorithm}-{edges}e", rounds=rounds, seed=seed, data=DIGITS,
+                    model={"name": "mlp", "hidden": [16]},
+                    transport={"round_deadline_s": 60.0, "join_timeout_s": 90.0, "chunk_bytes": 4096,
+                               **(transport or {})})
 
 
 def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequence[str] = (),
@@ -149,15 +143,8 @@ class Federation:
         return self.log_of("ps")
 
     def wait_for_log(self, text: str, timeout: float, node: str = "ps") -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if text in self.log_of(node):
-                return
-            if self.procs.procs[node].poll() is not None:
-                raise AssertionError(f"{node} exited ({self.procs.procs[node].returncode}) before {text!r}:\n"
-                                     f"{self.all_logs()}")
-            time.sleep(0.05)
-        raise AssertionError(f"{node} never logged {text!r}:\n{self.all_logs()}")
+        wait_until(lambda: text in self.log_of(node), f"{node} logging {text!r}", timeout=timeout,
+                   stop_if=exited(self.procs.procs[node], node), details=self.all_logs)
 
     def exit_codes(self, timeout: float) -> dict[str, int | None]:
         """Every process's exit code (None: still running after ``timeout`` in all)."""

@@ -18,6 +18,7 @@ from fedhop.deploy.compose import write_compose
 from fedhop.deploy.compose_run import attribute
 from fedhop.deploy.swarm_run import placement_labels, stack_addresses
 from fedhop.deploy.wire import PairBytes
+from tests.specs import run_spec
 
 FAKE_DOCKER = """\
 #!{python}
@@ -36,8 +37,8 @@ sys.exit(1)
 
 
 def spec(edges: int) -> RunSpec:
-    return RunSpec.parse({"name": "gen", "rounds": 1, "algorithm": {"name": "fedchs" if edges else "focus"},
-                          "topology": {"clients": 3, "edges": edges, "edge_graph": "ring"}})
+    return run_spec("fedchs" if edges else "focus", clients=3, edges=edges, edge_graph="ring", name="gen", rounds=1,
+                    device=None)
 
 
 @pytest.fixture

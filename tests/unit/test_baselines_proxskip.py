@@ -8,21 +8,15 @@ import numpy as np
 import pytest
 
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import flat
+from tests.specs import LINEAR_F64, focus_lsq, run_spec
 
 N, D, ROWS = 6, 5, 20
 
 
 def engine(alg: str, opts: dict, rounds: int = 15, seed: int = 0) -> InProcessEngine:
-    return InProcessEngine(RunSpec.parse({
-        "algorithm": {"name": alg, "options": {"batch_size": 0, **opts}},
-        "topology": {"clients": N},
-        "data": {"dataset": "focus-lsq", "partition": "iid",
-                 "options": {"dim": D, "rows_per_client": ROWS, "notebook_seed": None, "hetero": 1.0}},
-        "model": {"name": "linear", "bias": False, "init": "zeros", "dtype": "float64"},
-        "rounds": rounds, "seed": seed, "device": "cpu",
-    }))
+    return InProcessEngine(run_spec(alg, {"batch_size": 0, **opts}, clients=N, data=focus_lsq(D, ROWS),
+                                    model=LINEAR_F64, rounds=rounds, seed=seed))
 
 
 def grads_of(eng: InProcessEngine) -> list:

@@ -13,13 +13,13 @@ from fedhop.deploy.certs import init_folder
 from fedhop.deploy.compose import TLS_TARGET, ComposeOptions, compose_files
 from fedhop.deploy.netns import TestbedError, plan_network
 from fedhop.deploy.testbed_tls import check_folder
+from tests.specs import run_spec
 
 NODES = [("ps", "server"), ("edge-0", "edge"), ("edge-1", "edge"), ("client-0", "client"), ("client-1", "client")]
 
 
 def _spec() -> RunSpec:
-    return RunSpec.parse({"name": "t", "rounds": 1, "algorithm": {"name": "fedchs"},
-                          "topology": {"clients": 2, "edges": 2, "edge_graph": "ring"}})
+    return run_spec("fedchs", clients=2, edges=2, edge_graph="ring", name="t", rounds=1, device=None)
 
 
 def test_compose_with_tls_mounts_only_each_nodes_own_files_and_drops_insecure() -> None:
