@@ -86,11 +86,12 @@ class Federation:
 
     ``hold``: nodes not started with the others (start them later with :meth:`start_node`; :meth:`release_join`
     starts the run without them, instead of waiting out the join timeout). ``security``: options every process
-    gets (``--tls DIR``, ``--token FILE``)."""
+    gets (``--tls DIR``, ``--token FILE``). ``marks``: rounds whose end the test awaits with :meth:`wait_round`
+    (the PS's test gate after each, made to pass at once: it marks the moment and holds nothing)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
                  state_dir: Path | None = None, out: Path | None = None, security: Sequence[str] = (),
-                 server_args: tuple[str, ...] = ()) -> None:
+                 server_args: tuple[str, ...] = (), marks: tuple[int, ...] = ()) -> None:
         self.spec = spec
         self.security = list(security)
         self.state_dir = state_dir
@@ -101,9 +102,16 @@ class Federation:
         self.procs = Processes(tmp / "logs")
         self.hold = hold
         self._env_gate = None
-        if hold and "FEDHOP_TEST_GATE" not in os.environ:  # for release_join (common/testhooks.py)
+        if (hold or marks) and "FEDHOP_TEST_GATE" not in os.environ:  # release_join, marks (common/testhooks.py)
             (tmp / "gate").mkdir(exist_ok=True)
             os.environ["FEDHOP_TEST_GATE"] = self._env_gate = str(tmp / "gate")
+        self.marks = marks
+        for r in marks:
+            assert 0 < r < spec.rounds, f"the PS passes a gate only between rounds, not after round {r}"
+            gates = Path(os.environ["FEDHOP_TEST_GATE"])
+            assert not (gates / f"stop-{r}").exists(), f"the test holds the PS after round {r} itself"
+            (gates / f"go-{r}").touch()
+            (gates / f"stop-{r}").touch()
         self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
                                           "--device", "cpu", *self.security, *server_args])
@@ -129,6 +137,13 @@ class Federation:
         for n in children:
             self.wait_for_log(f"{parent}: {n} is ready", timeout, node="ps" if parent == "ps" else parent)
         (Path(os.environ["FEDHOP_TEST_GATE"]) / f"go-join-{parent}").touch()
+
+    def wait_round(self, r: int, timeout: float) -> None:
+        """Wait until the PS has ended round ``r`` (and written its checkpoint): its gate after round ``r``, one
+        of ``marks``."""
+        assert r in self.marks, f"round {r} is not among the marks {self.marks}"
+        wait_until((Path(os.environ["FEDHOP_TEST_GATE"]) / f"at-{r}").exists, f"the PS to end round {r}",
+                   timeout=timeout, stop_if=exited(self.ps, "the PS"), details=self.all_logs)
 
     def restart_ps(self, name: str = "ps2") -> None:
         """A new PS process that resumes the run from its last checkpoint, on the same address."""
