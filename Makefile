@@ -9,11 +9,12 @@ TORCH_SPEC ?= torch
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedhop-installed
 
-.PHONY: demo test test-testbed lint bench reproduce reproduce-quick proto clean help fuzz
+.PHONY: demo test test-unit test-testbed lint bench reproduce reproduce-quick proto clean help fuzz
 
 help:
 	@echo "make demo   - run the default job (PS, edges, clients as separate processes) on bundled data"
 	@echo "make test   - ruff + the whole test suite (except tests/testbed)"
+	@echo "make test-unit - the unit tier only (no sockets, no processes; seconds): the inner loop"
 	@echo "make test-testbed - root + Docker: compose (v1, v2), swarm and namespace testbeds (minutes)"
 	@echo "make bench  - benchmarks (printed tables)"
 	@echo "make fuzz   - fuzz the wire long: FEDHOP_FUZZ_EXAMPLES per property (default 5000), then atheris if installed"
@@ -36,6 +37,10 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests --ignore=tests/testbed
+
+# The inner loop: tests/unit, which opens no socket and starts no process (tests/conftest.py: the tiers).
+test-unit: $(STAMP)
+	$(PY) -m pytest -m unit
 
 # Root only. Installs Docker, Compose v1/v2, debootstrap, nftables and Chromium if missing, starts dockerd,
 # builds the base and fedhop images locally (no registry needed), then runs the compose, swarm, namespace and

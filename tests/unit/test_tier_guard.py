@@ -47,12 +47,17 @@ def test_a_subprocess_is_refused():
 
 def test_a_multiprocessing_process_is_refused():
     with pytest.raises(TierViolation, match=_MESSAGE):
-        multiprocessing.get_context("spawn").Process(target=print).start()
+        p = multiprocessing.get_context("spawn").Process(target=print)
+        p.start()
+        p.join(60)  # without the guard: a child that prints an empty line
 
 
 def test_a_fork_is_refused():
     with pytest.raises(TierViolation, match=_MESSAGE):
-        os.fork()
+        pid = os.fork()
+        if pid == 0:  # without the guard: the child must not go on running the tests
+            os._exit(0)
+        os.waitpid(pid, 0)
 
 
 def test_a_grpc_server_and_channel_are_refused():
