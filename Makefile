@@ -9,12 +9,13 @@ TORCH_SPEC ?= torch
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedhop-installed
 
-.PHONY: demo test test-unit test-testbed lint bench reproduce reproduce-quick proto clean help fuzz
+.PHONY: demo test test-unit test-gpu test-testbed lint bench reproduce reproduce-quick proto clean help fuzz
 
 help:
 	@echo "make demo   - run the default job (PS, edges, clients as separate processes) on bundled data"
 	@echo "make test   - ruff + the whole test suite (except tests/testbed)"
 	@echo "make test-unit - the unit tier only (no sockets, no processes; seconds): the inner loop"
+	@echo "make test-gpu - the CUDA tests (tests/gpu): launch == simulate bit for bit, GPU spread, memory, transfers"
 	@echo "make test-testbed - root + Docker: compose (v1, v2), swarm and namespace testbeds (minutes)"
 	@echo "make bench  - benchmarks (printed tables)"
 	@echo "make fuzz   - fuzz the wire long: FEDHOP_FUZZ_EXAMPLES per property (default 5000), then atheris if installed"
@@ -41,6 +42,13 @@ test: $(STAMP)
 # The inner loop: tests/unit, which opens no socket and starts no process (tests/conftest.py: the tiers).
 test-unit: $(STAMP)
 	$(PY) -m pytest -m unit
+
+# The GPU tests (tests/gpu; each skips, saying why, where torch sees no CUDA device): `simulate` and `launch` on
+# CUDA bit for bit with deterministic algorithms on (CUBLAS_WORKSPACE_CONFIG below, and
+# torch.use_deterministic_algorithms in every process: tests/gpu/gpuutil.py), the spread of the processes over the
+# visible GPUs, the memory of a GPU client, and transfers from/to device memory (figures printed; -s shows them).
+test-gpu: $(STAMP)
+	CUBLAS_WORKSPACE_CONFIG=:4096:8 $(PY) -m pytest tests/gpu -v -s -rs
 
 # Root only. Installs Docker, Compose v1/v2, debootstrap, nftables and Chromium if missing, starts dockerd,
 # builds the base and fedhop images locally (no registry needed), then runs the compose, swarm, namespace and

@@ -2,6 +2,10 @@
 
 A RunSpec is read from TOML, validated completely before anything starts (a bad field fails with a message
 naming it), and handed by the parameter server to every process that joins.
+
+Importing and validating a RunSpec imports no torch and no algorithm: the names a spec uses (algorithm,
+dataset, model) are looked up in :mod:`fedhop.common.catalog`, whose torch-free option models
+(:mod:`fedhop.common.options`) are imported by name when a spec names them.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedhop.common.data.spec import DataSpec
-from fedhop.common.models.spec import ModelSpec
+from fedhop.common import catalog
+from fedhop.common.data_spec import DataSpec
+from fedhop.common.model_spec import ModelSpec
 from fedhop.common.testbed_spec import TestbedSpec
 from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, metric_name
 from fedhop.common.validation import flat_errors
@@ -30,9 +35,7 @@ class AlgorithmSpec(Strict):
 
     @model_validator(mode="after")
     def _known(self) -> AlgorithmSpec:
-        from fedhop.common.engine.api import get_algorithm
-
-        algo = get_algorithm(self.name)  # raises with the list of known names
+        algo = catalog.algorithm(self.name)  # raises with the list of known names
         try:
             algo.options.model_validate(self.options)
         except ValidationError as e:
@@ -146,17 +149,16 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _algorithm_fits_topology(self) -> RunSpec:
-        from fedhop.common.engine.api import get_algorithm
-
-        algo = get_algorithm(self.algorithm.name)
+        algo = catalog.algorithm(self.algorithm.name)
         needs = algo.needs_edges
         if needs is True and self.topology.edges == 0:
             raise ValueError(f"algorithm {self.algorithm.name!r} needs edge servers: set topology.edges > 0")
         if needs is False and self.topology.edges > 0:
             raise ValueError(f"algorithm {self.algorithm.name!r} runs on server + clients only: "
                              "set topology.edges = 0")
-        if algo.check is not None:
-            algo.check(self, self.options())
+        check = algo.check
+        if check is not None:
+            check(self, self.options())
         return self
 
     @model_validator(mode="after")
@@ -192,7 +194,7 @@ class RunSpec(Strict):
     @model_validator(mode="after")
     def _traces_fit(self) -> RunSpec:
         """A recorded participation trace has one column per client and (unless it wraps) a row per round."""
-        from fedhop.common.algorithms.participation import TraceParticipation
+        from fedhop.common.options.participation import TraceParticipation
 
         for key, value in self.options():
             if isinstance(value, TraceParticipation):
@@ -208,9 +210,7 @@ class RunSpec(Strict):
 
     def options(self) -> BaseModel:
         """The algorithm's options, validated into its typed model."""
-        from fedhop.common.engine.api import get_algorithm
-
-        return get_algorithm(self.algorithm.name).options.model_validate(self.algorithm.options)
+        return catalog.algorithm(self.algorithm.name).options.model_validate(self.algorithm.options)
 
     def to_toml(self) -> str:
         return _to_toml(self.model_dump(mode="json", exclude_none=True))

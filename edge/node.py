@@ -8,6 +8,7 @@ edges: a model handed to a neighbour goes edge -> edge directly, never through t
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,19 @@ from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.peer import EdgeService
-from fedhop.transport.session import ParentHub
+from fedhop.transport.session import HubConfig, HubListener, ParentHub, PendingHub
 
 log = logging.getLogger("fedhop.edge")
+
+
+class _TellParent(HubListener):
+    """After the start, a late client's Ready changes this edge's data sizes: the PS learns them."""
+
+    def __init__(self, session: ChildSession, sizes: Callable[[], dict[str, int]]) -> None:
+        self.session, self.sizes = session, sizes
+
+    def sizes_changed(self) -> None:
+        self.session.send_ready(self.sizes())
 
 
 def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, advertise: str | None = None,
@@ -43,11 +54,11 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
     torch.set_num_threads(1)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     meter, missing = ByteMeter(), MissingLog()
-    hub = ParentHub(node_id, meter, missing, security=security)
+    pending = PendingHub(node_id, security)  # clients may dial before the PS's Welcome tells this edge the run
     service = EdgeService(node_id, security)
     server = make_server(1024, security)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`)
-    serve_parent(hub, server)
+    serve_parent(pending, server)
     service.register(server)
     port = add_port(server, listen, security)
     if port == 0:
@@ -67,8 +78,10 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
             log.error("%s", e)
             return e.code
         spec = ws.spec
-        hub.welcome_info[CODE_DIGEST] = get_scalars(welcome.info).get(CODE_DIGEST, "")  # the PS's, to clients
-        hub.configure(spec, ws.topology, welcome.run_id)
+        welcome_info = {CODE_DIGEST: get_scalars(welcome.info).get(CODE_DIGEST, "")}  # the PS's, to clients
+        hub = ParentHub(HubConfig(node_id, spec, ws.topology, welcome.run_id, welcome_info, security), meter,
+                        missing, listener=_TellParent(session, lambda: hub.data_sizes()))
+        pending.serve(hub)
         service.max_bytes = spec.transport.max_bundle_bytes
         comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security)
         ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)
@@ -81,12 +94,11 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
         if got.tag is not None:
             log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
         service.on_received = lambda c, rnd: store.save(c, welcome.run_id, tag=rnd)
-        log.info("%s: joined run %s, serving on %s; waiting for %d clients", node_id, welcome.run_id, address,
-                 len(hub.children))
+        log.info("%s: joined run %s on %s, serving on %s; waiting for %d clients", node_id, welcome.run_id,
+                 ws.device, address, len(hub.children))
         absent = hub.wait_ready(0.9 * spec.transport.join_timeout_s)
         if absent:
             log.warning("%s: clients that did not join: %s", node_id, absent)
-        hub.on_update = lambda: session.send_ready(hub.data_sizes())  # a late client: the PS learns its size
         sizes = hub.start()
         ctx.sizes = {**sizes, node_id: sum(sizes.values())}
         service.ctx = ctx

@@ -118,8 +118,8 @@ class Progress:
 
 def cmd_simulate(a: argparse.Namespace) -> int:
     from fedhop.common.engine.inprocess import InProcessEngine
+    from fedhop.common.engine.preflight import check_user_code
     from fedhop.common.engine.results import write_run_folder
-    from fedhop.common.preflight import check_user_code
 
     started = time.perf_counter()
     spec = load_spec(a.spec, a.set)

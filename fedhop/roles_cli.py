@@ -38,8 +38,8 @@ def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import Progress, check_device, load_spec, print_summary, run_folder
     from fedhop.client_ids import resolve_per_process
     from fedhop.common.engine.loop import RoundFailed
+    from fedhop.common.engine.preflight import check_user_code
     from fedhop.common.engine.topology import build_topology
-    from fedhop.common.preflight import check_user_code
     from fedhop.launch import client_groups, launch
     from fedhop.server.main import (
         Interrupted,
@@ -120,7 +120,7 @@ def _launch_security(a: argparse.Namespace, spec: Any, out: Path) -> tuple[Any, 
 def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli import check_device, load_spec, print_summary, run_folder
     from fedhop.common.engine.loop import RoundFailed
-    from fedhop.common.preflight import check_user_code
+    from fedhop.common.engine.preflight import check_user_code
     from fedhop.lifecycle import exit_zero_on_sigterm_once_written
     from fedhop.netcheck import check_listen
     from fedhop.server.main import Interrupted, JoinTimeout, ResultsNotWritten, RunFolderError, run_server

@@ -51,7 +51,7 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
 
 def _check_key(raw: dict[str, Any], parts: list[str], item: str) -> None:
     """Raise a SpecError naming the first part of ``parts`` that is no field of the spec's models."""
-    from fedhop.common.engine.api import get_algorithm
+    from fedhop.common.catalog import algorithm as get_algorithm
 
     model: type[BaseModel] | None = RunSpec
     for i, part in enumerate(parts):
@@ -132,7 +132,7 @@ def _show(value: Any) -> str:
 
 
 def _rows(model: type[BaseModel], prefix: str, algorithm: str) -> list[tuple[str, str, str, str]]:
-    from fedhop.common.engine.api import get_algorithm
+    from fedhop.common.catalog import algorithm as get_algorithm
 
     rows = []
     for name, info in model.model_fields.items():
@@ -151,7 +151,7 @@ def _rows(model: type[BaseModel], prefix: str, algorithm: str) -> list[tuple[str
 
 def explain(algorithm: str) -> str:
     """Every field of a RunSpec running ``algorithm``: key, type, default, description."""
-    from fedhop.common.engine.api import get_algorithm
+    from fedhop.common.catalog import algorithm as get_algorithm
 
     try:
         algo = get_algorithm(algorithm)

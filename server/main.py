@@ -37,7 +37,7 @@ from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.parent import serve_parent
-from fedhop.transport.session import ParentHub
+from fedhop.transport.session import HubConfig, HubListener, ParentHub
 
 log = logging.getLogger("fedhop.server")
 
@@ -99,6 +99,26 @@ def load_resume(run_dir: Path) -> Resume:
     return Resume(spec, ck.run_id, int(got.meta["next_round"]), ck, got.path, tuple(store.errors))
 
 
+class _RunNews(HubListener):
+    """The PS hub's news of its children, as the run's events (and ``on_join``: a child said Ready)."""
+
+    def __init__(self, events: RunEvents, on_join: Callable[[str, dict[str, int]], None] | None) -> None:
+        self.events, self.on_join = events, on_join
+
+    def child_joined(self, node: str, role: str) -> None:
+        self.events.emit("node_joined", node=node, role=role)
+
+    def child_ready(self, node: str, sizes: dict[str, int]) -> None:  # an edge's Ready names its joined clients
+        for c in sizes:
+            if c != node:
+                self.events.emit("node_joined", node=c, role="client")
+        if self.on_join is not None:
+            self.on_join(node, sizes)
+
+    def child_lost(self, node: str, why: str) -> None:
+        self.events.emit("node_lost", node=node, reason=why)
+
+
 def _gate(t: int) -> None:
     """Test hook: the PS's gate before round t (``common/testhooks.py``)."""
     gate(str(t))
@@ -134,18 +154,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         ps_workspace(ws)
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
-    hub = ParentHub(topo.server, meter, missing, security=security)
-
-    def ready(node: str, sizes: dict[str, int]) -> None:  # an edge's Ready names the clients that joined it
-        for c in sizes:
-            if c != node:
-                events.emit("node_joined", node=c, role="client")
-        if on_join is not None:
-            on_join(node, sizes)
-
-    hub.on_ready = ready
-    hub.on_join = lambda node, role: events.emit("node_joined", node=node, role=role)
-    hub.on_lost = lambda node, why: events.emit("node_lost", node=node, reason=why)
+    welcome_info: dict[str, Any] = {}  # sent in every Welcome
     run_id = resume.run_id if resume is not None else f"{spec.name}-{secrets.token_hex(4)}"
     start, records = Start(), []
     if resume is not None:
@@ -154,10 +163,11 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         missing.entries[:] = ck.missing
         records = list(ck.records)
         start = Start(resume.next_round, ck.state)
-        hub.welcome_info = {"resume_round": resume.next_round}
+        welcome_info["resume_round"] = resume.next_round
         log.info("ps: resuming run %s at round %d from %s", run_id, resume.next_round + 1, resume.path)
-    hub.welcome_info[CODE_DIGEST] = code_digest(spec)  # every node checks its user code against it
-    hub.configure(spec, topo, run_id)
+    welcome_info[CODE_DIGEST] = code_digest(spec)  # every node checks its user code against it
+    hub = ParentHub(HubConfig(topo.server, spec, topo, run_id, welcome_info, security), meter, missing,
+                    listener=_RunNews(events, on_join))
     events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
                 resumed_at=start.next_round)
     server = make_server(len(hub.children) + 16, security, spec.transport.handshake_timeout_s)

@@ -7,6 +7,7 @@ tests/unit         unit        no sockets, no processes (enforced: tests/unit/co
 tests/net          net         loopback sockets, in-process hubs and gRPC servers, uvicorn
 tests/integration  processes   real role subprocesses (PS / edge / client), the CLI as a process
 tests/testbed      testbed     root and Docker (``make test-testbed``)
+tests/gpu          gpu         a CUDA device (``make test-gpu``; each test skips, saying why, without one)
 =================  ==========  =====================================================================
 
 The markers are registered in pyproject.toml ([tool.pytest.ini_options] markers).
@@ -23,6 +24,7 @@ TIER_OF_FOLDER: dict[str, str] = {
     "net": "net",
     "integration": "processes",
     "testbed": "testbed",
+    "gpu": "gpu",
 }
 
 _TESTS = Path(__file__).resolve().parent

@@ -1,8 +1,10 @@
 """The gRPC session runtime every role shares (DESIGN.md section 4), split by concern:
 
 * ``channels.py``: the one place that makes gRPC servers and channels (options, limits, credentials);
-* ``session.py``: the ``Parent.Session`` protocol (Hello/Welcome/Ready/Task/Result/Report/Bye), both sides,
-  free of gRPC; ``parent.py`` and ``child.py`` are its gRPC halves (the servicer; dialing, streams, re-joins);
+* ``session/``: the ``Parent.Session`` protocol (Hello/Welcome/Ready/Task/Result/Report/Bye), both sides,
+  free of gRPC: the parent's ``ParentHub`` is a façade over admission, calls, liveness and reports, built from
+  one frozen ``HubConfig``; ``parent.py`` and ``child.py`` are its gRPC halves (the servicer; dialing, streams,
+  re-joins);
 * ``inbound.py``: the one validation path for inbound tasks, hand-offs and results;
 * ``peer.py``: the edge-to-edge protocol, both halves (``Edge.HandOff`` / ``Edge.Describe``);
 * ``netcomm.py``: the networked Comm (scatter, hand-off, describe; round boundaries; nested deadlines);

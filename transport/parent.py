@@ -1,27 +1,47 @@
 """The gRPC half of ``Parent.Session`` (DESIGN.md section 4), served by the PS and by every edge: a thin
-servicer that feeds each session's frames to the protocol (:class:`~fedhop.transport.session.ParentHub`)
-and streams back what the protocol queues for that child."""
+servicer that feeds each session's frames to the protocol (:class:`~fedhop.transport.session.ParentHub`, or
+an edge's :class:`~fedhop.transport.session.PendingHub` until it knows its run) and streams back what the
+protocol queues for that child."""
 
 from __future__ import annotations
 
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
 from fedhop.transport.credentials import Unauthenticated, peer_identity
-from fedhop.transport.session import ChildLink, ParentHub
+from fedhop.transport.session import ChildLink, Frame
 
 log = logging.getLogger("fedhop.parent")
+
+
+class SessionHost(Protocol):
+    """What the servicer needs of the protocol: a ``ParentHub`` or a ``PendingHub``."""
+
+    node: str
+
+    @property
+    def security(self) -> Any: ...
+
+    @property
+    def secure(self) -> bool: ...
+
+    def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
+             cancel: Any = None) -> ChildLink: ...
+
+    def on_frame(self, link: ChildLink, frame: Frame) -> bool: ...
+
+    def lost(self, link: ChildLink, why: str) -> None: ...
 
 
 class ParentServicer:
     """``fedhop.v1.Parent/Session`` for one hub."""
 
-    def __init__(self, hub: ParentHub) -> None:
+    def __init__(self, hub: SessionHost) -> None:
         self.hub = hub
 
     def register(self, server: grpc.Server) -> None:
@@ -61,7 +81,7 @@ class ParentServicer:
             self.hub.lost(link, why)
 
 
-def serve_parent(hub: ParentHub, server: grpc.Server) -> ParentServicer:
+def serve_parent(hub: SessionHost, server: grpc.Server) -> ParentServicer:
     """Register ``Parent.Session`` of ``hub`` on ``server``."""
     servicer = ParentServicer(hub)
     servicer.register(server)

@@ -25,24 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import loss_and_grad
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.options.centralized import TRAINER_ONLY, CentralizedSGDOptions, check_spec  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle
 
 if TYPE_CHECKING:
-    from fedhop.common.spec import RunSpec
-
-TRAINER_ONLY = "centralized-sgd trains on one process: set topology.clients = 1 (and data.union_of = N to pool " \
-               "the data of N devices)"
-
-
-class CentralizedSGDOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.01, gt=0, description="step size (FedCluster: 0.01 CIFAR-10, 0.005 MNIST)")
-    iters_per_round: int = Field(1000, ge=1, description="SGD iterations per learning round (FedCluster: 1000)")
-    batch_size: int = Field(60, ge=0, description="mini-batch size (FedCluster: 60); 0 = full-batch GD")
+    pass
 
 
 def distinct_indices(n: int, b: int, gen: torch.Generator) -> torch.Tensor:
@@ -98,11 +88,5 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     return ServerState(w)
 
 
-def check_spec(spec: RunSpec, o: CentralizedSGDOptions) -> None:
-    if spec.topology.clients != 1:
-        raise ValueError(f"topology.clients = {spec.topology.clients}: {TRAINER_ONLY}")
-
-
 register(Algorithm("centralized-sgd", CentralizedSGDOptions, init, server_round,
-                   summary="centralized mini-batch SGD on one trainer holding the pooled data (FedCluster's "
-                   "baseline)", needs_edges=False, check=check_spec))
+                   needs_edges=False, check=check_spec))

@@ -17,20 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from fedhop.common.algorithms.fgdro import local_batches, uniform_mean
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.options.dr_dsgd import DRDSGDOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle
-
-
-class DRDSGDOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.01, gt=0, description="eta")
-    mu: float = Field(2.0, gt=0, description="KL regulariser (theory assumes mu > 1) [UNSPECIFIED]")
-    local_steps: int = Field(32, ge=1, description="I, local steps between averagings")
-    batch_size: int = Field(32, ge=0)
-    exp_shift: float = Field(0.0, description="c in exp((l - c)/mu); rescales the step by exp(-c/mu)")
 
 
 @task("dr_dsgd.round")
@@ -64,4 +54,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("dr-dsgd", DRDSGDOptions, init, server_round,
-                   summary="DR-DSGD (Issaid et al. 2022) with server averaging", needs_edges=False))
+                   needs_edges=False))

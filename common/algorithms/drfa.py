@@ -43,33 +43,18 @@ where f_i is evaluated open: ``reg``, ``prox`` and ``loss_at`` are the named opt
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import brentq
 from scipy.special import wrightomega
 
 from fedhop.common.algorithms.fgdro import scalar_tensor
 from fedhop.common.algorithms.local import LocalSolver, local_train, loss_and_grad, sample_batch
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.options.drfa import DRFAOptions, DRFAProxOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mean
 
 W, SNAP = "w.", "snap."
-
-
-class DRFAOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.01, gt=0, description="local SGD step size")
-    local_steps: int = Field(32, ge=1, description="I, local steps per round")
-    batch_size: int = Field(32, ge=0)
-    gamma: float = Field(0.01, gt=0, description="step size of the lambda ascent [UNSPECIFIED]")
-    gamma_decay: float = Field(1.0, gt=0, le=1, description="gamma *= decay per round (FedTorch 0.9)")
-    clients_per_round: int | None = Field(None, ge=1, description="m; None = N [UNSPECIFIED]")
-    lambda_init: Literal["uniform", "data_size"] = Field("data_size", description="FedTorch: n_i / n")
-    lambda_floor: float = Field(1e-3, ge=0, description="FedTorch floors lambda at 1e-3 and renormalises")
-    aggregation: Literal["draws", "lambda"] = Field(
-        "draws", description="draws: mean over the m draws (paper); lambda: weight by lambda_i (FedTorch)")
 
 
 def project_simplex(y: np.ndarray) -> np.ndarray:
@@ -160,22 +145,12 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("drfa", DRFAOptions, init, server_round,
-                   summary="DRFA (Deng et al. 2020): distributionally robust FedAvg", needs_edges=False))
+                   needs_edges=False))
 
 
 # ---------------------------------------------------------------------------------------------------------
 # DRFA-Prox: the KL-regularised variant (Algorithm 2)
 # ---------------------------------------------------------------------------------------------------------
-class DRFAProxOptions(DRFAOptions):
-    reg: float = Field(1.0, gt=0, description="tau: weight of the regulariser tau KL(lambda || 1/N) "
-                       "[UNSPECIFIED]; FGDRO-KL's lambda gives the same objective")
-    prox: Literal["euclidean", "entropic"] = Field(
-        "euclidean", description="geometry of the lambda prox step: euclidean (DRFA Alg. 2) or entropic (KL "
-        "to the current lambda; closed form)")
-    loss_at: Literal["final", "snapshot"] = Field(
-        "final", description="where U evaluates f_i: the new average model (Alg. 2; D uploads d) or DRFA's "
-        "random snapshot w^(t') (D uploads 2d)")
-    lambda_floor: float = Field(0.0, ge=0, description="floor lambda then renormalise (0: none; KL keeps it > 0)")
 
 
 def kl_prox_euclidean(y: np.ndarray, c: float) -> np.ndarray:
@@ -255,5 +230,4 @@ def prox_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("drfa-prox", DRFAProxOptions, init, prox_round,
-                   summary="DRFA-Prox (Deng et al. 2020, Alg. 2): DRFA with a KL-regularised prox step on lambda",
                    needs_edges=False))

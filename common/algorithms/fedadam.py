@@ -17,19 +17,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import Field
-
-from fedhop.common.algorithms.fedavg import FedAvgOptions, cluster_rounds
+from fedhop.common.algorithms.fedavg import cluster_rounds
 from fedhop.common.algorithms.participation import ParticipationState
 from fedhop.common.engine.api import Algorithm, NodeContext, register
+from fedhop.common.options.fedadam import FedAdamOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, sub
-
-
-class FedAdamOptions(FedAvgOptions):
-    server_lr: float = Field(0.01, gt=0, description="eta_g [UNSPECIFIED in FGDRO; Reddi tunes it]")
-    server_beta1: float = Field(0.9, ge=0, lt=1, description="Reddi default 0.9")
-    server_beta2: float = Field(0.99, ge=0, lt=1, description="Reddi default 0.99")
-    server_tau: float = Field(1e-3, gt=0, description="adaptivity floor tau (Reddi ~1e-3)")
 
 
 @dataclass
@@ -64,4 +56,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("fedadam", FedAdamOptions, init, server_round,
-                   summary="FedAdam (Reddi et al. 2021): server-side Adam on the mean update", needs_edges=False))
+                   needs_edges=False))

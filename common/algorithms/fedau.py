@@ -19,36 +19,16 @@ Under full participation every interval is 1, w_i = 1, and both variants equal F
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-from fedhop.common.algorithms.local import LocalSolver
 from fedhop.common.algorithms.participation import (
-    FullParticipation,
-    Participation,
     ParticipationState,
     participants,
 )
 from fedhop.common.engine.api import Algorithm, NodeContext, register
-from fedhop.common.engine.topology import Topology
+from fedhop.common.options.fedau import FedAUOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum
-
-
-class FedAUOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.1, gt=0, description="local step size")
-    server_lr: float = Field(1.0, gt=0, description="eta_g (variant original)")
-    local_steps: int = Field(3, ge=1, description="tau: local steps per round")
-    batch_size: int = Field(0, ge=0, description="mini-batch size; 0 = full local batch")
-    k_cut: int = Field(10, ge=1, description="K: cap of a recorded participation interval")
-    variant: Literal["original", "notebook"] = "original"
-    participation: Participation = Field(default_factory=FullParticipation)
-
-    def local_solver(self, topology: Topology) -> LocalSolver:
-        """The clients' local SGD (tau steps), read from the RunSpec each client holds."""
-        return LocalSolver(steps=self.local_steps, lr=self.lr, batch_size=self.batch_size)
 
 
 @dataclass
@@ -115,4 +95,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("fedau", FedAUOptions, init, server_round,
-                   summary="FedAU (Wang & Ji 2023): online 1/p_i aggregation weights", needs_edges=False))
+                   needs_edges=False))

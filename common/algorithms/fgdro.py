@@ -36,14 +36,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import loss_and_grad, sample_batch
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.options.fgdro import FGDROCVaROptions, FGDROKLAdamOptions, FGDROKLOptions, LocalAdamOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mean
 
 # What travels: the model under "w.", the momentum under "m.", the second moment under "q.", and the one
@@ -54,51 +53,6 @@ W, M, Q = "w.", "m.", "q."
 # ----------------------------------------------------------------------------------------------------------
 # options
 # ----------------------------------------------------------------------------------------------------------
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    local_steps: int = Field(32, ge=1, description="I, the communication interval (paper: I = 32)")
-    batch_size: int = Field(32, ge=0, description="local mini-batch size (paper: 32); 0 = full local batch")
-
-
-class FGDROCVaROptions(_Common):
-    lr: float = Field(0.01, gt=0, description="eta1, model step size (paper tunes in 1e-4..1e-1)")
-    lr_s: float | None = Field(None, gt=0, description="eta2, threshold step [UNSPECIFIED; spec: = eta1]")
-    beta1: float = Field(0.1, gt=0, le=1, description="loss MA rate [UNSPECIFIED; spec toy 0.1]")
-    K: float = Field(1.0, gt=0, description="top-K of the CVaR (K <= N; 1 = worst client) [UNSPECIFIED]")
-    s_init: float = Field(0.0, description="sbar^1 (Alg.1 box: 0)")
-    u_init: float = Field(0.0, description="u_i^0 (Alg.1 box: 0)")
-
-
-class FGDROKLOptions(_Common):
-    lr: float = Field(0.01, gt=0, description="eta (paper tunes in 1e-4..1e-1)")
-    lam: float = Field(1.0, gt=0, description="lambda, KL temperature [UNSPECIFIED; spec: 0.1, 1, 10]")
-    beta1: float = Field(0.1, gt=0, le=1, description="loss moving-average rate")
-    beta2: float = Field(0.01, gt=0, le=1,
-                         description="global-statistic MA rate; keep <~ 1/I or KL -> FedAvg (spec 9)")
-    beta3: float = Field(0.1, gt=0, le=1, description="gradient momentum rate")
-    u_init: Literal["first_batch", "zero"] = Field(
-        "first_batch", description="u_i^0 [UNSPECIFIED]: the first minibatch loss at wbar^1 (spec 9) or 0")
-    v_init: Literal["mean_exp_u", "one"] = Field(
-        "mean_exp_u", description="vbar^1 [UNSPECIFIED]: mean_i exp(u_i^0/lambda) (one extra scalar up per "
-                                  "client, spec 9) or exp(0/lambda) = 1")
-    exp_shift: float = Field(
-        0.0, description="c in exp((u - c)/lambda) (spec 9, overflow safety): a FIXED constant, e.g. an "
-                         "upper bound of the loss; the weight exp(u/lambda)/v does not depend on it")
-    weight_clip: float | None = Field(
-        None, gt=0, description="clip exp(u/lambda)/v at weight_clip * N [S, not in paper; spec 9]")
-
-
-class FGDROKLAdamOptions(FGDROKLOptions):
-    lr: float = Field(0.001, gt=0, description="eta")
-    beta4: float = Field(0.01, gt=0, le=1, description="2nd-moment rate [UNSPECIFIED; spec 0.001-0.01]")
-    tau: float = Field(1e-3, gt=0, description="floor in sqrt(q) + tau [UNSPECIFIED; spec 1e-8..1e-3]")
-
-
-class LocalAdamOptions(_Common):
-    lr: float = Field(0.001, gt=0, description="eta")
-    beta3: float = Field(0.1, gt=0, le=1, description="first-moment rate (m <- (1-beta3) m + beta3 g)")
-    beta4: float = Field(0.01, gt=0, le=1, description="second-moment rate")
-    tau: float = Field(1e-3, gt=0, description="denominator floor in sqrt(q) + tau")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -347,11 +301,10 @@ def round_kl(ctx: NodeContext, st: ServerState) -> ServerState:
 
 
 register(Algorithm("fgdro-cvar", FGDROCVaROptions, init_cvar, round_cvar, node_state=node_state,
-                   summary="FGDRO-CVaR (Guo & Yang 2024, Alg. 1): averages (w, s), d+1 floats", needs_edges=False))
+                   needs_edges=False))
 register(Algorithm("fgdro-kl", FGDROKLOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   summary="FGDRO-KL (Alg. 2): averages (w, m, v), 2d+1 floats", needs_edges=False))
+                   needs_edges=False))
 register(Algorithm("fgdro-kl-adam", FGDROKLAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   summary="FGDRO-KL-Adam (Alg. 3): averages (w, m, q, v), 3d+1 floats", needs_edges=False))
+                   needs_edges=False))
 register(Algorithm("local-adam", LocalAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   summary="LocalAdam (FGDRO App. D, Alg. 4): local Adam steps, averages (w, m, q), 3d floats",
                    needs_edges=False))

@@ -18,34 +18,14 @@ FOCUS does); ``"step"`` re-applies the stale average. A lost reply leaves that c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from fedhop.common.algorithms.local import LocalSolver
 from fedhop.common.algorithms.participation import (
-    FullParticipation,
-    Participation,
     ParticipationState,
     participants,
 )
 from fedhop.common.engine.api import Algorithm, NodeContext, register
-from fedhop.common.engine.topology import Topology
+from fedhop.common.options.mifa import MifaOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum, zeros_like
-
-
-class MifaOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.1, gt=0, description="eta_l: local step size")
-    server_lr: float = Field(1.0, gt=0, description="eta_g: global step size")
-    local_steps: int = Field(3, ge=1, description="tau: local steps per round")
-    batch_size: int = Field(0, ge=0, description="mini-batch size; 0 = full local batch")
-    participation: Participation = Field(default_factory=FullParticipation)
-    empty_round: Literal["skip", "step"] = "skip"
-
-    def local_solver(self, topology: Topology) -> LocalSolver:
-        """The clients' local SGD (tau steps), read from the RunSpec each client holds."""
-        return LocalSolver(steps=self.local_steps, lr=self.lr, batch_size=self.batch_size)
 
 
 @dataclass
@@ -76,5 +56,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     return ServerState(x, updates, s.participation)
 
 
-register(Algorithm("mifa", MifaOptions, init, server_round, summary="MIFA (Gu et al. 2021), correct version: "
-                   "stale updates of absent clients", needs_edges=False))
+register(Algorithm("mifa", MifaOptions, init, server_round, needs_edges=False))

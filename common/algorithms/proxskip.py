@@ -35,34 +35,18 @@ participant whose reply is lost counts as absent: its (h_i, x_last_i) are rolled
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.algorithms.local import loss_and_grad, sample_batch
 from fedhop.common.algorithms.participation import (
     ClientLedger,
-    FullParticipation,
     LedgerSnapshot,
-    Participation,
     ParticipationState,
     ServerLedger,
     participants,
 )
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.options.proxskip import ProxSkipOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, weighted_mean, zeros_like
-
-
-class ProxSkipOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.1, gt=0, description="gamma: local step size")
-    local_steps: int = Field(5, ge=1, description="tau: local steps per round; communication every tau steps, "
-                             "p = 1/tau (spec 6.4: deterministic, as the notebook)")
-    batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local gradient")
-    average: Literal["model", "shifted"] = Field(
-        "model", description="what the server averages: model = the clients' local models (the notebook, spec "
-        "6.4); shifted = xhat - gamma tau h_i (Scaffnew Alg. 2 line 6). Equal under full participation")
-    participation: Participation = Field(default_factory=FullParticipation)
 
 
 @dataclass
@@ -125,5 +109,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("proxskip", ProxSkipOptions, init, server_round, node_state=node_state,
-                   summary="ProxSkip / Scaffnew (Mishchenko et al. 2022), communication every tau steps",
                    needs_edges=False))

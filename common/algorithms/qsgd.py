@@ -30,15 +30,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from fedhop.common.algorithms.local import LocalSolver, local_train, solver_for
+from fedhop.common.algorithms.local import local_train, solver_for
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
-from fedhop.common.engine.topology import Topology
+from fedhop.common.options.qsgd import MAX_LEVELS, HierLocalQSGDOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, sub, weighted_sum
 
 LEVEL_DTYPE = torch.int8
-MAX_LEVELS = 127
 
 
 def quantize(v: torch.Tensor, s: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,21 +94,6 @@ def add_quantized(base: Bundle, replies: Mapping[str, Reply], weights: Mapping[s
     return {k: base[k] + delta[k] for k in base}
 
 
-class HierLocalQSGDOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(1.0, gt=0, description="scale c of eta_k = c / (K sqrt(k+1)) (paper: 1)")
-    K: int = Field(20, ge=1, description="denominator of the step schedule: local iterations per round")
-    local_steps: int = Field(5, ge=1, description="tau1: local SGD steps per edge aggregation")
-    edge_rounds: int = Field(4, ge=1, description="tau2: edge aggregations per cloud aggregation")
-    batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
-    levels: int = Field(MAX_LEVELS, ge=1, le=MAX_LEVELS, description="s of Q1 (client -> edge) [UNSPECIFIED]")
-    cloud_levels: int = Field(MAX_LEVELS, ge=1, le=MAX_LEVELS, description="s of Q2 (edge -> cloud)")
-
-    def local_solver(self, topology: Topology) -> LocalSolver:
-        """tau1 local SGD steps of eta_k = c / (K sqrt(k+1)), k counted across the round's edge aggregations."""
-        return LocalSolver(steps=self.local_steps, lr=self.lr, batch_size=self.batch_size, lr_K=self.K)
-
-
 @task("hlqsgd.local")
 def client_local(ctx: NodeContext, u: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: tau1 local steps from the edge model u; uploads Q1(x_n - u)."""
@@ -157,5 +140,4 @@ def cloud_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("hier-local-qsgd", HierLocalQSGDOptions, init, cloud_round,
-                   summary="Hier-Local-QSGD: client-edge-cloud local SGD with QSGD-quantised uploads",
                    needs_edges=True))

@@ -19,30 +19,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from fedhop.common.algorithms.local import loss_and_grad, sample_batch
 from fedhop.common.algorithms.participation import (
     ClientLedger,
-    FullParticipation,
     LedgerSnapshot,
-    Participation,
     ParticipationState,
     ServerLedger,
     participants,
 )
 from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.options.scaffold import ScaffoldOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mean, weighted_sum, zeros_like
-
-
-class ScaffoldOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    lr: float = Field(0.1, gt=0, description="eta_l: local step size")
-    local_steps: int = Field(5, ge=1, description="tau (K in the paper): local steps per round")
-    batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
-    server_lr: float = Field(1.0, gt=0, description="eta_g: global step size")
-    weight_decay: float = Field(0.0, ge=0)
-    participation: Participation = Field(default_factory=FullParticipation)
 
 
 @dataclass
@@ -112,4 +99,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("scaffold", ScaffoldOptions, init, server_round, node_state=node_state,
-                   summary="SCAFFOLD (Karimireddy et al. 2020), option II", needs_edges=False))
+                   needs_edges=False))

@@ -24,31 +24,14 @@ client that does not reply leaves the model unchanged; the walk moves on.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-from fedhop.common.algorithms.local import LocalSolver
 from fedhop.common.engine.api import Algorithm, NodeContext, register
-from fedhop.common.engine.topology import Topology, edge_graph
 from fedhop.common.engine.workspace import derive_seed
+from fedhop.common.options.wrwgd import WRWGDOptions  # noqa: F401  (re-exported)
+from fedhop.common.topology import edge_graph
 from fedhop.common.wire.bundle import Bundle
-
-
-class WRWGDOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    K: int = Field(20, ge=1, description="local SGD steps at each visited client (App. B.1: 20)")
-    lr: float = Field(1.0, gt=0, description="scale c of eta_k = c / (K sqrt(k+1))")
-    batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
-    max_degree: int = Field(3, ge=2, description="max neighbours per client in the random client graph")
-    stationary: Literal["data_size", "uniform"] = Field(
-        "data_size", description="pi_i of the walk: proportional to D_i (L_i proxy) or uniform")
-    importance_weighting: bool = Field(True, description="scale the steps at client i by gamma_i / pi_i")
-
-    def local_solver(self, topology: Topology) -> LocalSolver:
-        """K steps of eta_k = c / (K sqrt(k+1)); the visited client's importance weight comes per call."""
-        return LocalSolver(steps=self.K, lr=self.lr, batch_size=self.batch_size, lr_K=self.K)
 
 
 def client_graph(n: int, max_degree: int, seed: int) -> list[set[int]]:
@@ -106,4 +89,4 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 register(Algorithm("wrwgd", WRWGDOptions, init, server_round,
-                   summary="WRWGD: one model on a Metropolis-Hastings walk over clients", needs_edges=False))
+                   needs_edges=False))

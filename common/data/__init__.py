@@ -16,7 +16,7 @@ from fedhop.common.data import (  # noqa: F401  (imported for their registration
 from fedhop.common.data.base import CentralData, Dataset, FederatedData, make_rng
 from fedhop.common.data.build import build_federated_data
 from fedhop.common.data.registry import DATASETS, get_dataset, register_dataset
-from fedhop.common.data.spec import DataSpec
+from fedhop.common.data_spec import DataSpec
 
 __all__ = [
     "DATASETS",

@@ -12,7 +12,7 @@ from fedhop.common.data import partition as P
 from fedhop.common.data.base import CentralData, Dataset, FederatedData, Task, make_rng
 from fedhop.common.data.registry import get_dataset
 from fedhop.common.data.source import source_client, source_federated, source_test
-from fedhop.common.data.spec import DataSpec
+from fedhop.common.data_spec import DataSpec
 
 
 def cluster_sizes(spec: DataSpec, n_clients: int) -> list[int] | None:

@@ -6,13 +6,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.data.base import CentralData, holdout_split, make_rng, to_dataset
 from fedhop.common.data.registry import register_dataset
+from fedhop.common.options.datasets import RegressionOptions, SyntheticOptions  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
-    from fedhop.common.data.spec import DataSpec
+    from fedhop.common.data_spec import DataSpec
 
 
 @lru_cache(maxsize=1)
@@ -45,18 +45,6 @@ def digits_img(spec: DataSpec, n_clients: int, seed: int) -> CentralData:
     return _digits_central(spec, seed, (1, 8, 8))
 
 
-class SyntheticOptions(BaseModel):
-    """Gaussian mixture: class means ``mu_c ~ N(0, sep^2 I)``, ``x = mu_y + noise * N(0, I)``, balanced
-    labels (specs/fedcluster.md 8.2 E1 uses dim 20, 10 classes, sep 0.5)."""
-
-    model_config = ConfigDict(extra="forbid")
-    samples: int = Field(2000, ge=4, le=10_000_000, description="train + test samples")
-    dim: int = Field(20, ge=1, le=100_000)
-    classes: int = Field(10, ge=2, le=10_000)
-    sep: float = Field(1.0, gt=0.0)
-    noise: float = Field(1.0, gt=0.0)
-
-
 @register_dataset("synthetic", options=SyntheticOptions,
                   description="Gaussian-mixture classification (options: samples, dim, classes, sep, noise)")
 def synthetic(spec: DataSpec, n_clients: int, seed: int) -> CentralData:
@@ -68,15 +56,6 @@ def synthetic(spec: DataSpec, n_clients: int, seed: int) -> CentralData:
     (xtr, ytr), (xte, yte) = holdout_split(x, y, spec.test_fraction, make_rng(seed, "synthetic", "split"))
     return CentralData(to_dataset(xtr, ytr, "classification"), to_dataset(xte, yte, "classification"),
                        (o.dim,), o.classes, "classification")
-
-
-class RegressionOptions(BaseModel):
-    """Linear model ``y = x . w* + noise * N(0, 1)`` with ``x, w* ~ N(0, I)``."""
-
-    model_config = ConfigDict(extra="forbid")
-    samples: int = Field(2000, ge=4, le=10_000_000)
-    dim: int = Field(20, ge=1, le=100_000)
-    noise: float = Field(0.1, ge=0.0)
 
 
 @register_dataset("synthetic-regression", options=RegressionOptions,

@@ -28,7 +28,7 @@ from fedhop.common.data.idx import MAX_BYTES, DataFileError
 from fedhop.common.data.registry import register_dataset
 
 if TYPE_CHECKING:
-    from fedhop.common.data.spec import DataSpec
+    from fedhop.common.data_spec import DataSpec
 
 
 def _latin1_encode(obj: str, encoding: str = "utf-8", errors: str = "strict") -> bytes:

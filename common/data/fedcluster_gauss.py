@@ -19,31 +19,19 @@ DataSpec fields used: ``rho_device``, ``samples_per_client`` (default 500, the p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.data import partition as P
 from fedhop.common.data.base import Dataset, FederatedData, make_rng, to_dataset
 from fedhop.common.data.registry import register_dataset
+from fedhop.common.options.datasets import GaussLabelSkewOptions  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
-    from fedhop.common.data.spec import DataSpec
+    from fedhop.common.data_spec import DataSpec
 
 DEFAULT_SAMPLES = 500  # "each device possesses 500 data samples" (sec. IV-A)
-
-
-class GaussLabelSkewOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dim: int = Field(20, ge=1, le=100_000, description="feature dimension d (spec E1: 20)")
-    classes: int = Field(10, ge=2, le=1000, description="C (spec E1: 10, like CIFAR-10/MNIST)")
-    sep: float = Field(0.5, gt=0.0, description="class means ~ N(0, sep^2 I) (spec E1: 0.5)")
-    noise: float = Field(1.0, gt=0.0, description="x = mu_y + noise * N(0, I)")
-    test: Literal["fresh", "union"] = Field(
-        "fresh", description="test set: fresh class-balanced samples, or the union of the device data "
-        "(the spec's train-loss metric; subsample it with data.test_limit)")
-    test_samples: int = Field(10_000, ge=1, description="size of the fresh test set")
 
 
 def device_labels(spec: DataSpec, n_clients: int, classes: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -12,22 +12,11 @@ engine's per-round evaluation).
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.data.base import FederatedData, to_dataset
 from fedhop.common.data.registry import register_dataset
-from fedhop.common.data.spec import DataSpec
-
-
-class FGDROToyOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dim: int = Field(10, ge=1, description="d")
-    samples_per_client: int = Field(2000, ge=1, description="n")
-    test_per_client: int = Field(200, ge=1)
-    spread0: float = Field(0.3, ge=0, description="client optimum spread, client 0")
-    spread_step: float = Field(0.15, ge=0, description="spread increase per client index")
-    shift: float = Field(0.2, ge=0, description="feature-mean shift scale")
-    noise: float = Field(0.1, ge=0, description="label noise std")
+from fedhop.common.data_spec import DataSpec
+from fedhop.common.options.datasets import FGDROToyOptions  # noqa: F401  (re-exported)
 
 
 def toy_arrays(o: FGDROToyOptions, n_clients: int, seed: int

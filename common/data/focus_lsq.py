@@ -24,21 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.data.base import Dataset, FederatedData, make_rng, to_dataset
 from fedhop.common.data.registry import register_dataset
-from fedhop.common.data.spec import DataSpec
-
-
-class FocusLsqOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dim: int = Field(50, ge=1, description="d")
-    rows_per_client: int = Field(500, ge=1)
-    noise: float = Field(0.1, ge=0)
-    notebook_seed: int | None = Field(1234, ge=0, description="legacy np.random.seed of the notebook; None: "
-                                      "use the run's data seed")
-    hetero: float = Field(0.0, ge=0, description="std of per-client x_o perturbation (0: the notebook)")
+from fedhop.common.data_spec import DataSpec
+from fedhop.common.options.datasets import FocusLsqOptions  # noqa: F401  (re-exported)
 
 
 def generate(o: FocusLsqOptions, n_clients: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

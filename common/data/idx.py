@@ -22,7 +22,7 @@ from fedhop.common.data.base import CentralData, to_dataset
 from fedhop.common.data.registry import register_dataset
 
 if TYPE_CHECKING:
-    from fedhop.common.data.spec import DataSpec
+    from fedhop.common.data_spec import DataSpec
 
 _DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 _CODES = {np.dtype(v).newbyteorder(">").str: k for k, v in _DTYPES.items()}

@@ -19,26 +19,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from fedhop.common.data.base import Dataset, FederatedData, make_rng, to_dataset
 from fedhop.common.data.registry import register_dataset
+from fedhop.common.options.datasets import LeafOptions  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
-    from fedhop.common.data.spec import DataSpec
-
-
-class LeafOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    alpha: float = Field(1.0, ge=0.0, description="spread of client models")
-    beta: float = Field(1.0, ge=0.0, description="spread of client feature means")
-    iid: bool = False
-    dim: int = Field(60, ge=1, le=100_000)
-    classes: int = Field(10, ge=2, le=10_000)
-    size_log_mean: float = Field(4.0, description="mean of log(sample count)")
-    size_log_sigma: float = Field(2.0, ge=0.0, description="std of log(sample count)")
-    min_samples: int = Field(50, ge=2, description="added to every client's count")
-    max_samples: int | None = Field(None, ge=2, description="cap per client (none in FedProx)")
+    from fedhop.common.data_spec import DataSpec
 
 
 def _softmax_argmax(z: np.ndarray) -> np.ndarray:

@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from fedhop.common import catalog
 from fedhop.common.data.base import CentralData, FederatedData
 from fedhop.common.validation import NoOptions
 
 if TYPE_CHECKING:
-    from fedhop.common.data.spec import DataSpec
+    from fedhop.common.data_spec import DataSpec
 
 Builder = Callable[["DataSpec", int, int], CentralData | FederatedData]
 
@@ -56,6 +57,7 @@ def register_dataset(name: str, *, options: type[BaseModel] = NoOptions, file_ba
     def deco(fn: Builder) -> Builder:
         if name in DATASETS and DATASETS[name].build is not fn:
             raise ValueError(f"dataset {name!r} is already registered")
+        catalog.add_dataset(name, options, file_backed)
         desc = description or (fn.__doc__ or "").strip()
         DATASETS[name] = DatasetEntry(name, fn, options, file_backed, desc)
         return fn

@@ -33,7 +33,7 @@ from fedhop.common.user_code import UserCodeError, load_callable
 
 if TYPE_CHECKING:
     from fedhop.common.data.build import DataMeta
-    from fedhop.common.data.spec import DataSpec
+    from fedhop.common.data_spec import DataSpec
 
 FIELD = "data.source"
 

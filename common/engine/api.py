@@ -21,21 +21,23 @@ arrival order), and never read the wall clock.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 from pydantic import BaseModel
 
+from fedhop.common import catalog
 from fedhop.common.wire.bundle import Bundle
 
 if TYPE_CHECKING:
     from fedhop.common.data import Dataset
-    from fedhop.common.engine.topology import Topology
     from fedhop.common.engine.workspace import Workspace
     from fedhop.common.spec import RunSpec
+    from fedhop.common.topology import Topology
 
 Scalar = float | int | str | bool
 NodeId = str
@@ -227,6 +229,8 @@ class Algorithm:
     final: Callable[[NodeContext, Any], Bundle] = final_model
     setup: Callable[[NodeContext, Any], Any] | None = None
     node_state: Callable[[str], Any] = no_node_state
+    # summary, needs_edges, check and options are what a spec is validated against: for an algorithm that
+    # fedhop.common.catalog lists they must equal its entry there (register() checks; the summary comes from it)
     summary: str = ""
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     # further checks of a whole spec, run at validation (raise ValueError naming the field to change)
@@ -244,8 +248,13 @@ MESSAGE_KINDS: dict[str, tuple[str, str]] = {}  # task -> (its request's meter k
 
 
 def register(algo: Algorithm) -> Algorithm:
+    """Register ``algo``; an algorithm :mod:`fedhop.common.catalog` lists must match its entry there (the spec
+    is validated against the catalogue without importing the algorithm)."""
     if algo.name in ALGORITHMS:
         raise ValueError(f"algorithm {algo.name!r} registered twice")
+    info = catalog.add_algorithm(algo.name, algo.init.__module__, algo.options, algo.needs_edges, algo.check,
+                                 algo.summary)
+    algo = replace(algo, summary=info.summary)  # a listed algorithm's one line lives in the catalogue
     ALGORITHMS[algo.name] = algo
     return algo
 
@@ -275,17 +284,24 @@ def meter_kind(task_name: str, phase: str) -> str:
     return kinds[0] if phase == "request" else kinds[1]
 
 
-def get_algorithm(name: str) -> Algorithm:
-    import fedhop.common.algorithms  # noqa: F401  (registers every algorithm)
+def load_algorithms() -> None:
+    """Import the module of every algorithm the catalogue lists (by name: the engine does not import the
+    algorithms layer above it; an algorithm registers itself and its tasks when its module is imported)."""
+    for info in list(catalog.ALGORITHMS.values()):
+        importlib.import_module(info.module)
 
+
+def get_algorithm(name: str) -> Algorithm:
+    """The registered algorithm ``name``, its module imported by name on first use (as every algorithm module
+    is: the package imports them all)."""
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        importlib.import_module(catalog.algorithm(name).module)  # raises with the list of known names
     return ALGORITHMS[name]
 
 
 def get_task(name: str) -> Handler:
-    import fedhop.common.algorithms  # noqa: F401
-
+    if name not in TASKS:
+        load_algorithms()
     if name not in TASKS:
         raise KeyError(f"unknown task {name!r}")
     return TASKS[name]

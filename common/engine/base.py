@@ -12,7 +12,7 @@ import torch
 from fedhop.common import timing
 from fedhop.common.engine.api import NodeId, Reply, Scalar
 from fedhop.common.engine.size_claims import size_claim_error
-from fedhop.common.engine.topology import Topology
+from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle, non_finite
 
 

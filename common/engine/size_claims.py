@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fedhop.common.engine.api import NodeId, Scalar
-from fedhop.common.engine.topology import Topology
+from fedhop.common.topology import Topology
 
 SIZE_KEY = "n"
 

@@ -18,9 +18,9 @@ from torch.func import functional_call
 
 from fedhop.common.data import Dataset, DataSpec, FederatedData, build_federated_data
 from fedhop.common.data.build import DataMeta, build_client_data, build_clients_data, build_test_data
-from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.models import build_model
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import Topology, build_topology
 from fedhop.common.user_code import UserCodeError, is_ref, load_callable, metric_name
 from fedhop.common.wire.bundle import Bundle
 

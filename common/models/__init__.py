@@ -7,9 +7,9 @@ import zlib
 import torch
 from torch import nn
 
+from fedhop.common.model_spec import ModelSpec
 from fedhop.common.models import nets  # noqa: F401  (registers the built-in models)
 from fedhop.common.models.registry import MODELS, get_model, register_model
-from fedhop.common.models.spec import ModelSpec
 from fedhop.common.user_code import is_ref
 
 __all__ = ["MODELS", "ModelSpec", "build_model", "get_model", "init_parameters", "register_model"]

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from torch import nn
 
+from fedhop.common.model_spec import ModelSpec
 from fedhop.common.models.registry import register_model
-from fedhop.common.models.spec import ModelSpec
+from fedhop.common.options.models import AlexNetOptions, CNN2Options, LeNetOptions  # noqa: F401  (re-exported)
 
 
 class Squeeze(nn.Module):
@@ -192,13 +191,6 @@ def _conv_net(name: str, features: list[tuple[str, nn.Module]], dense: list[int]
     return _seq(layers, num_classes)
 
 
-class LeNetOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    variant: Literal["auto", "mnist", "cifar"] = Field(
-        "auto", description="auto: 'mnist' for 1-channel input, 'cifar' otherwise")
-    padding: Literal["valid", "same"] = Field("valid", description="5x5 conv padding (paper: unspecified)")
-
-
 @register_model("lenet", options=LeNetOptions,
                 description="Fed-CHS LeNet: mnist conv64-conv256-512-128, cifar conv64-conv64-384-192")
 def lenet(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
@@ -212,12 +204,6 @@ def lenet(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn
     feats = (_conv_block(1, c, ch[0], 5, o.padding, spec.bias, nn.MaxPool2d(2))
              + _conv_block(2, ch[0], ch[1], 5, o.padding, spec.bias, nn.MaxPool2d(2)))
     return _conv_net("lenet", feats, dense, input_shape, num_classes, spec.bias)
-
-
-class AlexNetOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    crop: int = Field(28, ge=0, description="centre-crop larger inputs to crop x crop (0: no crop)")
-    lrn: bool = Field(True, description="local response normalisation after each pooling")
 
 
 @register_model("alexnet-small", options=AlexNetOptions,
@@ -236,21 +222,6 @@ def alexnet_small(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: in
         if o.lrn:
             feats.append((f"lrn{i}", nn.LocalResponseNorm(9, alpha=0.001, beta=0.75, k=1.0)))
     return _conv_net("alexnet-small", feats, [384, 192], input_shape, num_classes, spec.bias)
-
-
-class CNN2Options(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    channels: list[int] = Field(default_factory=lambda: [32, 64], description="the two conv widths")
-    fc: int = Field(512, ge=1, description="width of the hidden FC layer")
-    kernel: int = Field(5, ge=1)
-    padding: Literal["valid", "same"] = "same"
-
-    @field_validator("channels")
-    @classmethod
-    def _two(cls, v: list[int]) -> list[int]:
-        if len(v) != 2 or min(v) < 1:
-            raise ValueError("channels must be two positive widths")
-        return v
 
 
 @register_model("cnn2", options=CNN2Options,

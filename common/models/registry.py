@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel
 from torch import nn
 
+from fedhop.common import catalog
 from fedhop.common.validation import NoOptions
 
 if TYPE_CHECKING:
-    from fedhop.common.models.spec import ModelSpec
+    from fedhop.common.model_spec import ModelSpec
 
 Maker = Callable[["ModelSpec", tuple[int, ...], int], nn.Module]
 
@@ -39,6 +40,7 @@ def register_model(name: str, *, options: type[BaseModel] = NoOptions, descripti
     def deco(fn: Maker) -> Maker:
         if name in MODELS and MODELS[name].make is not fn:
             raise ValueError(f"model {name!r} is already registered")
+        catalog.add_model(name, options)
         MODELS[name] = ModelEntry(name, fn, options, description or (fn.__doc__ or "").strip())
         return fn
 

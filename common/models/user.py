@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedhop.common.models.spec import ModelSpec
+from fedhop.common.model_spec import ModelSpec
 from fedhop.common.user_code import UserCodeError, load_callable
 
 FIELD = "model.name"

@@ -166,14 +166,13 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffe
     from fedhop.transport.channels import add_port, make_server
     from fedhop.transport.netcomm import NetComm
     from fedhop.transport.parent import serve_parent
-    from fedhop.transport.session import ParentHub
+    from fedhop.transport.session import HubConfig, ParentHub
 
     spec = RunSpec.parse({"name": "bench", "device": "cpu", "topology": {"clients": 1},
                           "data": {"dataset": "digits"}, "model": {"name": "mlp", "hidden": [8]},
                           "transport": {"chunk_bytes": chunk_bytes, "round_deadline_s": 300}})
     topo = build_topology(spec.topology, spec.seed)
-    hub = ParentHub("ps", ByteMeter())
-    hub.configure(spec, topo, "bench")
+    hub = ParentHub(HubConfig("ps", spec, topo, "bench"), ByteMeter())
     server = make_server(8)
     serve_parent(hub, server)
     port = add_port(server, "127.0.0.1:0")

@@ -31,7 +31,7 @@ from fedhop.launch import free_port
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.parent import serve_parent
-from fedhop.transport.session import ParentHub
+from fedhop.transport.session import HubConfig, ParentHub
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.integration.netutil import Federation, load_result, small_spec
 
@@ -219,8 +219,7 @@ def test_client_refuses_bad_requests_and_keeps_serving(scripted_client) -> None:
 def test_parent_refuses_impostors_and_duplicates() -> None:
     spec = small_spec("fedavg", clients=2, edges=0, rounds=1)
     topo = build_topology(spec.topology, spec.seed)
-    hub = ParentHub("ps", ByteMeter())
-    hub.configure(spec, topo, "run-x")
+    hub = ParentHub(HubConfig("ps", spec, topo, "run-x"), ByteMeter())
     server = make_server(16)
     serve_parent(hub, server)
     port = add_port(server, "127.0.0.1:0")

@@ -19,7 +19,7 @@ from fedhop.launch import free_port
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.parent import serve_parent
-from fedhop.transport.session import ParentHub
+from fedhop.transport.session import HubConfig, ParentHub
 from tests.integration.netutil import small_spec
 
 
@@ -120,8 +120,7 @@ def test_launch_with_an_unwritable_run_folder_starts_nothing(tmp_path) -> None:
 
 def test_rejoin_to_a_parent_running_another_run_is_refused() -> None:
     spec = small_spec("fedavg", clients=2, edges=0, rounds=1)
-    hub = ParentHub("ps", ByteMeter())
-    hub.configure(spec, build_topology(spec.topology, spec.seed), "run-b")
+    hub = ParentHub(HubConfig("ps", spec, build_topology(spec.topology, spec.seed), "run-b"), ByteMeter())
     server = make_server(8)
     serve_parent(hub, server)
     port = add_port(server, "127.0.0.1:0")

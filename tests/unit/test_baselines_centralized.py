@@ -8,7 +8,7 @@ import torch
 
 from fedhop.common.algorithms.centralized import distinct_indices
 from fedhop.common.data.build import build_federated_data
-from fedhop.common.data.spec import DataSpec
+from fedhop.common.data_spec import DataSpec
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.engine.workspace import derive_seed
 from fedhop.common.spec import RunSpec, SpecError

@@ -55,7 +55,7 @@ def test_a_session_that_said_hello_outlives_the_handshake_timeout() -> None:
         cancelled = threading.Event()
         link = hub.open("ipv4:127.0.0.1:1", cancel=cancelled.set)
         assert hub.on_frame(link, hello_frame("client-0", "client", "", {}, ""))
-        hub._hello_overdue(link)  # what the timer does when it fires
+        hub.liveness.hello_overdue(link)  # what the timer does when it fires
         assert link.alive and not cancelled.is_set()
         assert [f.WhichOneof("body") for f in drain(link)[0]] == ["welcome"]
 

@@ -17,7 +17,7 @@ from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec, SpecError, TransportSpec
 from fedhop.common.wire.messages import error_result_frame, result_frame
 from fedhop.transport.netcomm import NetComm
-from fedhop.transport.session import ChildLink, ParentHub, hello_frame
+from fedhop.transport.session import QUIET, ChildLink, HubListener, ParentHub, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.unit.hostile import RUN_ID, configured_hub, drain, errors, join, spec_for
 
@@ -46,10 +46,21 @@ class Responder:
         self._thread.join(5)
 
 
+class LostChildren(HubListener):
+    """Records the hub's ``child_lost`` news."""
+
+    def __init__(self) -> None:
+        self.lost: list[tuple[str, str]] = []
+
+    def child_lost(self, node: str, why: str) -> None:
+        self.lost.append((node, why))
+
+
 @contextmanager
-def federation(spec: RunSpec) -> Iterator[tuple[ParentHub, NetComm, ChildLink, Responder, threading.Event]]:
+def federation(spec: RunSpec, listener: HubListener = QUIET) -> Iterator[tuple[ParentHub, NetComm, ChildLink,
+                                                                                Responder, threading.Event]]:
     """A PS hub with client-0 (silent, its stream's cancel recorded) and client-1 (answers every task)."""
-    with configured_hub(spec) as (hub, topo):
+    with configured_hub(spec, listener=listener) as (hub, topo):
         silent, honest = join(hub, "client-0", peer=SILENT_PEER), join(hub, "client-1", peer="ipv4:127.0.0.1:2")
         cancelled = threading.Event()
         silent.cancel = cancelled.set
@@ -84,9 +95,9 @@ def tasks(frames: list[pb.Frame]) -> list[pb.Frame]:
 def test_a_silent_child_is_dropped_after_n_missed_rounds_and_the_run_goes_on(caplog) -> None:
     caplog.set_level(logging.INFO, "fedhop.session")
     spec = spec_for(clients=2, round_deadline_s=0.2, drop_after_missed=2)
-    with federation(spec) as (hub, comm, silent, _, cancelled):
-        lost: list[tuple[str, str]] = []
-        hub.on_lost = lambda node, why: lost.append((node, why))
+    listener = LostChildren()
+    with federation(spec, listener) as (hub, comm, silent, _, cancelled):
+        lost = listener.lost
         assert scatter(comm, 0) == ["client-1"]
         assert silent.alive and "dropped" not in caplog.text
         queued = silent._q.qsize()
@@ -120,7 +131,7 @@ def test_a_dropped_child_rejoins_and_takes_part_again(caplog) -> None:
     with federation(spec) as (hub, comm, silent, responder, _):
         assert scatter(comm, 0) == ["client-1"]
         assert not silent.alive and "dropped client-0" in caplog.text
-        old_call = next(c for c in hub._expired.values() if c.node == "client-0" and c.round == 0)
+        old_call = next(c for c in hub.calls.expired.values() if c.node == "client-0" and c.round == 0)
         assert scatter(comm, 1) == ["client-1"]
 
         back = hub.open("ipv4:10.1.2.3:6666")  # the stopped process resumed: its stream ended, it re-joins

@@ -73,6 +73,7 @@ def test_the_tiers_follow_the_folders(request):
     assert tier_of(tests / "net" / "test_x.py") == "net"
     assert tier_of(tests / "integration" / "test_x.py") == "processes"
     assert tier_of(tests / "testbed" / "test_x.py") == "testbed"
+    assert tier_of(tests / "gpu" / "test_x.py") == "gpu"
     assert tier_of(tests / "layering.py") is None
     assert request.node.get_closest_marker("unit") is not None
     assert request.node.get_closest_marker("net") is None

@@ -11,8 +11,8 @@ import torch
 
 from fedhop.cli import main
 from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.preflight import check_user_code
 from fedhop.common.engine.workspace import Workspace
-from fedhop.common.preflight import check_user_code
 from fedhop.common.spec import RunSpec, SpecError
 from fedhop.common.user_code import (
     CODE_DIGEST,

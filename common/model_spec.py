@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from fedhop.common.models.registry import MODELS, get_model
+from fedhop.common import catalog
 from fedhop.common.user_code import check_ref, is_ref
 from fedhop.common.validation import check_options
 
@@ -40,7 +40,7 @@ class ModelSpec(BaseModel):
     def _known(cls, v: str) -> str:
         if is_ref(v):
             return check_ref(v, "")
-        get_model(v)  # raises with the list of valid names
+        catalog.model(v)  # raises with the list of valid names
         return v
 
     @field_validator("hidden")
@@ -54,9 +54,9 @@ class ModelSpec(BaseModel):
     @classmethod
     def _options(cls, v: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         name = info.data.get("name")
-        if name is None or name not in MODELS:  # a user builder gets its options as keyword arguments
+        if name is None or name not in catalog.MODELS:  # a user builder gets its options as keyword arguments
             return v
-        check_options("model", name, get_model(name).options, v)
+        check_options("model", name, catalog.model(name).options, v)
         return v
 
     @field_validator("loss")
@@ -78,4 +78,4 @@ class ModelSpec(BaseModel):
         """``options`` validated into the model's own options model (a user builder's: the plain dict)."""
         if is_ref(self.name):
             return dict(self.options)
-        return get_model(self.name).options.model_validate(self.options)
+        return catalog.model(self.name).options.model_validate(self.options)

@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from fedhop.common.data.registry import DATASETS, get_dataset
+from fedhop.common import catalog
 from fedhop.common.user_code import check_ref
 from fedhop.common.validation import check_options
 
@@ -101,7 +101,7 @@ class DataSpec(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, v: str) -> str:
-        get_dataset(v)  # raises with the list of valid names
+        catalog.dataset(v)  # raises with the list of valid names
         return v
 
     @field_validator("source")
@@ -115,9 +115,9 @@ class DataSpec(BaseModel):
         if info.data.get("source") is not None:
             return v  # the source's own options: passed to it as request.options
         name = info.data.get("dataset")
-        if name is None or name not in DATASETS:
+        if name is None or name not in catalog.DATASETS:
             return v
-        check_options("dataset", name, get_dataset(name).options, v)
+        check_options("dataset", name, catalog.dataset(name).options, v)
         return v
 
     @field_validator("cluster_sizes")
@@ -156,7 +156,7 @@ class DataSpec(BaseModel):
     def _consistent(self) -> DataSpec:
         if self.source is not None:
             return self
-        entry = get_dataset(self.dataset)
+        entry = catalog.dataset(self.dataset)
         if entry.file_backed and self.path is None:
             raise ValueError(f"path: dataset {self.dataset!r} is read from files; set data.path to the "
                              "directory that holds them")
@@ -180,7 +180,7 @@ class DataSpec(BaseModel):
 
     def dataset_options(self) -> Any:
         """``options`` validated into the dataset's own options model."""
-        return get_dataset(self.dataset).options.model_validate(self.options)
+        return catalog.dataset(self.dataset).options.model_validate(self.options)
 
     def effective_seed(self, run_seed: int) -> int:
         return self.split_seed if self.split_seed is not None else run_seed

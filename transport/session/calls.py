@@ -1,0 +1,198 @@
+"""The call table of a parent hub: Tasks pushed to children (:meth:`CallTable.call`), their Results matched
+back to them, calls given up on (whose late replies are still counted, then dropped), and the rule that a
+child's frames open messages only for calls pending for it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from fedhop.common import timing
+from fedhop.common.engine.api import NodeId, Reply, Scalar, meter_kind
+from fedhop.common.engine.base import Failure
+from fedhop.common.wire.budget import InflightBudget
+from fedhop.common.wire.bundle import Bundle, payload_bytes
+from fedhop.common.wire.codec import CodecError
+from fedhop.common.wire.messages import CALL_ID_BASE, Message, MessageAssembler, message_frames, task_frame
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.inbound import accept_result
+from fedhop.transport.reply_gate import ReplyGate
+from fedhop.transport.session.config import HubConfig
+from fedhop.transport.session.link import ChildLink, Roster, complain
+from fedhop.v1 import fedhop_pb2 as pb
+
+log = logging.getLogger("fedhop.session")
+
+_HOST = torch.device("cpu")
+REJOIN_READY_WAIT_S = 5.0
+EXPIRED_KEPT = 4096  # calls given up on whose late replies are still counted (older ones: refused)
+
+
+@dataclass
+class Call:
+    """One Task sent to one child, waiting for its Result."""
+
+    call_id: int
+    node: NodeId
+    task: str
+    round: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Reply | Failure | None = None
+    answered: threading.Event = field(default_factory=threading.Event)  # its Result frame arrived
+    gate: ReplyGate | None = None  # a folding scatter's admission of replies (reply_gate.py)
+    on_finish: Callable[[], None] | None = None  # called once the result is in (a caller waiting on several)
+
+    def finish(self, result: Reply | Failure) -> None:
+        if self.result is None:
+            self.result = result
+            self.done.set()
+            if self.on_finish is not None:
+                self.on_finish()
+
+
+class CallTable:
+    """The calls of one parent to its children, pending and given up on (under the roster's lock)."""
+
+    def __init__(self, config: HubConfig, roster: Roster, meter: ByteMeter) -> None:
+        self.config = config
+        self.node = config.node
+        self.roster = roster
+        self.meter = meter
+        self._calls: dict[int, Call] = {}
+        self._expired: OrderedDict[int, Call] = OrderedDict()  # calls given up on, for their late replies
+        self._ids = itertools.count(CALL_ID_BASE)
+
+    @property
+    def expired(self) -> Mapping[int, Call]:
+        """The calls given up on whose late replies are still counted (the newest ``EXPIRED_KEPT``)."""
+        return self._expired
+
+    def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
+             deadline_s: float, gate: ReplyGate | None = None) -> Call | Failure:
+        """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`. With
+        ``gate``, the reply's bundle is read only when the gate admits it."""
+        link, admitted = self.await_link(target)
+        if link is not None and link.dropped and not link.alive:
+            return Failure(f"{target} is not connected (dropped: {link.dropped})")
+        if link is None or not link.alive:
+            return Failure(f"{target} is not connected")
+        # a node that just re-joined says Ready right after its Welcome: worth a short wait, not a lost round
+        if not link.ready.is_set() and not (admitted and link.ready.wait(min(deadline_s, REJOIN_READY_WAIT_S))):
+            return Failure(f"{target} is (re-)joining and not ready yet")
+        if not admitted:
+            return Failure(f"{target} joined late and is admitted at the next round")
+        cid = next(self._ids)
+        head = task_frame(cid, task, args, deadline_s=deadline_s, has_bundle=bool(bundle), round_idx=round_idx)
+        try:
+            frames = message_frames(head, bundle, self.config.transport.chunk_bytes)
+        except CodecError as e:
+            return Failure(f"cannot send the bundle: {e}")
+        call = Call(cid, target, task, round_idx, gate=gate)
+        timing.event("call", at=self.node, call=cid, child=target, task=task, round=round_idx)
+        if gate is not None:
+            gate.add(cid)
+        with self.roster.lock:
+            self._calls[cid] = call
+        payload = payload_bytes(bundle)
+
+        def sent(n: int) -> None:
+            self.meter.record(self.node, target, meter_kind(task, "request"), "request", payload, n, round_idx)
+
+        link.send(frames, sent)
+        return call
+
+    def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
+        """The target's session; a child that was admitted once and is away (restarting, re-joining) is
+        given transport.rejoin_grace_s to come back and say Ready before the call fails."""
+        end = time.monotonic() + self.config.transport.rejoin_grace_s
+        roster = self.roster
+        with roster.changed:
+            while True:
+                link = roster.links.get(target)
+                admitted = target in roster.admitted
+                usable = link is not None and link.alive and link.ready.is_set()
+                left = end - time.monotonic()
+                if usable or not admitted or left <= 0:
+                    return link, admitted
+                roster.changed.wait(min(left, 1.0))
+
+    def expire(self, call: Call, why: str) -> None:
+        """The caller stopped waiting: a reply that still comes is counted and dropped."""
+        with self.roster.lock:
+            if self._calls.pop(call.call_id, None) is not None:
+                self._keep_expired(call)
+        call.finish(Failure(why, silent=True))
+
+    def _keep_expired(self, call: Call) -> None:
+        self._expired[call.call_id] = call
+        while len(self._expired) > EXPIRED_KEPT:
+            self._expired.popitem(last=False)
+
+    def take_pending(self, node: NodeId, *, keep_expired: bool) -> list[Call]:
+        """Remove ``node``'s pending calls (the caller holds the roster's lock and finishes them); with
+        ``keep_expired``, they are kept as given up on, so that their late replies are counted and dropped."""
+        pending = [c for c in self._calls.values() if c.node == node]
+        for c in pending:
+            del self._calls[c.call_id]
+            if keep_expired:
+                self._keep_expired(c)
+        return pending
+
+    # -- a child's Result frames ----------------------------------------------------------------------------
+    def assembler(self, link: ChildLink) -> MessageAssembler:
+        """A child's frames become messages only for calls sent to it and pending, within its caps."""
+        t = self.config.transport
+        return MessageAssembler(t.max_bundle_bytes, budget=InflightBudget(t.max_open_bundles, t.inflight_bytes()),
+                                accept=lambda head: self._unexpected_reply(link, head))
+
+    def _unexpected_reply(self, link: ChildLink, head: pb.Frame) -> str | None:
+        """Why a Task/Result frame from ``link`` opens no message (None: it is a reply to a call of ours)."""
+        if head.WhichOneof("body") != "result":
+            return f"{link.name} sent a {head.WhichOneof('body')} frame; a child only answers calls"
+        with self.roster.lock:
+            info = self._calls.get(head.call_id) or self._expired.get(head.call_id)
+        if info is None or info.node != link.node_id:
+            return f"{link.name} answered call {head.call_id}, which is not pending for it"
+        return None
+
+    def answered(self, link: ChildLink, frame: pb.Frame) -> None:
+        """A Result frame of a pending call came in: mark the call answered; a reply of a folding scatter then
+        waits for its turn (``ReplyGate``) before its bundle is read, holding this session's reader."""
+        with self.roster.lock:
+            call = self._calls.get(frame.call_id)
+        if call is None or call.node != link.node_id:
+            return
+        call.answered.set()
+        if call.gate is not None and frame.result.has_bundle:
+            call.gate.enter(call.call_id)
+
+    def result(self, link: ChildLink, msg: Message) -> None:
+        """A whole Result message: it completes its call (a late one is counted and dropped)."""
+        with self.roster.lock:
+            info = self._calls.get(msg.call_id) or self._expired.get(msg.call_id)
+            if info is not None and info.node == link.node_id:
+                call = self._calls.pop(msg.call_id, None)
+                late = self._expired.pop(msg.call_id, None) if call is None else None
+                link.heard(info.round)  # a whole reply, on time or late, good or an error: the child is not silent
+            else:
+                info = call = late = None
+        if info is None:
+            complain(self.node, link, msg.call_id, pb.ERROR_CODE_BAD_REQUEST,
+                     f"{link.name} answered call {msg.call_id}, which is not pending for it")
+            return
+        self.meter.record(info.node, self.node, meter_kind(info.task, "reply"), "reply", msg.payload_bytes,
+                          msg.message_bytes, info.round)
+        timing.event("reply", at=self.node, call=msg.call_id, child=info.node)
+        if late is not None:
+            log.info("%s: late reply from %s to %s (round %d) dropped", self.node, info.node, info.task,
+                     info.round + 1)
+            return
+        assert call is not None
+        call.finish(accept_result(msg, link.name, _HOST))  # NetComm moves replies to its node's device

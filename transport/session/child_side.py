@@ -1,0 +1,201 @@
+"""The child side of ``Parent.Session`` (DESIGN.md section 4), free of gRPC: :class:`ChildProtocol` handles
+the parent's Welcome / Ready / Task / Bye and runs the tasks; :func:`hello_frame` opens a session. The gRPC
+streams, dialing and re-joining are ``transport/child.py``'s."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from fedhop.common import timing
+from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, get_task
+from fedhop.common.spec import TransportSpec
+from fedhop.common.testhooks import gate
+from fedhop.common.wire.budget import InflightBudget
+from fedhop.common.wire.control import ReportCursor, bye_frame, report_frame
+from fedhop.common.wire.messages import (
+    PROTOCOL_VERSION,
+    FrameError,
+    Message,
+    MessageAssembler,
+    error_frame,
+    error_result_frame,
+    message_frames,
+    on_host,
+    result_frame,
+)
+from fedhop.common.wire.scalars import put_scalars
+from fedhop.transport.inbound import Rejection, accept_request
+from fedhop.transport.session.link import CLOSE, ROLES, Frame
+from fedhop.v1 import fedhop_pb2 as pb
+
+log = logging.getLogger("fedhop.session")
+
+class ChildProtocol:
+    """What a child does with its parent's frames: tasks run one at a time, in arrival order, in a worker
+    thread (handlers share the node's state and model template, and a task that arrives while a stale one
+    runs must wait for it, not race it); each answered task is followed by a Report of what the node's byte
+    meter and missing log gained (``report``), and Bye is answered with the rest."""
+
+    def __init__(self, node: NodeId, ctx: NodeContext, send: Callable[[Iterable[pb.Frame | bytes]], None], *,
+                 chunk_bytes: int, report: Callable[[], tuple[list[dict], list[dict]]] | None = None,
+                 before_task: Callable[[int | None, float], None] | None = None,
+                 after_task: Callable[[NodeContext], None] | None = None,
+                 peers: dict[NodeId, str] | None = None, task_lock: Any = None) -> None:
+        self.node = node
+        timing.set_node(node)
+        self.ctx = ctx
+        self.send = send
+        self.chunk_bytes = chunk_bytes
+        self.report = report
+        self.before_task = before_task
+        self.after_task = after_task
+        self.peers = peers if peers is not None else {}  # edge id -> Edge address, from the parent's Ready
+        self.task_lock = task_lock if task_lock is not None else contextlib.nullcontext()  # held while a handler runs
+        self.started = threading.Event()
+        self.cursor = ReportCursor()
+        self._report_lock = threading.Lock()
+        self._tasks: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+
+    def on_frame(self, frame: Frame, asm: MessageAssembler) -> pb.Bye | None:
+        """Handle one frame of the parent's stream; returns the parent's Bye when it comes."""
+        if isinstance(frame, pb.Frame):
+            body = frame.WhichOneof("body")
+            if body is None:
+                return None
+            if body == "ready":
+                self.peers.update(frame.ready.peers)
+                self.started.set()
+                return None
+            if body == "bye":
+                return frame.bye
+            if body == "error":
+                log.warning("%s: parent reports (call %d): %s", self.node, frame.call_id, frame.error.message)
+                return None
+            if body in ("hello", "welcome", "report"):
+                self._complain(0, f"unexpected {body} frame from the parent; ignored")
+                return None
+        try:
+            msg = asm.feed(frame)
+        except FrameError as e:
+            self._complain(e.call_id, str(e))
+            return None
+        if msg is not None:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True, name=f"{self.node}-tasks")
+                self._worker.start()
+            timing.event("task_in", at=self.node, call=msg.call_id)
+            self._tasks.put((msg, time.monotonic()))
+        return None
+
+    def _complain(self, call_id: int, message: str) -> None:
+        log.warning("%s: %s", self.node, message)
+        self.send([error_frame(call_id, pb.ERROR_CODE_BAD_REQUEST, f"{self.node}: {message}")])
+
+    def _fail(self, call_id: int, code: int, message: str) -> None:
+        log.warning("%s: call %d failed: %s", self.node, call_id, message)
+        self.send([error_result_frame(call_id, code, message)])
+
+    def _work(self) -> None:
+        while (item := self._tasks.get()) is not CLOSE:
+            msg, received = item
+            self._run_task(msg, received)
+
+    def _run_task(self, msg: Message, received: float) -> int:
+        ctx = self.ctx
+        req = accept_request(msg, self.node, "its parent", ctx.device)
+        if isinstance(req, Rejection):
+            self._fail(msg.call_id, req.code, req.message)
+            return ctx.round
+        try:
+            handler = get_task(req.name)
+        except KeyError:
+            self._fail(req.call_id, pb.ERROR_CODE_UNKNOWN_TASK, f"{self.node}: unknown task {req.name!r}")
+            return ctx.round
+        if req.round is not None:
+            ctx.round = req.round
+        gate(f"{self.node}-{ctx.round}")  # test hook: hold this node mid-round (common/testhooks.py)
+        if self.before_task is not None:
+            self.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
+        try:
+            timing.event("run", at=self.node, call=req.call_id, task=req.name)
+            with self.task_lock:
+                reply = handler(ctx, req.bundle, dict(req.args))
+            timing.event("ran", at=self.node, call=req.call_id)
+            out = on_host(reply.bundle)
+            frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
+                                    self.chunk_bytes)
+        except NoAnswer:  # this node chose not to answer (e.g. not available this round): no Result at all
+            if self.after_task is not None:
+                self.after_task(ctx)
+            self.send_report(ctx.round)
+            return ctx.round
+        except Exception as e:  # the handler failed: the parent sees this node as missing for this call
+            log.exception("%s: task %s failed", self.node, req.name)
+            self.send_report(ctx.round)
+            self._fail(req.call_id, pb.ERROR_CODE_INTERNAL, f"{self.node}: {req.name} raised {type(e).__name__}: {e}")
+            return ctx.round
+        if self.after_task is not None:  # the node's state after this task, saved before anyone hears of it
+            self.after_task(ctx)
+        # the Report goes before the Result on the same stream: once the parent holds a round's results, it
+        # holds their byte rows too, so its checkpoint of that round is complete
+        self.send_report(ctx.round)
+        self.send(frames)
+        return ctx.round
+
+    def _unreported(self) -> tuple[list[dict], list[dict]]:
+        if self.report is None:
+            return [], []
+        try:
+            rows, missing = self.report()
+        except Exception:
+            log.exception("%s: collecting the byte meter failed", self.node)
+            return [], []
+        return self.cursor.delta(rows, missing)
+
+    def send_report(self, round_idx: int) -> None:
+        """Report what the meter and missing log gained since the last report (nothing when nothing did)."""
+        with self._report_lock:
+            rows, missing = self._unreported()
+            if rows or missing:
+                self.send([report_frame(rows, missing, round_idx)])
+
+    def stop(self) -> None:
+        """Let the task in progress finish (it may still answer), then stop the worker."""
+        if self._worker is not None:
+            self._tasks.put(CLOSE)
+            self._worker.join(timeout=5)
+
+    def bye(self) -> pb.Frame:
+        """This child's Bye: what it has not reported yet."""
+        with self._report_lock:
+            rows, missing = self._unreported()
+            return bye_frame("bye", finished=True, rows=rows, missing=missing)
+
+
+def child_assembler(transport: TransportSpec) -> MessageAssembler:
+    """A child's assembler of its parent's stream: Task messages only, within ``transport``'s caps."""
+    def tasks_only(head: pb.Frame) -> str | None:
+        body = head.WhichOneof("body")
+        return None if body == "task" else f"the parent sent a {body} frame; a parent only sends Tasks"
+
+    return MessageAssembler(transport.max_bundle_bytes, accept=tasks_only,
+                            budget=InflightBudget(transport.max_open_bundles, transport.inflight_bytes()))
+
+
+def hello_frame(node: NodeId, role: str, address: str, info: Mapping[str, Any], run_id: str) -> pb.Frame:
+    """The Hello frame a child opens its session with (``run_id`` set when re-joining)."""
+    hello = pb.Frame()
+    hello.hello.protocol = PROTOCOL_VERSION
+    hello.hello.node_id = node
+    hello.hello.role = ROLES[role]
+    hello.hello.address = address
+    hello.hello.run_id = run_id
+    put_scalars(hello.hello.info, info)
+    return hello

@@ -1,0 +1,162 @@
+"""The parent side of ``Parent.Session`` for one node (the PS or an edge): :class:`ParentHub`, a façade over
+its concerns, each its own module and all sharing one :class:`~fedhop.transport.session.link.Roster`:
+
+* ``admission.py``: Hello (its checks in ``checks.py``), Welcome, Ready, the start and round boundaries;
+* ``calls.py``: the call table (Tasks out, Results back, calls given up on);
+* ``liveness.py``: handshake timers, keep-alives, lost sessions, silent children dropped;
+* ``reports.py``: the children's Reports and Byes, merged into this node's meter and missing log.
+
+Built from one frozen :class:`~fedhop.transport.session.config.HubConfig`; what it tells its node goes to
+one :class:`~fedhop.transport.session.config.HubListener`. An edge, which learns its run only after its
+server is up, serves a :class:`~fedhop.transport.session.pending.PendingHub` until its hub exists."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from fedhop.common import timing
+from fedhop.common.engine.api import NodeId, Scalar
+from fedhop.common.engine.base import Failure, MissingLog
+from fedhop.common.wire.bundle import Bundle
+from fedhop.common.wire.messages import FrameError
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.reply_gate import ReplyGate
+from fedhop.transport.session.admission import Admission
+from fedhop.transport.session.calls import Call, CallTable
+from fedhop.transport.session.config import QUIET, HubConfig, HubListener
+from fedhop.transport.session.link import ChildLink, Frame, Roster, complain
+from fedhop.transport.session.liveness import Liveness
+from fedhop.transport.session.reports import Reports
+from fedhop.v1 import fedhop_pb2 as pb
+
+if TYPE_CHECKING:
+    from fedhop.transport.credentials import Security
+
+log = logging.getLogger("fedhop.session")
+
+
+class ParentHub:
+    """The parent side of the session protocol for one node: its children's sessions, their calls,
+    admission, keep-alives and reports. Its keep-alives run from construction to :meth:`shutdown`."""
+
+    def __init__(self, config: HubConfig, meter: ByteMeter, missing: MissingLog | None = None,
+                 listener: HubListener = QUIET) -> None:
+        self.config = config
+        self.node = config.node
+        timing.set_node(self.node)
+        self.meter = meter
+        self.missing = missing if missing is not None else MissingLog()
+        self.roster = Roster()
+        self.calls = CallTable(config, self.roster, meter)
+        self.admission = Admission(config, self.roster, listener, self.calls.assembler)
+        self.liveness = Liveness(config, self.roster, self.calls, listener)
+        self.reports = Reports(self.node, meter, self.missing)
+        self.liveness.start()
+
+    @property
+    def security(self) -> Security | None:
+        return self.config.security
+
+    @property
+    def secure(self) -> bool:
+        return self.config.secure
+
+    @property
+    def children(self) -> tuple[NodeId, ...]:
+        return self.config.children
+
+    @property
+    def hello_info(self) -> dict[NodeId, dict[str, Any]]:
+        """What each child said in its last Hello (e.g. ``state_round``)."""
+        return self.admission.hello_info
+
+    # -- one session (the servicer's calls) -----------------------------------------------------------------
+    def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
+             cancel: Callable[[], Any] | None = None) -> ChildLink:
+        """A new session from ``peer`` (:func:`~fedhop.transport.session.liveness.open_session`)."""
+        return self.liveness.open(peer, identity, unauthenticated, cancel)
+
+    def on_frame(self, link: ChildLink, frame: Frame) -> bool:
+        """Handle one frame from a child; False ends the session (a refused Hello)."""
+        if link.node_id is None:
+            if not link.alive:
+                return False
+            link.hello_seen.set()
+            return self.admission.hello(link, frame)
+        if isinstance(frame, pb.Frame):
+            body = frame.WhichOneof("body")
+            if body is None:
+                return True  # keep-alive
+            if body == "hello":
+                complain(self.node, link, 0, pb.ERROR_CODE_BAD_REQUEST,
+                         f"duplicate Hello from {link.name} on an open session; ignored")
+                return True
+            if body == "ready":
+                self.admission.ready(link, frame.ready)
+                return True
+            if body == "report":
+                self.reports.report(link, frame)
+                return True
+            if body == "bye":
+                self.reports.bye(link, frame)
+                return True
+            if body == "error" and frame.call_id == 0:
+                log.warning("%s: %s reports: %s", self.node, link.name, frame.error.message)
+                return True
+            if body == "result":
+                self.calls.answered(link, frame)
+        try:
+            msg = link.asm.feed(frame)
+        except FrameError as e:
+            complain(self.node, link, e.call_id, pb.ERROR_CODE_BAD_REQUEST, f"{link.name}: {e}")
+            return True
+        if msg is not None:
+            self.calls.result(link, msg)
+        return True
+
+    def lost(self, link: ChildLink, why: str) -> None:
+        """The session ended (:meth:`Liveness.lost <fedhop.transport.session.liveness.Liveness.lost>`)."""
+        self.liveness.lost(link, why)
+
+    # -- the run ------------------------------------------------------------------------------------------------
+    def wait_ready(self, timeout_s: float, give_up: Callable[[], str | None] | None = None) -> list[NodeId]:
+        """Wait until every child said Ready; returns the children that did not (``Admission.wait_ready``)."""
+        return self.admission.wait_ready(timeout_s, give_up)
+
+    def data_sizes(self) -> dict[NodeId, int]:
+        return self.admission.data_sizes()
+
+    def admit(self) -> dict[NodeId, int]:
+        """A round boundary: the ready children are admitted to calls (``Admission.admit``)."""
+        return self.admission.admit()
+
+    def start(self, peers: Mapping[NodeId, str] | None = None) -> dict[NodeId, int]:
+        """The run starts (``Admission.start``)."""
+        return self.admission.start(peers)
+
+    def edge_addresses(self) -> dict[NodeId, str]:
+        return self.admission.edge_addresses()
+
+    def shutdown(self, timeout_s: float, *, finished: bool, reason: str = "run finished") -> None:
+        """Bye (saying whether the run ``finished``) to every child; wait for their Bye, whose meter rows and
+        missing entries are merged into this node's meter and missing log; then close the streams."""
+        self.reports.collect(self.roster.alive(), timeout_s, finished=finished, reason=reason)
+        self.liveness.stop()
+
+    # -- calls ----------------------------------------------------------------------------------------------------
+    def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
+             deadline_s: float, gate: ReplyGate | None = None) -> Call | Failure:
+        """Push one Task to a child (``CallTable.call``)."""
+        return self.calls.call(target, task, bundle, args, round_idx, deadline_s, gate)
+
+    def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
+        return self.calls.await_link(target)
+
+    def expire(self, call: Call, why: str) -> None:
+        self.calls.expire(call, why)
+
+    def missed(self, node: NodeId, round_idx: int, why: str) -> bool:
+        """A task got no reply at all; True when this drops the child (``Liveness.missed``)."""
+        return self.liveness.missed(node, round_idx, why)

@@ -1,0 +1,162 @@
+"""Liveness: a parent hub's watch over its children's sessions.
+
+A session must say Hello within ``transport.handshake_timeout_s``; a quiet stream gets a keep-alive every
+``transport.keepalive_s``; a session that ends fails its pending calls (unless the node re-joined); a child
+that leaves the tasks of ``transport.drop_after_missed`` consecutive rounds without any reply is dropped."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from fedhop.common.engine.api import NodeId
+from fedhop.common.engine.base import Failure
+from fedhop.transport.session.calls import CallTable
+from fedhop.transport.session.config import HubConfig, HubListener, is_secure
+from fedhop.transport.session.link import ChildLink, Roster
+from fedhop.v1 import fedhop_pb2 as pb
+
+if TYPE_CHECKING:
+    from fedhop.transport.credentials import Security
+
+log = logging.getLogger("fedhop.session")
+
+
+def open_session(at: NodeId, security: Security | None, handshake_timeout_s: float, max_bytes: int | None,
+                 peer: str, identity: str | None = None, unauthenticated: str = "",
+                 cancel: Callable[[], Any] | None = None) -> ChildLink:
+    """A new session from ``peer`` to node ``at``; ``identity``: the node id its certificate or token proves
+    (the servicer's :func:`~fedhop.transport.credentials.peer_identity`), or why it could not be proved;
+    ``cancel``: ends the transport's stream.
+
+    A session holds a server thread while it lasts, so a peer holds none for long before it is known: with
+    TLS or tokens, one that is not authenticated is refused at once (the reason is logged, not echoed); any
+    peer that has not said Hello within ``handshake_timeout_s`` is disconnected."""
+    link = ChildLink(peer, max_bytes, identity, unauthenticated)
+    link.cancel = cancel
+    if is_secure(security) and identity is None:
+        log.warning("%s: rejected %s: unauthenticated peer: %s", at, peer, unauthenticated)
+        link.end(pb.ERROR_CODE_BAD_REQUEST, "unauthenticated peer")
+        return link
+    timer = threading.Timer(handshake_timeout_s, hello_overdue, (at, link, handshake_timeout_s))
+    timer.daemon = True
+    timer.start()
+    return link
+
+
+def hello_overdue(at: NodeId, link: ChildLink, handshake_timeout_s: float) -> None:
+    """The handshake timer fired: a session that has not said Hello yet is disconnected."""
+    if link.hello_seen.is_set() or not link.alive:
+        return
+    log.warning("%s: disconnected %s: no Hello within transport.handshake_timeout_s = %gs", at, link.peer,
+                handshake_timeout_s)
+    link.end(pb.ERROR_CODE_BAD_REQUEST, f"no Hello within {handshake_timeout_s:g}s")
+
+
+def close_session(link: ChildLink) -> None:
+    """The session's stream ended: nothing more is sent on it, nothing it was sending is kept."""
+    link.alive = False
+    link.close()
+    link.asm.close()
+
+
+class Liveness:
+    """Handshake timers, keep-alives, lost sessions and the drop of silent children, for one hub."""
+
+    def __init__(self, config: HubConfig, roster: Roster, calls: CallTable, listener: HubListener) -> None:
+        self.config = config
+        self.node = config.node
+        self.roster = roster
+        self.calls = calls
+        self.listener = listener
+        self._stop = threading.Event()
+
+    def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
+             cancel: Callable[[], Any] | None = None) -> ChildLink:
+        """A new session (:func:`open_session`, with this run's transport settings)."""
+        t = self.config.transport
+        return open_session(self.node, self.config.security, t.handshake_timeout_s, t.max_bundle_bytes, peer,
+                            identity, unauthenticated, cancel)
+
+    def hello_overdue(self, link: ChildLink) -> None:
+        """What the handshake timer of a session of this hub does when it fires."""
+        hello_overdue(self.node, link, self.config.transport.handshake_timeout_s)
+
+    # -- keep-alives --------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        threading.Thread(target=self._keepalive, args=(self.config.transport.keepalive_s,), daemon=True,
+                         name=f"{self.node}-keepalive").start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _keepalive(self, every_s: float) -> None:
+        """An empty frame to every child whose stream was quiet for ``every_s``: a child that hears nothing
+        for transport.keepalive_timeout_s takes its parent for stalled or gone and re-joins."""
+        while not self._stop.wait(every_s / 2):
+            now = time.monotonic()
+            for link in self.roster.alive():
+                if link.idle() and now - link.last_sent >= every_s:
+                    link.last_sent = now
+                    link.send([pb.Frame()])
+
+    # -- sessions that end ----------------------------------------------------------------------------------
+    def lost(self, link: ChildLink, why: str) -> None:
+        """The session ended (stream closed or broken): its pending calls fail, unless the node re-joined."""
+        close_session(link)
+        if link.node_id is None:
+            return
+        with self.roster.changed:
+            current = self.roster.links.get(link.node_id) is link
+            pending = self.calls.take_pending(link.node_id, keep_expired=False) if current else []
+            self.roster.changed.notify_all()
+        for c in pending:
+            c.finish(Failure(f"connection to {link.node_id} lost: {why}"))
+        if current and not link.bye.is_set() and not link.dropped:
+            log.warning("%s: lost %s: %s", self.node, link.node_id, why)
+            self.listener.child_lost(link.node_id, why)
+
+    def missed(self, node: NodeId, round_idx: int, why: str) -> bool:
+        """A task of round ``round_idx`` to ``node`` got no reply at all (``why``); True when this drops it.
+
+        A child that sent no Result (not a late one, not an error) for the tasks of
+        ``transport.drop_after_missed`` consecutive rounds it was given tasks in is dropped (:meth:`drop`). A
+        round counts once however many tasks it had; any Result of the child's calls resets the count."""
+        n = self.config.transport.drop_after_missed
+        if n == 0:
+            return False
+        with self.roster.lock:
+            link = self.roster.links.get(node)
+            if link is None or not link.alive or link.heard_round >= round_idx or link.missed_round == round_idx:
+                return False
+            link.missed += 1
+            link.missed_round = round_idx
+            if link.missed < n:
+                return False
+        self.drop(link, f"no reply in {n} consecutive rounds (transport.drop_after_missed = {n})", f"; the last: {why}")
+        return True
+
+    def drop(self, link: ChildLink, why: str, detail: str = "") -> None:
+        """Close a child's session for silence: its pending calls fail, the frames queued for it and the bundles
+        it was sending are freed, its stream is cancelled (a stopped peer reads nothing, so the transport's
+        thread would wait on it). The node stays admitted: it re-joins (Hello with the run id) as after any
+        lost stream, and takes part again from its Ready on."""
+        node = link.node_id
+        with self.roster.changed:
+            if not link.alive or node is None or self.roster.links.get(node) is not link:
+                return
+            link.alive = False
+            link.dropped = why
+            # kept as given up on: the replies of a child that comes back are counted, then dropped
+            pending = self.calls.take_pending(node, keep_expired=True)
+            self.roster.changed.notify_all()
+        log.warning("%s: dropped %s (%s): %s%s; its session is closed, it may re-join", self.node, node, link.peer, why,
+                    detail)
+        for c in pending:
+            c.finish(Failure(f"{node} was dropped: {why}"))
+        link.discard()
+        link.end(pb.ERROR_CODE_DEADLINE_EXCEEDED, f"{self.node} closed this session: {why}")
+        self.listener.child_lost(node, f"dropped: {why}")
