@@ -14,8 +14,9 @@ Two documents come out of one spec (:func:`compose_files`):
 Node ids cannot be derived inside a replicated service (Compose gives a replica no index), and a client's
 parent edge follows from its id, so every node is its own service; ``--scale`` does not apply.
 
-Ports inside the network: PS 50051, edges 50061, client health 50070. Every container reaches the others by
-service name (the node id), also on a Swarm overlay network.
+Ports inside the network: PS 50051, edges 50061 (the testbed contract's), client health 50070. Every container
+reaches the others by service name (the node id), also on a Swarm overlay network; the commands are the contract's
+role command lines (deploy/contract.py).
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import yaml
 
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, fixed_ports, link_security, plan
 
-PS_PORT = 50051
-EDGE_PORT = 50061
 HEALTH_PORT = 50070
 SPEC_TARGET = "/etc/fedhop/spec.toml"
 TLS_TARGET = "/etc/fedhop/tls"
@@ -86,7 +86,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     """The base and override documents for ``spec`` (see the module docstring)."""
     opts = replace(opts, spec_path=host_path(opts.spec_path), runs=host_path(opts.runs),
                    tls=host_path(opts.tls).rstrip("/") if opts.tls else None)
-    sec = ["--tls", TLS_TARGET] if opts.tls else ["--insecure"]
+    sec = link_security(TLS_TARGET if opts.tls else None)
 
     def tls_of(node: str) -> dict[str, Any]:
         return {"volumes": _tls_mounts(opts.tls, node)} if opts.tls else {}
@@ -95,7 +95,8 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
         return node if opts.tls else None
 
     topo = build_topology(spec.topology, spec.seed)
-    ps_addr = f"{topo.server}:{PS_PORT}"
+    where = plan(topo, {n: n for n in topo.all_nodes()}, fixed_ports(topo, PS_PORT, EDGE_PORT))  # service = node
+    ps_addr = where.address(topo.server)
     role: dict[str, Any] = {
         "image": opts.image,
         "build": {"context": ".", "dockerfile": "deploy/Dockerfile"},
@@ -105,32 +106,32 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     services: dict[str, Any] = {
         topo.server: {
             **role,
-            "command": ["server", SPEC_TARGET, "--listen", f"0.0.0.0:{PS_PORT}", *sec,
-                        "--device", opts.device,
-                        "--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}"],
+            "command": RoleCommand("server", SPEC_TARGET, listen=f"0.0.0.0:{PS_PORT}", security=sec,
+                                   device=opts.device,
+                                   extra=("--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}")).args(),
             "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}",
                         *tls_of(topo.server).get("volumes", [])],
             "healthcheck": _healthcheck(PS_PORT, opts.health_interval_s, hc_id(topo.server)),
             "deploy": _placement("ps"),
         }
     }
-    linger = ["--linger-until", ps_addr, "--linger-timeout", str(LINGER_S), "--connect-timeout", str(CONNECT_S)]
+    linger = ("--linger-until", ps_addr, "--linger-timeout", str(LINGER_S), "--connect-timeout", str(CONNECT_S))
     for e in topo.edges:
         services[e] = {
             **role,
-            "command": ["edge", "--id", e, "--connect", ps_addr, "--listen", f"0.0.0.0:{EDGE_PORT}",
-                        *sec, "--advertise", f"{e}:{EDGE_PORT}", "--device", opts.device, *linger],
+            "command": RoleCommand("edge", e, connect=where.connect(e), listen=f"0.0.0.0:{EDGE_PORT}",
+                                   advertise=where.address(e), security=sec, device=opts.device,
+                                   extra=linger).args(),
             **tls_of(e),
             "healthcheck": _healthcheck(EDGE_PORT, opts.health_interval_s, hc_id(e)),
             "deploy": _placement("edges"),
         }
     for c in topo.clients:
-        parent = topo.parent[c]
-        parent_addr = ps_addr if parent == topo.server else f"{parent}:{EDGE_PORT}"
         services[c] = {
             **role,
-            "command": ["client", "--id", c, "--connect", parent_addr, "--device", opts.device,
-                        "--health", f"0.0.0.0:{HEALTH_PORT}", *([] if not opts.tls else sec), *linger],
+            "command": RoleCommand("client", c, connect=where.connect(c), security=sec if opts.tls else (),
+                                   device=opts.device,
+                                   extra=("--health", f"0.0.0.0:{HEALTH_PORT}", *linger)).args(),
             **tls_of(c),  # its health-only port stays plaintext (it tells only whether the client is up)
             "healthcheck": {**_healthcheck(HEALTH_PORT, opts.health_interval_s), "interval": "30s"},
             "deploy": _placement("clients"),

@@ -4,23 +4,26 @@ The containers of a compose project share one bridge network. Before any contain
 (``up --no-start`` creates the network and the containers), a :class:`~fedhop.deploy.wire.PairCounters` is put
 on that network's subnet; while the run goes on, each container's address is recorded (an exited container
 loses it); afterwards the counters are read, attributed to node pairs (the service name is the node id) and
-written as ``wire.csv`` into the run folder, next to the payload and message bytes of ``links.csv``.
+written as ``wire.csv`` into the run folder, and beside the payload and message bytes of ``links.csv`` as the
+per-link table ``link_bytes.csv`` (deploy/contract.py :func:`~fedhop.deploy.contract.collect`, as every testbed).
+:class:`ComposeTestbed` implements the testbed contract (start / wait / wire / stop).
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import os
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
-from fedhop.deploy.wire import PairBytes, PairCounters, by_node
+from fedhop.deploy import contract
+from fedhop.deploy.link_table import LinkBytes, format_table
+from fedhop.deploy.wire import BridgeCounters, PairCounters, WireReading
 
 NETWORK = "fl"  # the network name in generated compose files
 
@@ -32,7 +35,7 @@ class ComposeRun:
 
     rc: int
     run_dir: Path
-    links: list[dict] = field(default_factory=list)  # src, dst, payload_bytes, message_bytes, wire_bytes
+    links: list[LinkBytes] = field(default_factory=list)  # the per-link table (link_bytes.csv)
     log: str = ""
 
 
@@ -91,101 +94,115 @@ class AddressBook:
         """Add the addresses held now."""
         self.book.update(addresses(self.network))
 
+    def _poll_quietly(self) -> None:
+        # the network goes away at the end of the run: a failed look-up then is expected
+        with contextlib.suppress(subprocess.CalledProcessError, json.JSONDecodeError, IndexError):
+            self.poll()
+
     def _loop(self) -> None:
         while not self._stop.is_set():
-            # the network goes away at the end of the run: a failed look-up then is expected
-            with contextlib.suppress(subprocess.CalledProcessError, json.JSONDecodeError, IndexError):
-                self.poll()
+            self._poll_quietly()
             self._stop.wait(self.period_s)
 
-    def __enter__(self) -> AddressBook:
+    def start(self) -> None:
         self._thread.start()
+
+    def stop(self) -> None:
+        """Stop polling, after one last look (nothing to do when it never started, or stopped already)."""
+        if self._stop.is_set() or not self._thread.is_alive():
+            self._stop.set()
+            return
+        self._stop.set()
+        self._thread.join()
+        self._poll_quietly()
+
+    def __enter__(self) -> AddressBook:
+        self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.stop()
 
 
-def link_table(run_dir: Path, wire: dict[tuple[str, str], int]) -> list[dict]:
-    """payload, message and wire bytes per directed link (src -> dst), from links.csv and the counters."""
-    acc: dict[tuple[str, str], dict] = {}
-    with (run_dir / "links.csv").open() as f:
-        for r in csv.DictReader(f):
-            row = acc.setdefault((r["src"], r["dst"]), {"payload_bytes": 0, "message_bytes": 0, "messages": 0})
-            for k in ("payload_bytes", "message_bytes", "messages"):
-                row[k] += int(r[k])
-    keys = sorted(set(acc) | set(wire))
-    return [{"src": s, "dst": d, **acc.get((s, d), {"payload_bytes": 0, "message_bytes": 0, "messages": 0}),
-             "wire_bytes": wire.get((s, d), 0)} for s, d in keys]
+class ComposeTestbed:
+    """``compose -p project up --exit-code-from ps`` in ``workdir`` with wire counters on the project's network;
+    results in ``runs/run_name`` (:class:`fedhop.deploy.contract.Testbed`). ``compose`` is
+    ``["docker", "compose"]`` (v2) or ``["docker-compose"]`` (1.29). ``stop`` leaves the containers and network
+    in place (the caller runs ``down``)."""
 
+    def __init__(self, compose: list[str], project: str, workdir: Path, runs: Path, run_name: str, *,
+                 log_path: Path | None = None) -> None:
+        if not project.replace("_", "").replace("-", "").isalnum() or project != project.lower():
+            raise ValueError(f"project name must be lower-case letters, digits, - and _ (got {project!r})")
+        self.project = project
+        self.workdir = workdir
+        self.runs = runs.resolve()
+        self.out = self.runs / run_name
+        self.env = {**os.environ, "FEDHOP_RUNS": str(self.runs), "FEDHOP_RUN": run_name}
+        self.base = [*compose, "-p", project]
+        self.network = f"{project}_{NETWORK}"
+        self.log_path = log_path or self.runs / f"{run_name}.compose.log"
+        self.book = AddressBook(self.network)
+        self.counters: BridgeCounters | None = None
+        self._proc: subprocess.Popen | None = None
+        self._log: IO[str] | None = None
+        self._t0 = 0.0
 
-def write_wire_csv(run_dir: Path, rows: list[dict]) -> Path:
-    path = run_dir / "wire.csv"
-    cols = ["src", "dst", "messages", "payload_bytes", "message_bytes", "wire_bytes"]
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows({k: r[k] for k in cols} for r in rows)
-    return path
+    def start(self) -> None:
+        """``up --no-start`` (the network and the containers), the counters on the network, then ``up``."""
+        self.runs.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*self.base, "up", "--no-start"], cwd=self.workdir, env=self.env, check=True,
+                       capture_output=True, text=True)
+        counters = BridgeCounters(PairCounters(f"fedhop_{self.project.replace('-', '_')}",
+                                               network_subnet(self.network)), lambda: self.book.book)
+        counters.install()
+        self.counters = counters
+        self.book.start()
+        self._log = self.log_path.open("w")
+        self._t0 = time.monotonic()
+        self._proc = subprocess.Popen([*self.base, "up", "--exit-code-from", "ps"], cwd=self.workdir, env=self.env,
+                                      stdout=self._log, stderr=subprocess.STDOUT)
 
+    def wait(self, timeout_s: float | None = None) -> int:
+        """``up``'s exit code (the PS's); 124 when ``timeout_s`` passed first (``up`` is then killed)."""
+        assert self._proc is not None and self._log is not None, "start() first"
+        try:
+            rc = self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            rc = 124
+        self._log.write(f"\n[fedhop compose-run] compose up ended with {rc} after {time.monotonic() - self._t0:.1f}s\n")
+        return rc
 
-def attribute(run_dir: Path, pairs: Mapping[tuple[str, str], PairBytes], node_of: Mapping[str, str]) -> list[dict]:
-    """Counters per address pair -> wire bytes per node pair, beside links.csv's payload and message bytes, written
-    to ``run_dir/wire.csv``; the rows (none when the run left no links.csv)."""
-    if not (run_dir / "links.csv").exists():
-        return []
-    rows = link_table(run_dir, by_node(pairs, node_of))
-    write_wire_csv(run_dir, rows)
-    return rows
+    def wire(self) -> WireReading:
+        """The counters, attributed with every address the book recorded (it stops recording first)."""
+        assert self.counters is not None, "start() first"
+        self.book.stop()
+        return self.counters.read()
 
-
-def format_table(rows: list[dict]) -> str:
-    """The per-link table: payload, message and wire bytes with the ratios."""
-    head = f"{'link':28s} {'payload B':>12s} {'message B':>12s} {'wire B':>12s} {'msg/pay':>8s} {'wire/pay':>8s}"
-    lines = [head, "-" * len(head)]
-
-    def ratio(a: int, b: int) -> str:
-        return f"{a / b:8.3f}" if b else f"{'-':>8s}"
-
-    tot = {"payload_bytes": 0, "message_bytes": 0, "wire_bytes": 0}
-    for r in rows:
-        lines.append(f"{r['src'] + ' -> ' + r['dst']:28s} {r['payload_bytes']:12,d} {r['message_bytes']:12,d} "
-                     f"{r['wire_bytes']:12,d} {ratio(r['message_bytes'], r['payload_bytes'])} "
-                     f"{ratio(r['wire_bytes'], r['payload_bytes'])}")
-        for k in tot:
-            tot[k] += r[k]
-    pay = tot["payload_bytes"]
-    lines.append(f"{'total':28s} {pay:12,d} {tot['message_bytes']:12,d} {tot['wire_bytes']:12,d} "
-                 f"{ratio(tot['message_bytes'], pay)} {ratio(tot['wire_bytes'], pay)}")
-    return "\n".join(lines)
+    def stop(self) -> None:
+        """Close the log, stop recording addresses, delete the counters' table."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._log is not None:
+            self._log.close()
+        self.book.stop()
+        if self.counters is not None:
+            self.counters.remove()
 
 
 def run_compose(compose: list[str], project: str, workdir: Path, runs: Path, run_name: str, *,
                 timeout_s: float = 1800.0, log_path: Path | None = None) -> ComposeRun:
-    """``compose -p project up --exit-code-from ps`` in ``workdir`` with wire counters; results in
-    ``runs/run_name``. ``compose`` is ``["docker", "compose"]`` (v2) or ``["docker-compose"]`` (1.29).
-    Leaves the containers and network in place (the caller runs ``down``)."""
-    if not project.replace("_", "").replace("-", "").isalnum() or project != project.lower():
-        raise ValueError(f"project name must be lower-case letters, digits, - and _ (got {project!r})")
-    runs = runs.resolve()
-    runs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FEDHOP_RUNS": str(runs), "FEDHOP_RUN": run_name}
-    base = [*compose, "-p", project]
-    subprocess.run([*base, "up", "--no-start"], cwd=workdir, env=env, check=True, capture_output=True, text=True)
-    network = f"{project}_{NETWORK}"
-    counters = PairCounters(f"fedhop_{project.replace('-', '_')}", network_subnet(network))
-    log_path = log_path or runs / f"{run_name}.compose.log"
-    with counters, AddressBook(network) as book, log_path.open("w") as logf:
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run([*base, "up", "--exit-code-from", "ps"], cwd=workdir, env=env,
-                                  stdout=logf, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = 124
-        logf.write(f"\n[fedhop compose-run] compose up ended with {rc} after {time.monotonic() - t0:.1f}s\n")
-        pairs = counters.read()
-    run_dir = runs / run_name
-    return ComposeRun(rc=rc, run_dir=run_dir, links=attribute(run_dir, pairs, book.book),
-                      log=log_path.read_text(errors="replace"))
+    """Run a :class:`ComposeTestbed` to its end (deploy/contract.py :func:`~fedhop.deploy.contract.run`): the
+    PS's exit code, the run folder, the per-link table and the compose log. Leaves the containers and network in
+    place (the caller runs ``down``)."""
+    bed = ComposeTestbed(compose, project, workdir, runs, run_name, log_path=log_path)
+    outcome = contract.run(bed, timeout_s)
+    return ComposeRun(rc=outcome.rc, run_dir=outcome.out, links=outcome.links or [],
+                      log=bed.log_path.read_text(errors="replace"))
+
+
+__all__ = ["NETWORK", "AddressBook", "ComposeRun", "ComposeTestbed", "addresses", "format_table", "network_subnet",
+           "run_compose", "service_of"]

@@ -37,6 +37,10 @@ every task of the stack Swarm knows of (``docker network inspect --verbose``, on
 container on the network. On several machines only the traffic that crosses *this* machine's bridge is counted:
 links with an end here. A link between two other machines shows no wire bytes; place the PS, or the nodes whose
 links you measure, on the machine that runs ``stack-run``.
+
+The counters are read through :class:`~fedhop.deploy.wire.BridgeCounters` (the attribution compose-run uses) and
+written as ``wire.csv`` and ``link_bytes.csv`` (:func:`fedhop.deploy.contract.collect`); :class:`StackTestbed`
+implements the testbed contract (start / wait / wire / stop).
 """
 
 from __future__ import annotations
@@ -49,13 +53,14 @@ import shutil
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from fedhop.deploy.compose_run import NETWORK, AddressBook, ComposeRun, attribute, network_subnet
-from fedhop.deploy.wire import PairBytes, PairCounters
+from fedhop.deploy import contract
+from fedhop.deploy.compose_run import NETWORK, AddressBook, ComposeRun, network_subnet
+from fedhop.deploy.wire import BridgeCounters, PairBytes, PairCounters, WireReading, sum_pairs
 
 DOCKER_NETNS = Path("/var/run/docker/netns")
 COMPOSE_FILE = "docker-compose.yml"
@@ -152,7 +157,8 @@ class _Held:
 
 class OverlayCounters:
     """:class:`PairCounters` on the bridge of every namespace ``network`` gets on this machine, each namespace held
-    open until :meth:`close` (see the module docstring). Use as a context manager around the whole run."""
+    open until :meth:`close` (see the module docstring). Use as a context manager around the whole run, or as the
+    pair source of a :class:`~fedhop.deploy.wire.BridgeCounters` (``install`` / ``read`` / ``remove``)."""
 
     def __init__(self, network: str, table: str, period_s: float = 0.05) -> None:
         self.network = network
@@ -198,8 +204,12 @@ class OverlayCounters:
         with self._lock:
             self._held[ns.name] = _Held(fd, counters)
 
-    def __enter__(self) -> OverlayCounters:
+    def install(self) -> None:
+        """Start watching for the overlay's namespaces."""
         self._thread.start()
+
+    def __enter__(self) -> OverlayCounters:
+        self.install()
         return self
 
     def namespaces(self) -> list[str]:
@@ -213,12 +223,7 @@ class OverlayCounters:
         if not held:
             raise RuntimeError(f"no counters on overlay network {self.network}: "
                                f"{self.error or 'no task of it ran on this machine'}")
-        out: dict[tuple[str, str], PairBytes] = {}
-        for h in held:
-            for k, c in h.counters.read().items():
-                prev = out.get(k, PairBytes(0, 0))
-                out[k] = PairBytes(prev.packets + c.packets, prev.bytes + c.bytes)
-        return out
+        return sum_pairs(h.counters.read() for h in held)
 
     def close(self) -> None:
         """Delete the tables (a namespace Docker still uses keeps nothing of ours) and let the namespaces go."""
@@ -230,6 +235,9 @@ class OverlayCounters:
                 h.counters.remove()
                 os.close(h.fd)
             self._held.clear()
+
+    def remove(self) -> None:
+        self.close()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -296,54 +304,110 @@ def wait_until(ok, timeout_s: float, period_s: float = 1.0) -> bool:
         time.sleep(period_s)
 
 
-def run_stack(stack: str, workdir: Path, runs: Path, run_name: str, *, timeout_s: float = 3600.0,
-              settle_s: float = 120.0, log_path: Path | None = None) -> ComposeRun:
-    """``docker stack deploy -c workdir/docker-compose.yml stack`` with wire counters; waits until the PS's task
-    has ended (its exit code is the run's; 124 after ``timeout_s``) and then up to ``settle_s`` for every other task
-    to end; results in ``runs/run_name``, service logs in ``log_path``. Leaves the stack in place (the caller runs
-    :func:`remove_stack`). Raises :class:`SwarmError` before deploying anything if the swarm cannot run it."""
-    compose_file = workdir / COMPOSE_FILE
-    check_stack(stack, compose_file)
-    runs = runs.resolve()  # Swarm takes absolute bind-mount sources only
-    runs.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FEDHOP_RUNS": str(runs), "FEDHOP_RUN": run_name}
-    network = f"{stack}_{NETWORK}"
-    log_path = log_path or runs / f"{run_name}.stack.log"
-    ps = f"{stack}_{PS_SERVICE}"
-    notes: list[str] = []
-    with OverlayCounters(network, f"fedhop_{stack.replace('-', '_')}") as counters, \
-            StackAddressBook(network, stack) as book:
-        t0 = time.monotonic()
-        subprocess.run(["docker", "stack", "deploy", "-c", COMPOSE_FILE, stack], cwd=workdir, env=env, check=True,
-                       capture_output=True, text=True)
+@dataclass
+class StackTestbed:
+    """``docker stack deploy -c workdir/docker-compose.yml stack`` with wire counters on the overlay's bridge
+    (:class:`fedhop.deploy.contract.Testbed`); results in ``runs/run_name``, service logs and notes in
+    ``log_path`` (written by ``stop``). ``stop`` leaves the stack in place (the caller runs :func:`remove_stack`).
+    ``settle_s``: how long ``wait`` gives the other tasks to end after the PS's."""
+
+    stack: str
+    workdir: Path
+    runs: Path
+    run_name: str
+    settle_s: float = 120.0
+    log_path: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.runs = self.runs.resolve()  # Swarm takes absolute bind-mount sources only
+        self.out = self.runs / self.run_name
+        self.log_path = self.log_path or self.runs / f"{self.run_name}.stack.log"
+        self.network = f"{self.stack}_{NETWORK}"
+        self.book = StackAddressBook(self.network, self.stack)
+        self.overlay = OverlayCounters(self.network, f"fedhop_{self.stack.replace('-', '_')}")
+        self.counters = BridgeCounters(self.overlay, lambda: self.book.book, backend="overlay")
+        self._deployed = self._counting = self._recording = False
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        """Check the swarm (:class:`SwarmError` before anything is deployed), then counters, then deploy."""
+        check_stack(self.stack, self.workdir / COMPOSE_FILE)
+        self.runs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "FEDHOP_RUNS": str(self.runs), "FEDHOP_RUN": self.run_name}
+        self.counters.install()
+        self._counting = True
+        self.book.start()
+        self._recording = True
+        self._t0 = time.monotonic()
+        subprocess.run(["docker", "stack", "deploy", "-c", COMPOSE_FILE, self.stack], cwd=self.workdir, env=env,
+                       check=True, capture_output=True, text=True)
+        self._deployed = True
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """The PS task's exit code (124 when it still runs after ``timeout_s``), after up to ``settle_s`` for every
+        other task to end."""
+        ps = f"{self.stack}_{PS_SERVICE}"
 
         def ps_ended() -> bool:
             ts = tasks(service=ps)
             return bool(ts) and all(t.state in ENDED for t in ts)
 
-        if wait_until(ps_ended, timeout_s):
+        limit = float("inf") if timeout_s is None else timeout_s
+        if wait_until(ps_ended, limit):
             last = tasks(service=ps)[0]
             rc = last.exit_code if last.exit_code is not None else 1
-            notes.append(f"PS task {last.state}, exit code {last.exit_code}{': ' + last.error if last.error else ''}")
+            self.notes.append(f"PS task {last.state}, exit code {last.exit_code}"
+                              f"{': ' + last.error if last.error else ''}")
         else:
             rc = 124
-            notes.append(f"PS task still running after {timeout_s:g}s")
-        if not wait_until(lambda: all(t.state in ENDED for t in tasks(stack=stack)), settle_s):
-            notes.append(f"tasks still running {settle_s:g}s after the PS ended: their last bytes may be missing")
-        notes.append(f"stack ran {time.monotonic() - t0:.1f}s; counters in overlay namespaces "
-                     f"{', '.join(counters.namespaces()) or 'none'}")
-        pairs = counters.read()
-        if not pairs:
-            notes.append("the wire counters saw no packet: wire bytes are missing, not zero")
-    services = _docker("stack", "services", stack, "--format", "{{.Name}}", check=False).stdout.split()
-    with log_path.open("w") as logf:
-        for svc in sorted(services):
-            logs = _docker("service", "logs", "--no-task-ids", svc, check=False)
-            logf.write(logs.stdout + logs.stderr)
-        logf.writelines(f"[fedhop stack-run] {n}\n" for n in notes)
-    run_dir = runs / run_name
-    return ComposeRun(rc=rc, run_dir=run_dir, links=attribute(run_dir, pairs, book.book),
-                      log=log_path.read_text(errors="replace"))
+            self.notes.append(f"PS task still running after {limit:g}s")
+        if not wait_until(lambda: all(t.state in ENDED for t in tasks(stack=self.stack)), self.settle_s):
+            self.notes.append(f"tasks still running {self.settle_s:g}s after the PS ended: their last bytes may be "
+                              "missing")
+        return rc
+
+    def wire(self) -> WireReading:
+        """The counters of every overlay namespace held (raises RuntimeError if none was)."""
+        self.notes.append(f"stack ran {time.monotonic() - self._t0:.1f}s; counters in overlay namespaces "
+                          f"{', '.join(self.overlay.namespaces()) or 'none'}")
+        if self._recording:  # every address recorded before the counters are attributed
+            self.book.stop()
+            self._recording = False
+        reading = self.counters.read()
+        self.notes.extend(reading.notes)
+        return reading
+
+    def stop(self) -> None:
+        """Stop recording addresses, delete the counters (letting the namespaces go); write the service logs."""
+        if self._recording:
+            self.book.stop()
+            self._recording = False
+        if self._counting:
+            self.counters.remove()
+            self._counting = False
+        if not self._deployed:
+            return
+        assert self.log_path is not None
+        services = _docker("stack", "services", self.stack, "--format", "{{.Name}}", check=False).stdout.split()
+        with self.log_path.open("w") as logf:
+            for svc in sorted(services):
+                logs = _docker("service", "logs", "--no-task-ids", svc, check=False)
+                logf.write(logs.stdout + logs.stderr)
+            logf.writelines(f"[fedhop stack-run] {n}\n" for n in self.notes)
+
+
+def run_stack(stack: str, workdir: Path, runs: Path, run_name: str, *, timeout_s: float = 3600.0,
+              settle_s: float = 120.0, log_path: Path | None = None) -> ComposeRun:
+    """Run a :class:`StackTestbed` to its end (:func:`fedhop.deploy.contract.run`): waits until the PS's task has
+    ended (its exit code is the run's; 124 after ``timeout_s``) and then up to ``settle_s`` for every other task to
+    end; results in ``runs/run_name``, service logs in ``log_path``. Leaves the stack in place (the caller runs
+    :func:`remove_stack`). Raises :class:`SwarmError` before deploying anything if the swarm cannot run it."""
+    bed = StackTestbed(stack, workdir, runs, run_name, settle_s=settle_s, log_path=log_path)
+    outcome = contract.run(bed, timeout_s)
+    assert bed.log_path is not None
+    return ComposeRun(rc=outcome.rc, run_dir=outcome.out, links=outcome.links or [],
+                      log=bed.log_path.read_text(errors="replace"))
 
 
 def remove_stack(stack: str, timeout_s: float = 120.0) -> None:

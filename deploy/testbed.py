@@ -4,7 +4,8 @@ One namespace per process (PS, each edge, each client) with its own address on a
 per-link bandwidth with tc htb (deploy/shaping.py) and, when asked, per-link delay with a proxy
 (deploy/delay_proxy.py); the roles started with their own commands (``fedhop server|edge|client``) through
 ``ip netns exec``; wire bytes per link from nftables counters (deploy/kernel_bytes.py). Everything created is
-removed at the end, also on failure, Ctrl-C or SIGTERM.
+removed at the end, also on failure, Ctrl-C or SIGTERM. :class:`Testbed` implements the testbed contract
+(deploy/contract.py: start / wait / wire / stop).
 
 Run folder (the PS's files plus): ``wire.csv`` (kernel counters per directed link), ``link_bytes.csv``
 (payload, message and wire per link, with ratios), ``round_times.csv`` (when each round's record reached the
@@ -31,13 +32,15 @@ from typing import Any
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class, link_delay, link_rate
-from fedhop.deploy import kernel_bytes, shaping, testbed_http, testbed_tls
+from fedhop.deploy import contract, kernel_bytes, link_table, shaping, testbed_http, testbed_tls
+from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, link_security
+from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
+from fedhop.deploy.processes import Processes
+from fedhop.deploy.wire import WireReading
 
 log = logging.getLogger("fedhop.testbed")
 
-PS_PORT = 50051
-EDGE_PORT = 50061
 STOP_GRACE_S = 30.0
 STARTUP_S = 300.0  # a role behind a delay proxy must listen within this (torch imports are slow on busy hosts)
 POLL_S = 0.02
@@ -131,13 +134,13 @@ class TestbedResult:
 
     rc: int
     out: Path
-    levels: list[kernel_bytes.LinkLevels]
+    levels: list[LinkBytes]
     rounds: list[dict[str, Any]]
     notes: list[str]
 
 
 class Testbed:
-    """One ``testbed up``: plan, create, run, collect, destroy."""
+    """One ``testbed up``: plan, create, run, collect, destroy (:class:`fedhop.deploy.contract.Testbed`)."""
 
     __test__ = False
 
@@ -148,6 +151,7 @@ class Testbed:
         self.spec = RunSpec.load(spec_path)  # SpecError names the field
         self.tb = self.spec.testbed or TestbedSpec()
         self.topo = build_topology(self.spec.topology, self.spec.seed)
+        self.order = self.topo.all_nodes()
         try:
             self.tb.check_nodes(self.topo.all_nodes())
         except ValueError as e:
@@ -163,29 +167,30 @@ class Testbed:
         self.tls = tls
         if tls is not None and tls != testbed_tls.AUTO:
             testbed_tls.check_folder(Path(tls), self.net, spec_path)
+        self.plan = contract.plan(self.topo, {n: nn.address for n, nn in self.net.nodes.items()},
+                                  contract.fixed_ports(self.topo, PS_PORT, EDGE_PORT))
         self.tls_dir: Path | None = None
-        self.counters = kernel_bytes.WireCounters(self.net, peers_of(self.links))
-        self.procs: dict[str, subprocess.Popen] = {}
-        self._logs: list[Any] = []
+        self.counters = kernel_bytes.NamespaceCounters(self.net, peers_of(self.links))
+        self.children = Processes(out / "logs")
+        self.shapes: list[shaping.LinkShape] = []
+        self.clock = RoundClock(out / "rounds.jsonl")
         self._tearing_down = False
         # last: binds the host's port (a taken one fails here, before anything is created)
         self.http = testbed_http.bind(http, http_token) if http else None
 
     # -- processes ------------------------------------------------------------------------------------------
+    @property
+    def procs(self) -> dict[str, Any]:
+        """The processes started so far, by name."""
+        return self.children.procs
+
     def _start(self, name: str, ns: str, cmd: list[str], env: dict[str, str] | None = None,
                pass_fds: tuple[int, ...] = ()) -> None:
-        (self.out / "logs").mkdir(parents=True, exist_ok=True)
-        f = (self.out / "logs" / f"{name}.log").open("wb")
-        self._logs.append(f)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        self.procs[name] = subprocess.Popen(in_ns(ns, cmd), stdin=subprocess.DEVNULL, stdout=f,
-                                            stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                            pass_fds=pass_fds)
+        self.children.start(name, in_ns(ns, cmd), env=env, pass_fds=pass_fds)
 
-    def _security(self) -> list[str]:
-        """Every role's link options: mutual TLS with --tls, else plaintext (the testbed's addresses are not
-        loopback, so roles must be told --insecure)."""
-        return ["--tls", str(self.tls_dir)] if self.tls_dir else ["--insecure"]
+    def _security(self) -> tuple[str, ...]:
+        """Every role's link options: mutual TLS with --tls, else plaintext (:func:`contract.link_security`)."""
+        return link_security(str(self.tls_dir) if self.tls_dir else None)
 
     def _web(self) -> tuple[list[str], dict[str, str]]:
         """The PS's --http options (and token, through its environment), and the forwarder from the host."""
@@ -206,13 +211,13 @@ class Testbed:
                 out[self.net.nodes[lk.b if lk.a == node else lk.a].address] = lk.delay_ms
         return out
 
-    def _serve_addr(self, node: str, port: int) -> tuple[str, str]:
+    def _serve_addr(self, node: str) -> tuple[str, str]:
         """(listen, public) addresses of a listening node: with delayed links a proxy takes the public one."""
-        public = f"{self.net.nodes[node].address}:{port}"
+        public = self.plan.address(node)
         delays = self._delays_into(node)
         if not delays:
             return public, public
-        listen = f"127.0.0.1:{port}"
+        listen = f"127.0.0.1:{self.plan.node(node).port}"
         args = [sys.executable, "-m", "fedhop.deploy.delay_proxy", "--listen", public, "--target", listen]
         for addr, ms in sorted(delays.items()):
             args += ["--delay", f"{addr}={ms:g}"]
@@ -234,43 +239,30 @@ class Testbed:
             time.sleep(0.05)
 
     def start_roles(self) -> None:
-        py = [sys.executable, "-m", "fedhop"]
-        dev = ["--device", self.device] if self.device else []
+        dev = self.device
         topo = self.topo
         sec = self._security()
-        listen, ps_public = self._serve_addr(topo.server, PS_PORT)
+        listen, _ = self._serve_addr(topo.server)
         web, web_env = self._web()
         self._start("ps", self.net.nodes[topo.server].ns,
-                    [*py, "server", str(self.spec_path), "--listen", listen, *sec, "--out", str(self.out),
-                     "--force", *web, *dev], env=web_env)
+                    RoleCommand("server", str(self.spec_path), listen=listen, security=sec, device=dev,
+                                extra=("--out", str(self.out), "--force", *web)).argv(), env=web_env)
         self._await_listening(topo.server, listen)
-        public = {topo.server: ps_public}
         edge_listen: dict[str, str] = {}
         for e in topo.edges:
-            listen, public[e] = self._serve_addr(e, EDGE_PORT)
-            self._start(e, self.net.nodes[e].ns, [*py, "edge", "--id", e, "--connect", ps_public, "--listen", listen,
-                                                  *sec, "--advertise", public[e], *dev])
+            listen, public = self._serve_addr(e)
+            self._start(e, self.net.nodes[e].ns,
+                        RoleCommand("edge", e, connect=self.plan.connect(e), listen=listen, advertise=public,
+                                    security=sec, device=dev).argv())
             edge_listen[e] = listen
         for n, listen in edge_listen.items():
             self._await_listening(n, listen)
         for c in topo.clients:
-            self._start(c, self.net.nodes[c].ns, [*py, "client", "--id", c, "--connect", public[topo.parent[c]],
-                                                  *sec, *dev])
+            self._start(c, self.net.nodes[c].ns,
+                        RoleCommand("client", c, connect=self.plan.connect(c), security=sec, device=dev).argv())
 
     def stop_roles(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        end = time.monotonic() + 5.0
-        for p in self.procs.values():
-            try:
-                p.wait(max(0.01, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5.0)
-        for f in self._logs:
-            f.close()
-        self._logs.clear()
+        self.children.stop(5.0)
 
     # -- the run --------------------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -291,13 +283,13 @@ class Testbed:
         }
         (self.out / "testbed.json").write_text(json.dumps(plan, indent=1))
 
-    def _wait(self, clock: RoundClock) -> int:
+    def _wait(self, clock: RoundClock, timeout_s: float | None) -> int:
         ps = self.procs["ps"]
-        end = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        end = None if timeout_s is None else time.monotonic() + timeout_s
         while ps.poll() is None:
             clock.poll()
             if end is not None and time.monotonic() > end:
-                raise TestbedError(f"the run did not finish within --timeout {self.timeout_s:g}s")
+                raise TestbedError(f"the run did not finish within --timeout {timeout_s:g}s")
             time.sleep(POLL_S)
         clock.poll()
         rc = ps.returncode
@@ -308,62 +300,74 @@ class Testbed:
                 p.wait(max(0.01, stop - time.monotonic()))
         return rc
 
-    def run(self) -> TestbedResult:
+    # -- the testbed contract (deploy/contract.py) ----------------------------------------------------------
+    def start(self) -> None:
+        """Certificates, namespaces, shaping, counters; then the roles."""
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.tls == testbed_tls.AUTO:
+            self.tls_dir = testbed_tls.auto_folder(self.out, self.net)
+        elif self.tls is not None:
+            self.tls_dir = Path(self.tls).resolve()
+        self.net.create()
+        self.shapes = [shaping.LinkShape(lk.a, lk.b, lk.mbit) for lk in self.links if lk.mbit is not None]
+        shaping.apply_shaping(self.net, self.shapes)
+        self.counters.install()
+        self.start_roles()
+        self._write_plan()
+        if not self.quiet:
+            print(f"fedhop testbed: {len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
+                  f"{len(self.shapes)} shaped links, wire counters: {self.counters.backend}, links: "
+                  f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}",
+                  file=sys.stderr)
+            if self.http:
+                print(f"fedhop testbed: live page: {self.http.url}", file=sys.stderr, flush=True)
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """The PS's exit code, the round ends noted on the way; raises TestbedError after ``timeout_s``."""
+        return self._wait(self.clock, timeout_s)
+
+    def wire(self) -> WireReading:
+        return self.counters.read()
+
+    def stop(self) -> None:
+        """Every process, the live page's port, every namespace (with its veths, qdiscs and counters)."""
+        try:
+            self.stop_roles()
+            if self.http:
+                self.http.close()
+        finally:
+            left = self.net.destroy()
+            if left:
+                log.error("could not remove namespaces %s; `fedhop testbed clean` retries", left)
+
+    def run(self) -> TestbedResult:
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         notes: list[str] = []
         try:
-            if self.tls == testbed_tls.AUTO:
-                self.tls_dir = testbed_tls.auto_folder(self.out, self.net)
-            elif self.tls is not None:
-                self.tls_dir = Path(self.tls).resolve()
-            self.net.create()
-            shapes = [shaping.LinkShape(lk.a, lk.b, lk.mbit) for lk in self.links if lk.mbit is not None]
-            shaping.apply_shaping(self.net, shapes)
-            self.counters.install()
-            self.start_roles()
-            self._write_plan()
-            if not self.quiet:
-                print(f"fedhop testbed: {len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
-                      f"{len(shapes)} shaped links, wire counters: {self.counters.backend}, links: "
-                      f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}",
-                      file=sys.stderr)
-                if self.http:
-                    print(f"fedhop testbed: live page: {self.http.url}", file=sys.stderr, flush=True)
-            clock = RoundClock(self.out / "rounds.jsonl")
-            rc = self._wait(clock)
-            rounds = clock.rows()
+            self.start()
+            rc = self.wait(self.timeout_s)
+            rounds = self.clock.rows()
             _write_csv(self.out / "round_times.csv", rounds, ["round", "end_s", "round_s"])
-            wire = self.counters.read()
-            notes += self.counters.notes
-            kernel_bytes.write_wire_csv(wire, self.out / "wire.csv")
+            reading = self.wire()
+            notes += reading.notes
+            levels = contract.collect(self.out, reading, self.order)  # wire.csv, link_bytes.csv
             tcp = kernel_bytes.tcp_stats(self.net)
             _write_csv(self.out / "tcp.csv", [{"node": n, **v} for n, v in tcp.items()],
                        ["node", "OutSegs", "RetransSegs"])
             retrans = {n: v["RetransSegs"] for n, v in tcp.items() if v["RetransSegs"]}
             if retrans:
                 notes.append(f"TCP retransmitted segments (counted in wire bytes): {retrans}")
-            (self.out / "tc.json").write_text(json.dumps(shaping.class_stats(self.net, shapes), indent=1))
-            levels: list[kernel_bytes.LinkLevels] = []
-            if (self.out / "links.csv").is_file():
-                meters = kernel_bytes.read_links_csv(self.out / "links.csv")
-                levels = kernel_bytes.reconcile(meters, wire, self.topo.all_nodes())
-                kernel_bytes.write_levels_csv(levels, self.out / "link_bytes.csv")
-            else:
+            (self.out / "tc.json").write_text(json.dumps(shaping.class_stats(self.net, self.shapes), indent=1))
+            if levels is None:
                 notes.append(f"the PS wrote no links.csv (exit code {rc}): no per-link table")
-            return TestbedResult(rc=rc, out=self.out, levels=levels, rounds=rounds, notes=notes)
+            return TestbedResult(rc=rc, out=self.out, levels=levels or [], rounds=rounds, notes=notes)
         finally:
             self._tearing_down = True
             try:
-                self.stop_roles()
-                if self.http:
-                    self.http.close()
+                self.stop()
             finally:
-                left = self.net.destroy()
                 for s, h in saved.items():
                     signal.signal(s, h)
-                if left:
-                    log.error("could not remove namespaces %s; `fedhop testbed clean` retries", left)
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], header: list[str]) -> None:
@@ -402,7 +406,7 @@ def cmd_up(spec: str, out: str | None, device: str | None, timeout_s: float | No
               file=sys.stderr)
         return 3
     if res.levels:
-        print(kernel_bytes.format_table(res.levels))
+        print(link_table.format_table(res.levels))
     for n in res.notes:
         print(f"note: {n}")
     if res.rc != 0:

@@ -117,21 +117,25 @@ class Progress:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from fedhop.common.engine.inprocess import InProcessEngine
+    from fedhop.common.engine.events import round_records
     from fedhop.common.engine.preflight import check_user_code
     from fedhop.common.engine.results import write_run_folder
+    from fedhop.server.web.cli import page_from_args
+    from fedhop.server.web.live import simulate
 
     started = time.perf_counter()
     spec = load_spec(a.spec, a.set)
     check_user_code(spec, source=a.spec or "<default spec>")
     check_device(a.device or spec.device)
     out = run_folder(a, spec.name, "simulate")
-    engine = InProcessEngine(spec, device=a.device)
+    page = page_from_args(a)  # the run's events; with --http, the live page / API / metrics serving them
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
+    page.events.subscribe(round_records(bar.on_round))
     try:
-        result = engine.run(on_round=bar.on_round, journal=out / "rounds.jsonl")
+        result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl")
     finally:
         bar.close()
+        page.close()
     write_run_folder(result, out)
     print_summary(result, out, time.perf_counter() - started)
     return 0
@@ -163,7 +167,7 @@ def print_summary(result, out: Path, total_s: float | None = None, details: bool
 
 
 def cmd_reproduce(a: argparse.Namespace) -> int:
-    from fedhop.common.engine import results
+    from fedhop.common.engine.events import RunEvents
     from fedhop.reproduce import load_all, run_experiment
     from fedhop.reproduce.runner import RunOptions
 
@@ -172,12 +176,12 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
     for name in names:
         out = Path(a.out or "runs/reproduce") / (name + ("-quick" if a.quick else ""))
         hook = ReproduceProgress(name, a.quiet)
-        results.round_observers.append(hook)
+        events = RunEvents()  # every run of the experiment made in this process emits into it
+        events.subscribe(hook)
         try:
             outcome = run_experiment(name, out, a.quick, dataset=a.dataset, path=a.data_path,
-                                     options=RunOptions(network=a.network, only=tuple(a.only)))
+                                     options=RunOptions(network=a.network, only=tuple(a.only), events=events))
         finally:
-            results.round_observers.remove(hook)
             hook.close()
         status = ("CLAIM NOT MET" if not outcome.ok else "ok" if outcome.checks
                   else "no claim checked (--only left out the runs they need)")
@@ -201,20 +205,29 @@ class ReproduceProgress:
 
         self.name = name
         self.runs = 0
+        self.run_name, self.rounds, self.training = "", 0, False
+        self.ready: dict[str, int] = {}  # child of the PS -> its clients ready
         self.bar = tqdm(total=None, desc=name, unit="round", file=sys.stderr, disable=quiet)
 
-    def __call__(self, event: str, payload: dict[str, Any]) -> None:
-        if event == "joining":  # --network: the run's processes are starting (before "start")
-            self.bar.reset(total=payload["clients"])
-            self.bar.n = payload["ready"]
-            self.bar.set_description(f"{self.name}: run {self.runs + 1} ({payload['name']}): clients ready")
-            self.bar.refresh()
-        elif event == "start":
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        """A listener of the runs' events: a run's clients getting ready (--network: its processes are
+        starting), then its rounds."""
+        if kind == "run_started":
             self.runs += 1
-            self.bar.reset(total=payload["rounds"])
-            self.bar.set_description(f"{self.name}: run {self.runs} ({payload['name']})")
-        else:
-            self.bar.n = payload["round"]
+            spec = data["spec"]
+            self.run_name, self.rounds, self.ready, self.training = spec["name"], spec["rounds"], {}, False
+            self.bar.reset(total=spec["topology"]["clients"])
+            self.bar.set_description(f"{self.name}: run {self.runs} ({self.run_name}): clients ready")
+        elif kind == "node_ready" and not self.training:
+            self.ready[data["node"]] = len(data["data_sizes"])
+            self.bar.n = sum(self.ready.values())
+            self.bar.refresh()
+        elif kind == "round_started" and not self.training:
+            self.training = True
+            self.bar.reset(total=self.rounds)
+            self.bar.set_description(f"{self.name}: run {self.runs} ({self.run_name})")
+        elif kind == "round_ended" and data["round"] >= 0:
+            self.bar.n = data["round"] + 1
             self.bar.refresh()
 
     def close(self) -> None:
@@ -292,6 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(s, "simulate")
     s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    from fedhop.server.web.cli import add_http_args
+
+    add_http_args(s)  # the live page, JSON API and /metrics of the in-process run
     s.set_defaults(fn=cmd_simulate)
 
     s = sub.add_parser("reproduce", help="run a paper reproduction (results, plots, markdown table)",

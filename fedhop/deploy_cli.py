@@ -131,7 +131,7 @@ def cmd_stack_run(a: argparse.Namespace) -> int:
     if run.links:
         print(format_table(run.links))
         print(f"wire bytes per link in {run.run_dir / 'wire.csv'}")
-        if not any(r["wire_bytes"] for r in run.links):
+        if not any(r.wire for r in run.links):
             print("fedhop stack-run: the wire counters on this machine saw no packet of the run (wire bytes are "
                   "missing, not zero); see the end of the service log", file=sys.stderr)
             return run.rc or 1

@@ -10,11 +10,7 @@ name is its id list, e.g. ``client-0..client-63``). Ctrl-C or any error kills ev
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +19,9 @@ from fedhop.client_ids import AUTO, format_ids, resolve_per_process
 from fedhop.common.engine.results import RunResult
 from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.deploy import processes as deploy_processes
+from fedhop.deploy.contract import RoleCommand, plan
+from fedhop.deploy.wire import WireReading
 from fedhop.forkstart import ForkedChild, fedhop_argv, import_time_differences, warm
 
 log = logging.getLogger("fedhop.launch")
@@ -61,49 +60,33 @@ def pick_devices(choice: str, n: int) -> list[str]:
 
 def role_cmd(role: str, node: str, connect: str, *, listen: str | None = None, device: str | None = None,
              data_path: str | None = None, state_dir: Path | None = None, extra: Sequence[str] = ()) -> list[str]:
-    """The command line of one child process; ``role`` "clients" (a client host) takes an id list as ``node``."""
-    cmd = [sys.executable, "-m", "fedhop", role, "--ids" if role == "clients" else "--id", node, "--connect", connect,
-           *extra]
-    if state_dir is not None:
-        cmd += ["--state-dir", str(state_dir)]
-    if listen:
-        cmd += ["--listen", listen]
-    if device:
-        cmd += ["--device", device]
-    if data_path:
-        cmd += ["--data-path", data_path]
-    return cmd
+    """The command line of one child process; ``role`` "clients" (a client host) takes an id list as ``node``
+    (:class:`fedhop.deploy.contract.RoleCommand`, the one builder of every testbed)."""
+    return RoleCommand(role, node, connect=connect, listen=listen, device=device, data_path=data_path,
+                       state_dir=None if state_dir is None else str(state_dir), extra=tuple(extra)).argv()
 
 
-class Processes:
-    """The child processes of a federation, by node id. ``fork``: start ``python -m fedhop ...`` commands by
-    forking a server that has imported torch once (fedhop/forkstart.py) instead of a new interpreter each."""
+def _forked(name: str, cmd: list[str], log_file: Path, env: dict[str, str]) -> ForkedChild | None:
+    """Start ``python -m fedhop ...`` by forking the fork server (None: start a new interpreter instead)."""
+    argv = fedhop_argv(cmd)
+    if argv is not None and (differ := import_time_differences(env)):
+        log.info("%s: started as a new interpreter: %s differ from the fork server's environment", name,
+                 ", ".join(differ))
+        argv = None
+    if argv is None:
+        return None
+    log_file.write_bytes(b"")
+    return ForkedChild(argv, log_file, env)
+
+
+class Processes(deploy_processes.Processes):
+    """The child processes of a federation, by node id (:class:`fedhop.deploy.processes.Processes`). ``fork``:
+    start ``python -m fedhop ...`` commands by forking a server that has imported torch once
+    (fedhop/forkstart.py) instead of a new interpreter each."""
 
     def __init__(self, logs: Path, fork: bool = True) -> None:
-        self.logs = logs
+        super().__init__(logs, forker=_forked if fork else None)
         self.fork = fork
-        self.procs: dict[str, subprocess.Popen | ForkedChild] = {}
-        self._files: list[Any] = []
-
-    def start(self, node: str, cmd: list[str]) -> subprocess.Popen | ForkedChild:
-        self.logs.mkdir(parents=True, exist_ok=True)
-        log_file = self.logs / f"{node}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        argv = fedhop_argv(cmd) if self.fork else None
-        if argv is not None and (differ := import_time_differences(env)):
-            log.info("%s: started as a new interpreter: %s differ from the fork server's environment", node,
-                     ", ".join(differ))
-            argv = None
-        if argv is not None:
-            log_file.write_bytes(b"")
-            p: subprocess.Popen | ForkedChild = ForkedChild(argv, log_file, env)
-        else:
-            f = log_file.open("wb")
-            self._files.append(f)
-            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)  # Ctrl-C reaches the launcher, which then kills us
-        self.procs[node] = p
-        return p
 
     def start_nodes(self, topo: Topology, ps_addr: str, devices: dict[str, str] | None = None,
                     data_path: str | None = None, state_dir: Path | None = None,
@@ -112,66 +95,24 @@ class Processes:
         options for every child, e.g. ``--tls DIR``), clients in hosts of up to ``clients_per_process`` ids
         (:func:`client_groups`); returns the edges' addresses."""
         devices = devices or {}
-        addr = {topo.server: ps_addr}
+        ps_host, _, ps_port = ps_addr.rpartition(":")
+        hosts = {n: "127.0.0.1" for n in topo.all_nodes()}
+        hosts[topo.server] = ps_host
+        ports = {topo.server: int(ps_port), **{e: free_port() for e in topo.edges}}
+        where = plan(topo, hosts, ports)
+        state = None if state_dir is None else str(state_dir)
         for e in topo.edges:
-            addr[e] = f"127.0.0.1:{free_port()}"
-            self.start(e, role_cmd("edge", e, ps_addr, listen=addr[e], device=devices.get(e), state_dir=state_dir,
-                                   extra=extra))
+            self.start(e, RoleCommand("edge", e, connect=where.connect(e), listen=where.address(e),
+                                      device=devices.get(e), state_dir=state, extra=tuple(extra)).argv())
         for parent, ids in client_groups(topo, clients_per_process):
-            if len(ids) == 1:
-                self.start(ids[0], role_cmd("client", ids[0], addr[parent], device=devices.get(ids[0]),
-                                            data_path=data_path, state_dir=state_dir, extra=extra))
-                continue
-            name = format_ids(ids)
-            self.start(name, role_cmd("clients", name, addr[parent], device=devices.get(ids[0]),
-                                      data_path=data_path, state_dir=state_dir, extra=extra))
-        return {e: addr[e] for e in topo.edges}
-
-    def wait(self, timeout_s: float) -> dict[str, int | None]:
-        """Exit codes after waiting up to ``timeout_s`` in all (None: still running)."""
-        import time
-
-        end = time.monotonic() + timeout_s
-        out: dict[str, int | None] = {}
-        for n, p in self.procs.items():
-            try:
-                out[n] = p.wait(max(0.01, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                out[n] = None
-        return out
-
-    def startup_failure(self) -> str | None:
-        """Why the federation cannot start: the first child that has already exited, with its log's tail."""
-        for n, p in self.procs.items():
-            code = p.poll()
-            if code is not None:
-                tail = (self.logs / f"{n}.log").read_text(errors="replace").strip().splitlines()[-8:]
-                return f"{n} exited with code {code} before the run started; its log ends:\n  " + "\n  ".join(tail)
-        return None
-
-    def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
-        p = self.procs[node]
-        if p.poll() is None:
-            p.send_signal(sig)
-
-    def kill_all(self) -> None:
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs.values():
-            try:
-                p.wait(3)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(3)
-        for f in self._files:
-            f.close()
-        self._files.clear()
+            role, name = ("client", ids[0]) if len(ids) == 1 else ("clients", format_ids(ids))
+            self.start(name, RoleCommand(role, name, connect=where.address(parent), device=devices.get(ids[0]),
+                                         data_path=data_path, state_dir=state, extra=tuple(extra)).argv())
+        return {e: where.address(e) for e in topo.edges}
 
 
 def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
-           on_round: Callable[[dict[str, Any]], None] | None = None,
-           on_join: Callable[[str, dict[str, int]], None] | None = None, resume: Any = None,
+           resume: Any = None,
            events: Any = None, security: Any = None, child_args: Sequence[str] = (),
            ps_workspace: Callable[[Any], None] | None = None,
            clients_per_process: int | str = AUTO, fork_children: bool = True) -> RunResult:
@@ -181,7 +122,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
 
     Every child saves its state after each task under ``out/state/<node>`` (the PS checkpoints into
     ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
-    run with every node restored. ``on_join(child, data sizes)``: a child of the PS said Ready. ``security``:
+    run with every node restored. ``events``: the run's lifecycle events (progress; see run_server). ``security``:
     the PS's links (transport.credentials.Security); ``child_args``: the same for every child (``--tls DIR``).
     ``ps_workspace(ws)``: applied to the PS's Workspace before round 1 (see run_server). ``fork_children``:
     children are forked from a process that imported torch once (:class:`Processes`), else each is a new
@@ -209,9 +150,9 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
                           resolve_per_process(clients_per_process, len(topo.clients)))
 
     try:
-        result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_round=on_round,
-                            on_listening=spawn, startup_failure=procs.startup_failure, on_join=on_join,
-                            resume=resume, events=events, security=security, ps_workspace=ps_workspace)
+        result = run_server(spec, "127.0.0.1:0", out=out, device=devices[topo.server], on_listening=spawn,
+                            startup_failure=procs.startup_failure, resume=resume, events=events,
+                            security=security, ps_workspace=ps_workspace)
         codes = procs.wait(30)
         bad = {n: c for n, c in codes.items() if c != 0}
         if bad:
@@ -223,3 +164,31 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
         root.setLevel(saved[0])
         root.propagate = saved[1]
         handler.close()
+
+
+class LaunchTestbed:
+    """``fedhop launch`` as a :class:`fedhop.deploy.contract.Testbed`. The PS is this process, so the federation
+    starts and runs inside :meth:`wait` (``launch(spec, out, **options)``; its exceptions propagate as launch's
+    do) and has stopped every child when :meth:`wait` returns. Loopback links have no kernel counter of their
+    own: :meth:`wire` is an empty, incomplete reading (the per-link table then shows no wire bytes)."""
+
+    def __init__(self, spec: RunSpec, out: Path, **options: Any) -> None:
+        self.spec = spec
+        self.out = out
+        self.options = options
+        self.result: RunResult | None = None
+
+    def start(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    def wait(self, timeout_s: float | None = None) -> int:
+        """Run the federation to its end (``timeout_s`` does not apply: the spec's own deadlines do); 0."""
+        self.result = launch(self.spec, self.out, **self.options)
+        return 0
+
+    def wire(self) -> WireReading:
+        return WireReading((), "none", complete=False,
+                           notes=("fedhop launch runs on loopback: no wire bytes per link",))
+
+    def stop(self) -> None:
+        """Nothing left to stop: launch stops its children before it returns or raises."""

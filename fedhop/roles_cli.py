@@ -37,6 +37,7 @@ def _exit_now(rc: int) -> int:
 def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.cli import Progress, check_device, load_spec, print_summary, run_folder
     from fedhop.client_ids import resolve_per_process
+    from fedhop.common.engine.events import readiness, round_records
     from fedhop.common.engine.loop import RoundFailed
     from fedhop.common.engine.preflight import check_user_code
     from fedhop.common.engine.topology import build_topology
@@ -72,9 +73,11 @@ def cmd_launch(a: argparse.Namespace) -> int:
     security, child_security = _launch_security(a, spec, out)
     events, http = _web(a)
     bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
+    events.subscribe(readiness(bar.on_join))
+    events.subscribe(round_records(bar.on_round))
     try:
-        result = launch(spec, out, device=a.device, data_path=a.data_path, on_round=bar.on_round,
-                        on_join=bar.on_join, resume=resume, events=events, security=security,
+        result = launch(spec, out, device=a.device, data_path=a.data_path, resume=resume, events=events,
+                        security=security,
                         child_args=child_security, clients_per_process=per_process,
                         fork_children=not a.exec_children)
     except Interrupted as e:
@@ -168,21 +171,10 @@ def _server_security(a: argparse.Namespace, spec: Any) -> Any:
 
 def _web(a: argparse.Namespace) -> tuple[Any, Any]:
     """The run's events and, with --http, the live page / JSON API / metrics fed by them."""
-    from fedhop.common.engine.events import RunEvents
-    from fedhop.server.web.cli import http_from_args
-    from fedhop.server.web.serve import HttpConfigError
-    from fedhop.server.web.status import RunStatus
+    from fedhop.server.web.cli import page_from_args
 
-    events = RunEvents()
-    status = RunStatus()
-    events.subscribe(status)
-    try:
-        http = http_from_args(a, status)
-    except HttpConfigError as e:
-        raise Fatal(ExitCode.USAGE, str(e)) from None
-    except OSError as e:
-        raise Fatal(ExitCode.ADDRESS_IN_USE, f"--http {a.http}: {e}") from None
-    return events, http
+    page = page_from_args(a)
+    return page.events, page.http
 
 
 def _resume(a: argparse.Namespace) -> Any:

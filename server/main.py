@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,16 +21,16 @@ import torch
 from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.checkpoint import CheckpointStore
-from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.loop import RoundFailed, Start, drive
-from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes, write_run_folder
-from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, load_latest, ps_store, save
+from fedhop.common.engine.events import RunEvents, round_records
+from fedhop.common.engine.loop import Start
+from fedhop.common.engine.results import RunResult, write_run_folder
+from fedhop.common.engine.run import Run
+from fedhop.common.engine.run_checkpoint import RunCheckpoint, load_latest, ps_store
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.spec import RunSpec
 from fedhop.common.testhooks import gate
 from fedhop.common.user_code import CODE_DIGEST, code_digest
-from fedhop.common.wire.bundle import Bundle, clone
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.health import add_health
@@ -100,23 +99,19 @@ def load_resume(run_dir: Path) -> Resume:
 
 
 class _RunNews(HubListener):
-    """The PS hub's news of its children, as the run's events (and ``on_join``: a child said Ready)."""
+    """The PS hub's news of its children, told to the Run (which turns it into the run's events)."""
 
-    def __init__(self, events: RunEvents, on_join: Callable[[str, dict[str, int]], None] | None) -> None:
-        self.events, self.on_join = events, on_join
+    def __init__(self, run: Run) -> None:
+        self.run = run
 
     def child_joined(self, node: str, role: str) -> None:
-        self.events.emit("node_joined", node=node, role=role)
+        self.run.joined(node, role)
 
     def child_ready(self, node: str, sizes: dict[str, int]) -> None:  # an edge's Ready names its joined clients
-        for c in sizes:
-            if c != node:
-                self.events.emit("node_joined", node=c, role="client")
-        if self.on_join is not None:
-            self.on_join(node, sizes)
+        self.run.ready(node, sizes)
 
     def child_lost(self, node: str, why: str) -> None:
-        self.events.emit("node_lost", node=node, reason=why)
+        self.run.lost(node, why)
 
 
 def _gate(t: int) -> None:
@@ -125,17 +120,19 @@ def _gate(t: int) -> None:
 
 
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,
-               on_round: Callable[[dict[str, Any]], None] | None = None,
                on_listening: Callable[[int], None] | None = None,
                startup_failure: Callable[[], str | None] | None = None,
-               on_join: Callable[[str, dict[str, int]], None] | None = None,
                resume: Resume | None = None, events: RunEvents | None = None, security: Any = None,
                ps_workspace: Callable[[Workspace], None] | None = None) -> RunResult:
     """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
 
-    ``startup_failure`` (the launcher's): says why a node it started can no longer join, so the PS stops
-    waiting at once instead of at the join deadline. ``on_join(child, its clients' data sizes)``: a child
-    said Ready. Ctrl-C during the rounds writes the rounds done and raises :class:`Interrupted`.
+    The run's bookkeeping (events, round recorder, checkpoints, the result) is a
+    :class:`~fedhop.common.engine.run.Run`, as in the in-process engine; this function wires it to the gRPC
+    server, the session hub and the run folder. ``events``: the run's lifecycle events, its only progress
+    channel (a progress bar, the live page; ``node_ready`` when a child said Ready, with its clients' data
+    sizes). ``on_listening(port)``: the port is open (the launcher starts the children). ``startup_failure``
+    (the launcher's): says why a node it started can no longer join, so the PS stops waiting at once instead
+    of at the join deadline. Ctrl-C during the rounds writes the rounds done and raises :class:`Interrupted`.
 
     Checkpoints: after every ``spec.checkpoint_every`` rounds the PS writes its state (the algorithm's S, the
     byte rows, the missing log, the rounds) to ``out/checkpoints/ps``. ``resume``: continue such a run from its
@@ -145,7 +142,6 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     ``ps_workspace(ws)``: applied to the PS's workspace before the children start (``fedhop reproduce``: the
     figure's metric in place of the test metrics, as it does to the in-process engine's workspace)."""
     torch.set_num_threads(1)
-    events = events or RunEvents()
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     if out is not None:
         check_run_folder(out)
@@ -155,7 +151,6 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     topo = ws.topology
     meter, missing = ByteMeter(), MissingLog()
     welcome_info: dict[str, Any] = {}  # sent in every Welcome
-    run_id = resume.run_id if resume is not None else f"{spec.name}-{secrets.token_hex(4)}"
     start, records = Start(), []
     if resume is not None:
         ck = resume.checkpoint
@@ -164,12 +159,17 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         records = list(ck.records)
         start = Start(resume.next_round, ck.state)
         welcome_info["resume_round"] = resume.next_round
-        log.info("ps: resuming run %s at round %d from %s", run_id, resume.next_round + 1, resume.path)
+    store = ps_store(out) if out is not None else None
+    run = Run(spec, topo, engine="network", meter=meter, missing=missing, events=events,
+              run_id=resume.run_id if resume is not None else None, records=records,
+              journal=out / "rounds.jsonl" if out is not None else None, store=store,
+              after_commit=lambda t: _gate(t + 1) if t + 1 < spec.rounds else None)
+    if resume is not None:
+        log.info("ps: resuming run %s at round %d from %s", run.run_id, resume.next_round + 1, resume.path)
     welcome_info[CODE_DIGEST] = code_digest(spec)  # every node checks its user code against it
-    hub = ParentHub(HubConfig(topo.server, spec, topo, run_id, welcome_info, security), meter, missing,
-                    listener=_RunNews(events, on_join))
-    events.emit("run_started", run_id=run_id, spec=spec.model_dump(mode="json"), nodes=list(topo.all_nodes()),
-                resumed_at=start.next_round)
+    hub = ParentHub(HubConfig(topo.server, spec, topo, run.run_id, welcome_info, security), meter, missing,
+                    listener=_RunNews(run))
+    run.start(resumed_at=start.next_round)
     server = make_server(len(hub.children) + 16, security, spec.transport.handshake_timeout_s)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     serve_parent(hub, server)
@@ -177,9 +177,9 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     if port == 0:
         raise OSError(f"cannot listen on {listen}")
     server.start()
-    store = ps_store(out) if out is not None else None
+    unlog = run.events.subscribe(round_records(lambda rec: _log_round(rec, spec.rounds)))  # (the caller's stream)
     try:
-        log.info("ps: run %s listening on port %d; waiting for %d children", run_id, port, len(hub.children))
+        log.info("ps: run %s listening on port %d; waiting for %d children", run.run_id, port, len(hub.children))
         if on_listening is not None:
             on_listening(port)
         ws.model, ws.test  # noqa: B018  (load while the children start, not inside the first round)
@@ -197,71 +197,27 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         comm.ctx = ctx
         if resume is not None:
             comm.last_ok = dict(resume.checkpoint.last_ok)
-
-        def report(rec: dict[str, Any]) -> None:
-            shown = " ".join(f"{k} {rec[k]:.4f}" for k in ("accuracy", "loss") if k in rec)
-            log.info("ps: round %d/%d %s", rec["round"], spec.rounds, shown)
-            if on_round is not None:
-                on_round(rec)
-
-        recorder = RoundRecorder(records=records, on_round=report,
-                                 journal=out / "rounds.jsonl" if out is not None else None,
-                                 name=spec.name, total=spec.rounds)
-        ctx.reporter = recorder
         ctx.sizes = topo.subtree_sizes(hub.start(hub.edge_addresses()))
-        sent_missing = [len(missing.entries)]
-
-        def commit(t: int, state: Any) -> None:
-            if store is not None and commit_due(spec, t):
-                try:
-                    save(store, t, RunCheckpoint(state, meter.rows(), list(missing.entries),
-                                                 list(recorder.records), dict(comm.last_ok), run_id), spec)
-                except OSError as e:  # a full or read-only disk: training goes on, and says what it lacks
-                    last = store.tags()[-1] + 1 if store.tags() else None
-                    log.error("ps: the checkpoint of round %d could not be written to %s (%s); the run goes on "
-                              "without it (last checkpoint: %s)", t + 1, store.folder, e.strerror or e,
-                              f"round {last}" if last else "none")
-            events.emit("links", rows=meter.rows())
-            for entry in missing.entries[sent_missing[0]:]:
-                events.emit("missing", entry=entry)
-            sent_missing[0] = len(missing.entries)
-            if t + 1 < spec.rounds:
-                _gate(t + 1)
-
-        t0 = time.perf_counter()
-        interrupted, failed = False, None
-        final: Bundle = {}
-        try:
-            final, _ = drive(get_algorithm(spec.algorithm.name), ctx, start, commit, events=events)
-        except KeyboardInterrupt:  # collect the children's byte meters and write the rounds done
-            interrupted = True
-        except RoundFailed as e:
-            failed = e
-        wall = time.perf_counter() - t0
-        finished = not interrupted and failed is None
-        reason = "run finished" if finished else f"the run did not finish: {failed or 'interrupted'}"
-        hub.shutdown(min(10.0, spec.transport.rpc_timeout_s) if not finished else spec.transport.rpc_timeout_s,
-                     finished=finished, reason=reason)  # children's last rows merge into meter
-        links = meter.rows()
-        events.emit("links", rows=links)
-        for entry in missing.entries[sent_missing[0]:]:
-            events.emit("missing", entry=entry)
-        order = {n: i for i, n in enumerate(topo.all_nodes())}
-        entries = sorted(missing.entries,
-                         key=lambda e: (e["round"], order.get(e["by"], -1), order.get(e["node"], -1)))
-        result = RunResult(spec=spec, engine="network", rounds=attach_cumulative_bytes(recorder.records, links),
-                           links=links, missing=entries, final=clone(final), wall_s=wall,
-                           interrupted=not finished)
-        events.emit("run_finished", ok=finished, wall_s=wall, error=str(failed) if failed else None)
+        outcome = run.drive(get_algorithm(spec.algorithm.name), ctx, start, partial=True)
+        reason = "run finished" if outcome.finished else f"the run did not finish: {outcome.failed or 'interrupted'}"
+        hub.shutdown(spec.transport.rpc_timeout_s if outcome.finished else min(10.0, spec.transport.rpc_timeout_s),
+                     finished=outcome.finished, reason=reason)  # children's last rows merge into meter
+        result = run.finish(outcome, sort_missing=True)
         if out is not None:
             _write(result, out, store)
-        if interrupted:
+        if outcome.interrupted:
             raise Interrupted(result)
-        if failed is not None:
-            raise failed
+        if outcome.failed is not None:
+            raise outcome.failed
         return result
     finally:
+        unlog()
         server.stop(grace=2.0)
+
+
+def _log_round(rec: dict[str, Any], rounds: int) -> None:
+    shown = " ".join(f"{k} {rec[k]:.4f}" for k in ("accuracy", "loss") if k in rec)
+    log.info("ps: round %d/%d %s", rec["round"], rounds, shown)
 
 
 def _write(result: RunResult, out: Path, store: CheckpointStore | None) -> None:

@@ -6,7 +6,6 @@ ever aliases another's tensors, and counted on the same byte meter the networked
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,11 @@ from fedhop.common.engine.api import (
 )
 from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, Settle, check_bundle
 from fedhop.common.engine.checkpoint import CheckpointStore
-from fedhop.common.engine.loop import Start, drive
-from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
-from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, load_latest, save
+from fedhop.common.engine.events import RunEvents
+from fedhop.common.engine.loop import Start
+from fedhop.common.engine.results import RunResult
+from fedhop.common.engine.run import Run
+from fedhop.common.engine.run_checkpoint import load_latest
 from fedhop.common.engine.snapshot import restore, snapshot
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
@@ -54,7 +55,8 @@ class InProcessEngine:
         self.missing = MissingLog()
         self.faults = faults or FaultPlan()
         topo = self.ws.topology
-        sizes = topo.subtree_sizes(self.ws.client_sizes())
+        self.client_sizes = self.ws.client_sizes()
+        sizes = topo.subtree_sizes(self.client_sizes)
         self.nodes: dict[NodeId, NodeContext] = {}
         self.algo = get_algorithm(spec.algorithm.name)
         for n in topo.all_nodes():
@@ -71,51 +73,50 @@ class InProcessEngine:
     def round(self) -> int:
         return self.nodes[self.ws.topology.server].round
 
-    def run(self, on_round: Callable[[dict[str, Any]], None] | None = None,
-            journal: Path | None = None, *, checkpoints: Path | None = None, resume: bool = False,
+    def run(self, journal: Path | None = None, *, events: RunEvents | None = None, run_id: str | None = None,
+            checkpoints: Path | None = None, resume: bool = False,
             after_commit: Callable[[int], None] | None = None) -> RunResult:
-        """Run the algorithm; ``journal``: a JSON-lines file that gets each round as it ends.
+        """Run the algorithm through a :class:`~fedhop.common.engine.run.Run`; ``journal``: a JSON-lines file
+        that gets each round as it ends.
 
-        ``checkpoints``: a folder that gets the whole run's state (the PS's S, every node's state, the byte
-        meter, the missing log and the rounds so far) every ``spec.checkpoint_every`` rounds; with ``resume``
-        the run continues from the newest readable checkpoint there. ``after_commit(t)`` (tests) is called
-        after round t's commit."""
+        ``events``: the run's lifecycle events (a progress bar, the live page: ``server/web/live.py``); every
+        node joins and is ready right after ``run_started``. ``run_id``: the run's id (default: a fresh one; a
+        resumed run keeps its checkpoint's). ``checkpoints``: a folder that gets the whole run's state (the PS's
+        S, every node's state, the byte meter, the missing log and the rounds so far) every
+        ``spec.checkpoint_every`` rounds; with ``resume`` the run continues from the newest readable
+        checkpoint there. ``after_commit(t)`` (tests) is called after round t's commit."""
         ps = self.nodes[self.ws.topology.server]
         store = CheckpointStore(checkpoints) if checkpoints is not None else None
-        spec = self.spec
         start, records = Start(), []
         if resume:
             if store is None:
                 raise ValueError("resume needs the checkpoints folder")
-            start, records = self._restore(store)
-        recorder = RoundRecorder(records=records, on_round=on_round, journal=journal, name=self.spec.name,
-                                 total=self.spec.rounds)
-        ps.reporter = recorder
+            start, records, run_id = self._restore(store, run_id)
+        run = Run(self.spec, self.ws.topology, engine="inprocess", meter=self.meter, missing=self.missing,
+                  events=events, run_id=run_id, records=records, journal=journal, store=store,
+                  snapshots=lambda: {n: snapshot(c) for n, c in self.nodes.items() if n != ps.node_id},
+                  after_commit=after_commit)
+        run.start(resumed_at=start.next_round)
+        self._join(run)
+        return run.finish(run.drive(self.algo, ps, start))
 
-        def commit(t: int, state: Any) -> None:
-            if store is not None and commit_due(spec, t):
-                save(store, t, RunCheckpoint(state, self.meter.rows(), list(self.missing.entries),
-                                             list(recorder.records), dict(ps.comm.last_ok), nodes={
-                                                 n: snapshot(c) for n, c in self.nodes.items() if n != ps.node_id}),
-                     spec)
-            if after_commit is not None:
-                after_commit(t)
+    def _join(self, run: Run) -> None:
+        """Every node is there at once: each child of the PS joins, then the clients behind it, then it is
+        ready (the order in which a networked PS hears of them)."""
+        topo = self.ws.topology
+        for child in topo.children(topo.server):
+            run.joined(child, topo.role(child))
+            clients = (child,) if topo.role(child) == "client" else topo.children(child)
+            run.ready(child, {c: self.client_sizes[c] for c in clients})
 
-        t0 = time.perf_counter()
-        final, _ = drive(self.algo, ps, start, commit)
-        links = self.meter.rows()
-        return RunResult(spec=self.spec, engine="inprocess", rounds=attach_cumulative_bytes(recorder.records, links),
-                         links=links, missing=self.missing.entries, final=clone(final),
-                         wall_s=time.perf_counter() - t0)
-
-    def _restore(self, store: CheckpointStore) -> tuple[Start, list[dict[str, Any]]]:
+    def _restore(self, store: CheckpointStore, run_id: str | None) -> tuple[Start, list[dict[str, Any]], str | None]:
         got, ck = load_latest(store)
         for n, snap in ck.nodes.items():
             restore(self.nodes[n], snap)
         self.meter.merge(ck.meter)
         self.missing.entries[:] = ck.missing
         self.nodes[self.ws.topology.server].comm.last_ok = dict(ck.last_ok)
-        return Start(int(got.meta["next_round"]), ck.state), list(ck.records)
+        return Start(int(got.meta["next_round"]), ck.state), list(ck.records), run_id or ck.run_id or None
 
     # -- one message over a simulated link ----------------------------------------------------------------
     def send(self, src: NodeId, dst: NodeId, kind: str, phase: str, bundle: Bundle,

@@ -24,25 +24,19 @@ import torch
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
 
-# Process-wide progress hooks, called as hook(event, payload): ("start", {"name", "rounds"}) when a recorder is
-# made, ("round", round_record) on every report. For progress displays only (``fedhop reproduce``).
-round_observers: list[Any] = []
-
 
 @dataclass
 class RoundRecorder:
     """The driver's ``ctx.report``: keeps each round's metrics (bytes are attached when the run ends).
 
     With ``journal``, every round is also appended to that JSON-lines file as it is reported, so a run that
-    dies keeps the metrics of the rounds it finished.
+    dies keeps the metrics of the rounds it finished. Progress displays do not watch the recorder: they
+    subscribe to the run's events (``round_ended`` carries the round's record; ``common/engine/run.py``).
     """
 
     records: list[dict[str, Any]] = field(default_factory=list)
-    on_round: Any = None  # optional callback(round_record) for progress bars
     journal: Path | None = None
     started: float = field(default_factory=time.perf_counter)  # the driver's start (perf_counter seconds)
-    name: str = ""  # the run's name and length, for round_observers
-    total: int = 0
 
     def __post_init__(self) -> None:
         if self.journal is not None:  # a resumed run starts its journal over from the rounds it restored
@@ -51,8 +45,6 @@ class RoundRecorder:
         if self.records:  # resumed: the clock goes on from the last restored round
             self.started -= float(self.records[-1].get("elapsed_s", 0.0))
         self._last = self.started
-        for hook in round_observers:
-            hook("start", {"name": self.name, "rounds": self.total})
 
     def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None:
         now = time.perf_counter()
@@ -69,10 +61,6 @@ class RoundRecorder:
                     "round %d could not be added to %s (%s); the journal stops here, the run goes on",
                     rec["round"], self.journal, e.strerror or e)
                 self.journal = None
-        if self.on_round is not None:
-            self.on_round(rec)
-        for hook in round_observers:
-            hook("round", rec)
 
 
 def _plain(v: Any) -> Any:

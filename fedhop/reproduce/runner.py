@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedhop.common.engine import results
+from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.results import RunResult
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
@@ -31,10 +32,12 @@ Customize = Callable[[Workspace], None]  # applied to the evaluating workspace (
 @dataclass(frozen=True)
 class RunOptions:
     """``network``: every run over real processes. ``only``: run only the runs whose key contains one of
-    these substrings (the claims that need a run left out are not checked, and the outcome says so)."""
+    these substrings (the claims that need a run left out are not checked, and the outcome says so).
+    ``events``: the lifecycle events of every run made in this process (not those of a worker pool)."""
 
     network: bool = False
     only: tuple[str, ...] = ()
+    events: RunEvents | None = None  # every run made in this process emits its lifecycle events here (a bar)
 
     @property
     def engine(self) -> str:
@@ -77,7 +80,7 @@ def run_spec(spec: RunSpec, folder: Path, customize: Customize | None = None) ->
     eng = InProcessEngine(spec)
     if customize is not None:
         customize(eng.ws)
-    res = eng.run(journal=folder / "rounds.jsonl")
+    res = eng.run(journal=folder / "rounds.jsonl", events=current().events)
     results.write_run_folder(res, folder)
     return res
 
@@ -98,16 +101,5 @@ def startup_allowance(spec: RunSpec) -> RunSpec:
 def _launch(spec: RunSpec, folder: Path, customize: Customize | None) -> RunResult:
     from fedhop.launch import launch
 
-    spec = startup_allowance(spec)
-    clients = spec.topology.clients
-    joined: dict[str, int] = {}
-
-    def on_join(child: str, sizes: dict[str, int]) -> None:
-        joined[child] = len(sizes)
-        for hook in list(results.round_observers):
-            hook("joining", {"name": spec.name, "ready": sum(joined.values()), "clients": clients})
-
-    for hook in list(results.round_observers):
-        hook("joining", {"name": spec.name, "ready": 0, "clients": clients})
-    return launch(spec, folder, device=spec.device, on_join=on_join, ps_workspace=customize)
-
+    return launch(startup_allowance(spec), folder, device=spec.device, events=current().events,
+                  ps_workspace=customize)

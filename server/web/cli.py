@@ -1,4 +1,4 @@
-"""The command-line side: ``--http HOST:PORT`` and ``--http-token`` for server / launch / testbed up."""
+"""The command-line side: ``--http HOST:PORT`` and ``--http-token`` for simulate / server / launch / testbed up."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from fedhop.common.exit_codes import ExitCode, Fatal
+
 if TYPE_CHECKING:  # the web stack (starlette, uvicorn) is imported only when a page is served
+    from fedhop.server.web.live import LivePage
     from fedhop.server.web.serve import HttpServer
     from fedhop.server.web.status import RunStatus
 
@@ -51,6 +54,25 @@ def http_from_args(args: argparse.Namespace, status: RunStatus,
     server = start_http(status, host, port, token=args.http_token)
     (announce or _stderr)(f"live page: {server.url}" + (" (bearer token required)" if args.http_token else ""))
     return server
+
+
+def page_from_args(args: argparse.Namespace) -> LivePage:
+    """A command's run events with the live page the arguments ask for (``--http off``: the events and their
+    RunStatus, no server). Subscribe the run's other listeners (a progress bar) to ``page.events``, hand
+    ``page.events`` to the run, ``page.close()`` at the end. A bad setting is a :class:`Fatal` (USAGE; a taken
+    address: ADDRESS_IN_USE)."""
+    from fedhop.server.web.live import OFF, open_page
+
+    if args.http == OFF:
+        return open_page(OFF)
+    from fedhop.server.web.serve import HttpConfigError
+
+    try:
+        return open_page(args.http, token=args.http_token, announce=_stderr)
+    except HttpConfigError as e:
+        raise Fatal(ExitCode.USAGE, str(e)) from None
+    except OSError as e:
+        raise Fatal(ExitCode.ADDRESS_IN_USE, f"--http {args.http}: {e}") from None
 
 
 def _stderr(line: str) -> None:

@@ -131,6 +131,13 @@ class RunStatus:
             s.roles[node] = str(d["role"])
         s.nodes_version += 1
 
+    def _on_node_ready(self, s: _State, d: dict[str, Any]) -> None:
+        node = str(d["node"])  # ready implies joined (its node_joined came first; this one changes nothing else)
+        if node not in s.joined:
+            s.joined.add(node)
+            s.lost.pop(node, None)
+            s.nodes_version += 1
+
     def _on_node_lost(self, s: _State, d: dict[str, Any]) -> None:
         node = str(d["node"])
         s.joined.discard(node)

@@ -14,10 +14,12 @@ import pytest
 
 from fedhop.cli import main
 from fedhop.common.spec import RunSpec
+from fedhop.deploy import contract
 from fedhop.deploy.compose import write_compose
-from fedhop.deploy.compose_run import attribute
-from fedhop.deploy.swarm_run import placement_labels, stack_addresses
-from fedhop.deploy.wire import PairBytes
+from fedhop.deploy.contract import collect
+from fedhop.deploy.link_table import LinkBytes, read_link_table
+from fedhop.deploy.swarm_run import StackTestbed, placement_labels, stack_addresses
+from fedhop.deploy.wire import BridgeCounters, PairBytes, WireCount, read_wire_csv
 from tests.specs import run_spec
 
 FAKE_DOCKER = """\
@@ -155,7 +157,21 @@ def test_stack_addresses_map_every_task_of_the_stack_to_its_node(fake_docker) ->
     assert stack_addresses("fh_fl", "fh") == {"10.0.1.5": "edge-0", "10.0.1.9": "client-2"}
 
 
-def test_attribute_puts_wire_bytes_beside_the_meters_and_writes_wire_csv(tmp_path: Path) -> None:
+class FixedPairs:
+    """A pair source (compose's bridge, a swarm overlay) that has counted ``pairs``."""
+
+    def __init__(self, pairs: dict[tuple[str, str], PairBytes]) -> None:
+        self.pairs = pairs
+
+    def install(self) -> None: ...
+
+    def read(self) -> dict[tuple[str, str], PairBytes]:
+        return self.pairs
+
+    def remove(self) -> None: ...
+
+
+def test_bridge_counters_put_wire_bytes_beside_the_meters_in_wire_csv_and_link_bytes_csv(tmp_path: Path) -> None:
     with (tmp_path / "links.csv").open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["src", "dst", "kind", "messages", "payload_bytes", "message_bytes"])
@@ -164,14 +180,63 @@ def test_attribute_puts_wire_bytes_beside_the_meters_and_writes_wire_csv(tmp_pat
         w.writerow(["client-0", "edge-0", "result", "3", "300", "360"])
     pairs = {("10.0.1.5", "10.0.1.6"): PairBytes(10, 1500), ("10.0.1.6", "10.0.1.5"): PairBytes(4, 200),
              ("10.0.1.5", "10.0.1.99"): PairBytes(1, 60)}  # nobody holds .99: left out
-    rows = attribute(tmp_path, pairs, {"10.0.1.5": "edge-0", "10.0.1.6": "edge-1"})
-    assert rows == [
-        {"src": "client-0", "dst": "edge-0", "payload_bytes": 300, "message_bytes": 360, "messages": 3,
-         "wire_bytes": 0},
-        {"src": "edge-0", "dst": "edge-1", "payload_bytes": 1000, "message_bytes": 1120, "messages": 3,
-         "wire_bytes": 1500},
-        {"src": "edge-1", "dst": "edge-0", "payload_bytes": 0, "message_bytes": 0, "messages": 0, "wire_bytes": 200},
+    reading = BridgeCounters(FixedPairs(pairs), lambda: {"10.0.1.5": "edge-0", "10.0.1.6": "edge-1"}).read()
+    assert reading.complete and reading.notes == ("60 B between addresses no node of the run held (left out)",)
+    rows = collect(tmp_path, reading)
+    assert rows == [  # a bridge sees every packet: a link it has no count for carried 0 bytes
+        LinkBytes("client-0", "edge-0", payload=300, message=360, wire=0, messages=3),
+        LinkBytes("edge-0", "edge-1", payload=1000, message=1120, wire=1500, messages=3),
+        LinkBytes("edge-1", "edge-0", payload=0, message=0, wire=200, messages=0),
     ]
-    assert (tmp_path / "wire.csv").read_text().splitlines()[1:] == [
-        "client-0,edge-0,3,300,360,0", "edge-0,edge-1,3,1000,1120,1500", "edge-1,edge-0,0,0,0,200"]
-    assert attribute(tmp_path / "nothing", pairs, {}) == []
+    assert (tmp_path / "link_bytes.csv").read_text().splitlines() == [
+        "src,dst,messages,payload_bytes,message_bytes,wire_bytes,message_per_payload,wire_per_payload,"
+        "wire_minus_message",
+        "client-0,edge-0,3,300,360,0,1.2000,0.0000,-360", "edge-0,edge-1,3,1000,1120,1500,1.1200,1.5000,380",
+        "edge-1,edge-0,0,0,0,200,,,200"]
+    assert read_link_table(tmp_path / "link_bytes.csv") == rows
+    assert (tmp_path / "wire.csv").read_text().splitlines() == [
+        "src,dst,packets,wire_bytes,wire_bytes_at_dst,source", "edge-0,edge-1,10,1500,,bridge",
+        "edge-1,edge-0,4,200,,bridge"]
+    assert read_wire_csv(tmp_path / "wire.csv") == list(reading.rows)
+    assert collect(tmp_path / "nothing", reading) is None  # no run folder: nothing written
+    assert not (tmp_path / "nothing").exists()
+
+
+class HeldOverlay(FixedPairs):
+    """An overlay whose one namespace (``1-abc``) was held and counted ``pairs``."""
+
+    def namespaces(self) -> list[str]:
+        return ["1-abc"]
+
+
+def test_stack_testbed_waits_for_the_ps_task_and_writes_wire_csv_link_bytes_csv_and_the_log(
+        tmp_path: Path, fake_docker) -> None:
+    answer, made = fake_docker
+    runs = tmp_path / "runs"
+    (runs / "r1").mkdir(parents=True)
+    (runs / "r1" / "links.csv").write_text("src,dst,kind,messages,payload_bytes,message_bytes\n"
+                                           "edge-0,edge-1,handoff,2,1000,1100\n")
+    done = json.dumps([{"Status": {"State": "complete", "ContainerStatus": {"ExitCode": 0}, "Err": ""}}])
+    verbose = [{"Services": {"fh_edge-0": {"Tasks": [{"EndpointIP": "10.0.1.5"}]},
+                             "fh_edge-1": {"Tasks": [{"EndpointIP": "10.0.1.6"}]}}}]
+    answer({**MANAGER, "node inspect": nodes_with({"fedhop.ps": "true", "fedhop.edges": "true",
+                                                   "fedhop.clients": "true"}),
+            "stack deploy": "", "service ps fh_ps": "t1\n", "stack ps fh": "t1\n", "inspect t1": done,
+            "network inspect --verbose fh_fl": json.dumps(verbose), "network inspect fh_fl": json.dumps([{}]),
+            "stack services fh": "fh_ps\n", "service logs --no-task-ids fh_ps": "results in /runs/r1\n"})
+    bed = StackTestbed("fh", project(tmp_path), runs, "r1", settle_s=30)
+    overlay = HeldOverlay({("10.0.1.5", "10.0.1.6"): PairBytes(12, 1700), ("10.0.1.6", "10.0.1.5"): PairBytes(5, 300)})
+    bed.overlay = overlay
+    bed.counters = BridgeCounters(overlay, lambda: bed.book.book, backend="overlay")
+    outcome = contract.run(bed, timeout_s=60)
+    assert outcome.rc == 0 and outcome.out == (runs / "r1").resolve()
+    assert outcome.links == [LinkBytes("edge-0", "edge-1", 1000, 1100, 1700, 2),
+                             LinkBytes("edge-1", "edge-0", 0, 0, 300, 0)]
+    assert read_wire_csv(runs / "r1" / "wire.csv")[0] == WireCount("edge-0", "edge-1", 12, 1700, None, "overlay")
+    assert read_link_table(runs / "r1" / "link_bytes.csv") == outcome.links
+    log = (runs / "r1.stack.log").read_text()
+    assert log.startswith("results in /runs/r1\n")
+    assert "[fedhop stack-run] PS task complete, exit code 0\n" in log
+    assert "counters in overlay namespaces 1-abc" in log
+    assert "stack deploy -c docker-compose.yml fh" in made()
+    assert not any(c.startswith("stack rm") for c in made())  # the caller removes the stack

@@ -6,7 +6,6 @@ Everything it starts is torn down (containers, networks, volumes, the swarm it c
 
 from __future__ import annotations
 
-import csv
 import json
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.deploy.compose import write_compose
 from fedhop.deploy.compose_run import format_table, run_compose
+from fedhop.deploy.link_table import LinkBytes, read_link_table
+from fedhop.deploy.wire import read_wire_csv
 from tests.specs import DIGITS, run_spec
 from tests.testbed.docker_env import sh, wait_for
 
@@ -82,11 +83,15 @@ def test_compose_up_runs_to_completion_with_wire_bytes(case: str, version: str, 
     assert res["missing"] == []
     # the PS's meter, merged from every container, and the kernel's counters, per directed link
     by_link = assert_link_levels(spec, run.links)
-    wire_csv = (run.run_dir / "wire.csv").read_text().splitlines()
-    assert wire_csv[0] == "src,dst,messages,payload_bytes,message_bytes,wire_bytes"
-    assert len(wire_csv) == len(run.links) + 1
+    table = (run.run_dir / "link_bytes.csv").read_text().splitlines()
+    assert table[0] == ("src,dst,messages,payload_bytes,message_bytes,wire_bytes,message_per_payload,"
+                        "wire_per_payload,wire_minus_message")
+    assert len(table) == len(run.links) + 1
+    assert read_link_table(run.run_dir / "link_bytes.csv") == run.links
+    wire_csv = read_wire_csv(run.run_dir / "wire.csv")  # the counters, attributed to node pairs
+    assert {(r.src, r.dst): r.bytes for r in wire_csv} == {(r.src, r.dst): r.wire for r in run.links if r.wire}
     if case == "fedchs":
-        assert any(s.startswith("edge-") and d.startswith("edge-") and r["payload_bytes"] > 0
+        assert any(s.startswith("edge-") and d.startswith("edge-") and r.payload > 0
                    for (s, d), r in by_link.items()), "no edge -> edge hand-off on the wire"
     else:
         assert not any(n.startswith("edge-") for link in by_link for n in link)
@@ -96,22 +101,17 @@ def _swarm_state() -> str:
     return sh("docker", "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
 
 
-def assert_link_levels(spec: RunSpec, links: list[dict]) -> dict[tuple[str, str], dict]:
+def assert_link_levels(spec: RunSpec, links: list[LinkBytes]) -> dict[tuple[str, str], LinkBytes]:
     """Every tree link has a row; payload <= message <= wire wherever messages flowed; returns rows by link."""
     topo = build_topology(spec.topology, spec.seed)
     tree = {(c, p) for c, p in topo.parent.items()} | {(p, c) for c, p in topo.parent.items()}
-    by_link = {(r["src"], r["dst"]): r for r in links}
+    by_link = {(r.src, r.dst): r for r in links}
     assert tree <= set(by_link), f"links without any row: {tree - set(by_link)}"
-    assert [r for r in links if r["payload_bytes"] > 0], "no link carried payload"
+    assert [r for r in links if r.payload > 0], "no link carried payload"
     for r in links:
-        if r["message_bytes"] > 0:
-            assert r["payload_bytes"] <= r["message_bytes"] <= r["wire_bytes"], r
+        if r.message > 0:
+            assert r.wire is not None and r.payload <= r.message <= r.wire, r
     return by_link
-
-
-def read_wire_csv(path: Path) -> list[dict]:
-    with path.open() as f:
-        return [{k: v if k in ("src", "dst") else int(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
 
 def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str) -> None:
@@ -151,9 +151,9 @@ def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str
     res = json.loads((runs / "swarm" / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1))
     assert res["missing"] == []
-    links = read_wire_csv(runs / "swarm" / "wire.csv")
+    links = read_link_table(runs / "swarm" / "link_bytes.csv")
     by_link = assert_link_levels(spec, links)
-    assert any(s.startswith("edge-") and d.startswith("edge-") and r["payload_bytes"] > 0 and r["wire_bytes"] > 0
+    assert any(s.startswith("edge-") and d.startswith("edge-") and r.payload > 0 and r.wire
                for (s, d), r in by_link.items()), "no edge -> edge hand-off on the overlay's wire"
 
 
@@ -178,7 +178,7 @@ def test_compose_with_tls_runs_to_completion(tmp_path: Path, docker_image: str, 
     res = json.loads((run.run_dir / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1)) and res["missing"] == []
     by_link = assert_link_levels(spec, run.links)
-    assert any(s.startswith("edge-") and d.startswith("edge-") and r["payload_bytes"] > 0
+    assert any(s.startswith("edge-") and d.startswith("edge-") and r.payload > 0
                for (s, d), r in by_link.items()), "no edge -> edge hand-off"
 
 

@@ -199,20 +199,23 @@ def test_progress_counts_clients_joining_then_rounds():
     partial.close()
 
 
-def test_round_observers_see_every_run_and_round():
-    """The hook `fedhop reproduce` draws its progress from."""
-    from fedhop.common.engine import results
-    from fedhop.common.engine.inprocess import InProcessEngine
+def test_reproduce_progress_follows_every_run_and_round(tmp_path):
+    """`fedhop reproduce` draws its bar from the events of every run made under its RunOptions."""
+    from fedhop.cli import ReproduceProgress
+    from fedhop.common.engine.events import RunEvents
+    from fedhop.reproduce.runner import RunOptions, run_spec, using
 
+    events = RunEvents()
+    bar = ReproduceProgress("exp", quiet=True)
+    events.subscribe(bar)
     seen: list[tuple[str, object]] = []
-
-    def hook(event: str, payload: dict) -> None:
-        seen.append((event, payload["rounds"] if event == "start" else payload["round"]))
-
-    results.round_observers.append(hook)
-    try:
-        InProcessEngine(load_spec(None, ["rounds=3", "topology.clients=3", "topology.edges=0",
-                                         "model.hidden=[8]"])).run()
-    finally:
-        results.round_observers.remove(hook)
-    assert seen == [("start", 3), ("round", 1), ("round", 2), ("round", 3)]
+    events.subscribe(lambda kind, data: seen.append((kind, data.get("round"))) if kind.startswith("round") or
+                     kind == "run_started" else None)
+    spec = load_spec(None, ["rounds=3", "topology.clients=3", "topology.edges=0", "model.hidden=[8]"])
+    with using(RunOptions(events=events)):
+        for i in range(2):
+            run_spec(spec, tmp_path / f"run-{i}")
+    assert bar.runs == 2 and bar.bar.total == 3 and bar.bar.n == 3 and bar.training
+    assert seen == 2 * [("run_started", None), ("round_started", 0), ("round_ended", 0), ("round_started", 1),
+                        ("round_ended", 1), ("round_started", 2), ("round_ended", 2)]
+    bar.close()

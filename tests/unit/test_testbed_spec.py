@@ -7,9 +7,10 @@ import pytest
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec, SpecError, TopologySpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class
-from fedhop.deploy import kernel_bytes, shaping
+from fedhop.deploy import kernel_bytes, link_table, shaping
 from fedhop.deploy.netns import TestbedError, plan_network
 from fedhop.deploy.testbed import Testbed, peers_of, run_links
+from fedhop.deploy.wire import WireCount, WireReading
 from tests.specs import spec_dict
 
 BASE = spec_dict("fedchs", clients=4, edges=2, edge_graph="ring", device=None)
@@ -100,14 +101,14 @@ def test_nft_ruleset_counts_each_peer_then_the_rest() -> None:
 
 
 def test_reconcile_and_table() -> None:
-    meters = {("ps", "client-0"): (1000, 1100), ("client-0", "ps"): (0, 40)}
-    wire = [kernel_bytes.WireCount("ps", "client-0", 3, 1300, 1300, "nft"),
-            kernel_bytes.WireCount("client-0", "ps", 2, 200, 200, "nft"),
-            kernel_bytes.WireCount("client-0", "other", 0, 0, None, "nft")]
-    rows = kernel_bytes.reconcile(meters, wire, ["ps", "client-0"])
+    meters = {("ps", "client-0"): link_table.Meter(2, 1000, 1100), ("client-0", "ps"): link_table.Meter(1, 0, 40)}
+    wire = WireReading((WireCount("ps", "client-0", 3, 1300, 1300, "nft"),
+                        WireCount("client-0", "ps", 2, 200, 200, "nft"),
+                        WireCount("client-0", "other", 0, 0, None, "nft")), "nft", complete=False)
+    rows = link_table.reconcile(meters, wire.by_link(), order=["ps", "client-0"])
     assert [(r.src, r.dst, r.payload, r.message, r.wire) for r in rows] == [
         ("ps", "client-0", 1000, 1100, 1300), ("client-0", "ps", 0, 40, 200)]
     assert rows[0].wire_ratio == pytest.approx(1.3) and rows[0].unmetered == 200
     assert rows[1].wire_ratio is None
-    table = kernel_bytes.format_table(rows)
+    table = link_table.format_table(rows)
     assert "ps -> client-0" in table and "1.3000" in table and "1,300" in table

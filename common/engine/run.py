@@ -1,0 +1,205 @@
+"""One run, the same for both engines: everything around the round loop that is not a node or a link.
+
+An engine builds the nodes and carries the messages; a :class:`Run` owns the rest, once for both:
+
+* the run's lifecycle events (:class:`~fedhop.common.engine.events.RunEvents`), the one progress channel: the
+  progress bar, the live page's RunStatus, /metrics and the reproductions subscribe to ``run.events``;
+* the round recorder (``ctx.report``: each round's metrics, appended to the ``rounds.jsonl`` journal);
+* the commit after each round: the PS's checkpoint (the algorithm's state S, the byte meter, the missing log,
+  the rounds so far, the PS's record of its children's last usable replies and, in the in-process engine,
+  every other node's snapshot), then the meter rows and the new missing entries as events;
+* the result (:class:`~fedhop.common.engine.results.RunResult`) and ``run_finished``.
+
+Both engines go through the same steps::
+
+    run = Run(spec, topology, engine="inprocess", meter=meter, missing=missing, events=events, ...)
+    run.start(resumed_at=start.next_round)   # run_started
+    run.joined(node, role); run.ready(child, data_sizes); run.lost(node, why)   # as nodes come and go
+    outcome = run.drive(algo, ps_ctx, start) # round_started / round_ended, commit, links / missing per round
+    result = run.finish(outcome)             # the last links / missing, run_finished
+
+The networked engine's ``ParentHub`` reports joins, readiness and drops through its callback slots today
+(``server/main.py`` points them at :meth:`Run.joined`, :meth:`Run.ready` and :meth:`Run.lost`); once the hub
+takes one listener object, the Run is that listener.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhop.common.engine.api import Algorithm, NodeContext, NodeId
+from fedhop.common.engine.base import MissingLog
+from fedhop.common.engine.checkpoint import CheckpointStore
+from fedhop.common.engine.events import RunEvents
+from fedhop.common.engine.loop import RoundFailed, Start, drive
+from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
+from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, save
+from fedhop.common.engine.snapshot import NodeSnapshot
+from fedhop.common.engine.topology import Topology
+from fedhop.common.spec import RunSpec
+from fedhop.common.wire.bundle import Bundle, clone
+from fedhop.common.wire.meter import ByteMeter
+
+log = logging.getLogger("fedhop.run")
+
+
+def new_run_id(spec: RunSpec) -> str:
+    """A fresh run id: the spec's name and 8 random hex digits."""
+    return f"{spec.name}-{secrets.token_hex(4)}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the round loop ended: the final model (empty unless it finished) and the driver's wall-clock time.
+
+    ``interrupted``: Ctrl-C during the rounds; ``failed``: a round without enough participants (after its
+    retries). Either way the rounds done are in the Run's recorder."""
+
+    final: Bundle
+    wall_s: float
+    interrupted: bool = False
+    failed: RoundFailed | None = None
+
+    @property
+    def finished(self) -> bool:
+        return not self.interrupted and self.failed is None
+
+
+class Run:
+    """One run's events, round recorder, checkpoint commit, byte meter, missing log and result.
+
+    ``meter`` and ``missing``: the engine's (already holding a resumed run's rows and entries; those are not
+    sent again as events). ``records``: a resumed run's rounds so far. ``journal``: the JSON-lines file each
+    round is appended to. ``store``: where the PS's checkpoints go (None: no checkpoints). ``snapshots()``: every
+    other node's snapshot for the checkpoint (the in-process engine, which holds them all). ``after_commit(t)``:
+    called after round t's commit and its events (a test's crash, the PS's gate before the next round)."""
+
+    def __init__(self, spec: RunSpec, topology: Topology, *, engine: str, meter: ByteMeter, missing: MissingLog,
+                 events: RunEvents | None = None, run_id: str | None = None,
+                 records: Sequence[dict[str, Any]] = (), journal: Path | None = None,
+                 store: CheckpointStore | None = None,
+                 snapshots: Callable[[], dict[NodeId, NodeSnapshot]] | None = None,
+                 after_commit: Callable[[int], None] | None = None) -> None:
+        self.spec = spec
+        self.topology = topology
+        self.engine = engine
+        self.meter = meter
+        self.missing = missing
+        self.events = events if events is not None else RunEvents()
+        self.run_id = run_id or new_run_id(spec)
+        self.store = store
+        self._records = list(records)
+        self._journal = journal
+        self._snapshots = snapshots
+        self._after_commit = after_commit
+        self._sent_missing = len(missing.entries)  # a resumed run's entries came with its checkpoint
+        self._ctx: NodeContext | None = None
+        self.recorder: RoundRecorder | None = None  # made when the rounds start (its clock is the driver's)
+
+    # -- the run's life ------------------------------------------------------------------------------------
+    def start(self, resumed_at: int = 0) -> None:
+        """``run_started``: the run's id, spec, nodes and the round it starts at."""
+        self.events.emit("run_started", run_id=self.run_id, spec=self.spec.model_dump(mode="json"),
+                         nodes=list(self.topology.all_nodes()), resumed_at=resumed_at)
+
+    def joined(self, node: NodeId, role: str) -> None:
+        """A node joined (or re-joined) the run."""
+        self.events.emit("node_joined", node=node, role=role)
+
+    def ready(self, child: NodeId, data_sizes: Mapping[NodeId, int]) -> None:
+        """A child of the PS is ready; ``data_sizes`` names its clients (an edge's cluster, or the client
+        itself): the clients behind it have joined."""
+        for c in data_sizes:
+            if c != child:
+                self.events.emit("node_joined", node=c, role="client")
+        self.events.emit("node_ready", node=child, data_sizes=dict(data_sizes))
+
+    def lost(self, node: NodeId, reason: str) -> None:
+        self.events.emit("node_lost", node=node, reason=reason)
+
+    def drive(self, algo: Algorithm, ctx: NodeContext, start: Start | None = None, *,
+              partial: bool = False) -> Outcome:
+        """Run the round loop on the PS context ``ctx`` from ``start`` (default: a fresh run); the context's
+        reporter becomes the Run's recorder.
+
+        ``partial``: Ctrl-C and a failed round end the loop with an :class:`Outcome` that says so (the rounds
+        done stay in the recorder: the networked engine still collects its children's meters and writes
+        them). Without it they propagate, as every other exception does, after ``run_finished``."""
+        self._ctx = ctx
+        self.recorder = ctx.reporter = RoundRecorder(records=self._records, journal=self._journal)
+        t0 = time.perf_counter()
+        try:
+            final, _ = drive(algo, ctx, start or Start(), self.commit, events=self.events)
+        except (KeyboardInterrupt, RoundFailed) as e:
+            if not partial:
+                self._failed(t0, e)
+                raise
+            wall = time.perf_counter() - t0
+            if isinstance(e, RoundFailed):
+                return Outcome({}, wall, failed=e)
+            return Outcome({}, wall, interrupted=True)
+        except BaseException as e:
+            self._failed(t0, e)
+            raise
+        return Outcome(final, time.perf_counter() - t0)
+
+    def commit(self, t: int, state: Any) -> None:
+        """After round ``t`` (0-based; -1 = set-up): the checkpoint when one is due, then the meter rows and the
+        new missing entries as events, then ``after_commit(t)``. A checkpoint that cannot be written (a full
+        or read-only disk) is logged, and training goes on."""
+        ctx, recorder = self._ctx, self.recorder
+        assert ctx is not None and recorder is not None, "commit is called by the round loop of Run.drive"
+        store = self.store
+        if store is not None and commit_due(self.spec, t):
+            nodes = self._snapshots() if self._snapshots is not None else {}
+            try:
+                save(store, t, RunCheckpoint(state, self.meter.rows(), list(self.missing.entries),
+                                             list(recorder.records), dict(ctx.comm.last_ok), self.run_id,
+                                             nodes=nodes), self.spec)
+            except OSError as e:  # a full or read-only disk: training goes on, and says what it lacks
+                last = store.tags()[-1] + 1 if store.tags() else None
+                log.error("ps: the checkpoint of round %d could not be written to %s (%s); the run goes on "
+                          "without it (last checkpoint: %s)", t + 1, store.folder, e.strerror or e,
+                          f"round {last}" if last else "none")
+        self._progress()
+        if self._after_commit is not None:
+            self._after_commit(t)
+
+    def finish(self, outcome: Outcome, *, sort_missing: bool = False) -> RunResult:
+        """The result: the rounds with their cumulative bytes, the meter rows, the missing log, the final model;
+        the last ``links`` / ``missing`` events, then ``run_finished``. ``sort_missing``: order the missing
+        log by (round, reporter, node) in topology order (the networked engine's, merged from every process)."""
+        recorder = self.recorder
+        assert recorder is not None, "finish follows drive"
+        links = self._progress()
+        entries = list(self.missing.entries)
+        if sort_missing:
+            order = {n: i for i, n in enumerate(self.topology.all_nodes())}
+            entries.sort(key=lambda e: (e["round"], order.get(e["by"], -1), order.get(e["node"], -1)))
+        result = RunResult(spec=self.spec, engine=self.engine,
+                           rounds=attach_cumulative_bytes(recorder.records, links), links=links, missing=entries,
+                           final=clone(outcome.final), wall_s=outcome.wall_s, interrupted=not outcome.finished)
+        self.events.emit("run_finished", ok=outcome.finished, wall_s=outcome.wall_s,
+                         error=str(outcome.failed) if outcome.failed is not None else None)
+        return result
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _progress(self) -> list[dict[str, Any]]:
+        """``links`` (every meter row so far) and one ``missing`` per entry not sent yet; returns the rows."""
+        rows = self.meter.rows()
+        self.events.emit("links", rows=rows)
+        entries = self.missing.entries
+        for entry in entries[self._sent_missing:]:
+            self.events.emit("missing", entry=dict(entry))
+        self._sent_missing = len(entries)
+        return rows
+
+    def _failed(self, t0: float, e: BaseException) -> None:
+        self.events.emit("run_finished", ok=False, wall_s=time.perf_counter() - t0,
+                         error=f"{type(e).__name__}: {e}")

@@ -1,0 +1,96 @@
+"""The web face over one run, whichever engine runs it; and ``fedhop simulate`` with it attached.
+
+A :class:`LivePage` is a run's event stream with a RunStatus subscribed to it and, unless the address is
+``off``, the live page / JSON API / metrics served on that address. Any engine's Run emits into
+``page.events``: the PS's (``fedhop server`` / ``launch``) or the in-process engine's::
+
+    with live_page("127.0.0.1:0") as page:        # or page_from_args(args) in a command
+        result = simulate(spec, page.events)     # /api/status, /api/rounds, ... follow the run
+        ...                                      # still served until the block ends
+
+The web stack (starlette, uvicorn) is imported only when a page is served, the engine only by :func:`simulate`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fedhop.common.engine.events import RunEvents
+from fedhop.server.web.status import RunStatus
+
+if TYPE_CHECKING:  # the engine is imported by simulate, the web stack only when a page is served
+    from fedhop.common.engine.inprocess import FaultPlan
+    from fedhop.common.engine.results import RunResult
+    from fedhop.common.spec import RunSpec
+    from fedhop.server.web.serve import HttpServer
+
+OFF = "off"
+
+
+@dataclass
+class LivePage:
+    """A run's events, the RunStatus they feed, and the HTTP server showing it (None when off)."""
+
+    events: RunEvents
+    status: RunStatus
+    http: HttpServer | None
+
+    @property
+    def url(self) -> str | None:
+        return self.http.url if self.http is not None else None
+
+    def close(self) -> None:
+        """Stop serving (the events and the status stay usable)."""
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+
+    def __enter__(self) -> LivePage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_page(address: str = "127.0.0.1:0", *, token: str | None = None, events: RunEvents | None = None,
+              announce: Callable[[str], None] | None = None) -> LivePage:
+    """Subscribe a RunStatus to ``events`` (default: a new stream) and serve it on ``address`` (``HOST:PORT``,
+    port 0 = a free one; ``off`` = no server). ``announce(line)`` gets the page's URL. Raises
+    :class:`~fedhop.server.web.serve.HttpConfigError` (a bad address, a missing token) or OSError (taken)."""
+    events = events if events is not None else RunEvents()
+    status = RunStatus()
+    events.subscribe(status)
+    if address == OFF:
+        return LivePage(events, status, None)
+    from fedhop.server.web.serve import parse_address, start_http
+
+    host, port = parse_address(address)
+    http = start_http(status, host, port, token=token)
+    if announce is not None:
+        announce(f"live page: {http.url}" + (" (bearer token required)" if token else ""))
+    return LivePage(events, status, http)
+
+
+@contextmanager
+def live_page(address: str = "127.0.0.1:0", *, token: str | None = None, events: RunEvents | None = None,
+              announce: Callable[[str], None] | None = None) -> Iterator[LivePage]:
+    """:func:`open_page` for the duration of a ``with`` block."""
+    page = open_page(address, token=token, events=events, announce=announce)
+    try:
+        yield page
+    finally:
+        page.close()
+
+
+def simulate(spec: RunSpec, events: RunEvents | None = None, *, device: str | None = None,
+             journal: Path | None = None, run_id: str | None = None, faults: FaultPlan | None = None) -> RunResult:
+    """``fedhop simulate``'s run: ``spec`` with the in-process engine, its lifecycle events into ``events`` (a
+    :class:`LivePage`'s, a progress bar's). ``journal``: the rounds.jsonl file; ``faults``: a test's fault plan."""
+    from fedhop.common.engine.inprocess import InProcessEngine
+
+    engine = InProcessEngine(spec, device=device, faults=faults)
+    return engine.run(journal, events=events, run_id=run_id)

@@ -1,0 +1,200 @@
+"""One Run for both engines (common/engine/run.py): the in-process engine emits the run's lifecycle events in
+order through one subscriber list, the events carry what the progress bar and the live page need, resume and
+failures are told, and the live page's /api serves a ``fedhop simulate`` run."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from fedhop.common.engine import results
+from fedhop.common.engine.events import KINDS, RunEvents, readiness, round_records
+from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
+from fedhop.common.engine.loop import RoundFailed
+from fedhop.common.engine.results import RoundRecorder
+from fedhop.common.spec import RunSpec
+from fedhop.server.web.live import live_page, simulate
+
+UNTIMED = ("elapsed_s", "round_s")
+
+
+def spec(rounds: int = 3, clients: int = 4, edges: int = 2, **extra: Any) -> RunSpec:
+    return RunSpec.parse({
+        "name": "run-events", "rounds": rounds, "seed": 5, "device": "cpu",
+        "algorithm": {"name": "fedavg", "options": {"local_steps": 2}},
+        "topology": {"clients": clients, "edges": edges},
+        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
+        "model": {"name": "mlp", "hidden": [8]},
+        **extra,
+    })
+
+
+class Recorder:
+    """A listener that keeps every event."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        self.seen.append((kind, data))
+
+    def kinds(self) -> list[str]:
+        return [k for k, _ in self.seen]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [d for k, d in self.seen if k == kind]
+
+
+def untimed(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in rec.items() if k not in UNTIMED and not k.startswith("cum_")}
+
+
+def test_inprocess_run_emits_the_lifecycle_in_order() -> None:
+    events, got = RunEvents(), Recorder()
+    events.subscribe(got)
+    s = spec()
+    result = InProcessEngine(s).run(events=events, run_id="r-7")
+
+    # the start: the run, then each child of the PS joins, the clients behind it, and it is ready
+    assert got.kinds()[:10] == ["run_started",
+                                "node_joined", "node_joined", "node_joined", "node_ready",
+                                "node_joined", "node_joined", "node_joined", "node_ready", "round_started"]
+    started = got.seen[0][1]
+    assert started["run_id"] == "r-7" and started["resumed_at"] == 0
+    assert started["nodes"] == ["ps", "edge-0", "edge-1", "client-0", "client-1", "client-2", "client-3"]
+    assert RunSpec.model_validate(started["spec"]) == s
+    assert [d["node"] for d in got.of("node_joined")] == ["edge-0", "client-0", "client-1", "edge-1", "client-2",
+                                                          "client-3"]
+    sizes = InProcessEngine(s).client_sizes
+    assert [(d["node"], d["data_sizes"]) for d in got.of("node_ready")] == [
+        ("edge-0", {c: sizes[c] for c in ("client-0", "client-1")}),
+        ("edge-1", {c: sizes[c] for c in ("client-2", "client-3")})]
+
+    # every round: started, ended, then the commit's links (no fault: no missing entries); then the end
+    rounds = got.kinds()[9:]
+    assert rounds == ["round_started", "round_ended", "links"] * 3 + ["links", "run_finished"]
+    assert [d["round"] for d in got.of("round_started")] == [0, 1, 2]
+    ended = got.of("round_ended")
+    assert [d["round"] for d in ended] == [0, 1, 2] and all(d["duration_s"] > 0 for d in ended)
+    assert [untimed(d["record"]) for d in ended] == [untimed(r) for r in result.rounds]
+    assert got.of("links")[-1]["rows"] == result.links
+    assert got.of("run_finished") == [{"ok": True, "wall_s": result.wall_s, "error": None}]
+    assert set(got.kinds()) <= set(KINDS)
+
+
+def test_missing_entries_follow_the_commit_of_their_round() -> None:
+    events, got = RunEvents(), Recorder()
+    events.subscribe(got)
+    faults = FaultPlan(lambda node, task, rnd: node == "client-1" and rnd == 1)
+    result = InProcessEngine(spec(edges=0), faults=faults).run(events=events)
+    assert result.missing and [d["entry"] for d in got.of("missing")] == result.missing
+    kinds = got.kinds()
+    second_links = [i for i, k in enumerate(kinds) if k == "links"][1]
+    assert kinds[second_links + 1:second_links + 1 + len(result.missing)] == ["missing"] * len(result.missing)
+    assert all(e["round"] == 2 for e in result.missing)
+
+
+def test_one_subscriber_list_is_the_only_progress_channel() -> None:
+    assert not hasattr(results, "round_observers")
+    assert "on_round" not in RoundRecorder.__dataclass_fields__
+    events = RunEvents()
+    bar_rounds: list[dict[str, Any]] = []
+    ready: list[tuple[str, int]] = []
+    events.subscribe(round_records(bar_rounds.append))
+    events.subscribe(readiness(lambda child, sizes: ready.append((child, len(sizes)))))
+
+    def broken(kind: str, data: dict[str, Any]) -> None:
+        raise RuntimeError("a listener that fails")
+
+    events.subscribe(broken)  # logged, never reaches the run
+    late = Recorder()
+    unsubscribe = events.subscribe(late)
+    unsubscribe()
+    result = InProcessEngine(spec()).run(events=events)
+    assert [r["round"] for r in bar_rounds] == [1, 2, 3]
+    assert [untimed(r) for r in bar_rounds] == [untimed(r) for r in result.rounds]
+    assert ready == [("edge-0", 2), ("edge-1", 2)]
+    assert late.seen == []
+
+
+def test_resumed_run_starts_where_its_checkpoint_ends(tmp_path: Path) -> None:
+    s = spec(rounds=4, edges=0)
+
+    def crash(t: int) -> None:
+        if t == 1:
+            raise KeyError("crash after round 2")
+
+    first = Recorder()
+    events = RunEvents()
+    events.subscribe(first)
+    with pytest.raises(KeyError):
+        InProcessEngine(s).run(events=events, run_id="keep-me", checkpoints=tmp_path, after_commit=crash)
+    finished = first.of("run_finished")
+    assert len(finished) == 1 and not finished[0]["ok"] and "crash after round 2" in finished[0]["error"]
+
+    again = Recorder()
+    events = RunEvents()
+    events.subscribe(again)
+    result = InProcessEngine(s).run(events=events, checkpoints=tmp_path, resume=True)
+    started = again.of("run_started")[0]
+    assert started["run_id"] == "keep-me" and started["resumed_at"] == 2
+    assert [d["round"] for d in again.of("round_ended")] == [2, 3]
+    assert [r["round"] for r in result.rounds] == [1, 2, 3, 4]
+
+
+def test_failed_round_is_told_and_raised() -> None:
+    s = spec(edges=0, transport={"min_participants": 4, "round_retries": 0})
+    faults = FaultPlan(lambda node, task, rnd: node == "client-0" and rnd == 1)
+    events, got = RunEvents(), Recorder()
+    events.subscribe(got)
+    with pytest.raises(RoundFailed):
+        InProcessEngine(s, faults=faults).run(events=events)
+    (finished,) = got.of("run_finished")
+    assert finished["ok"] is False and "RoundFailed" in finished["error"]
+    assert [d["round"] for d in got.of("round_ended")] == [0]
+
+
+def test_unwritable_checkpoint_is_logged_and_the_run_goes_on(tmp_path: Path, caplog) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the checkpoints should go")
+    s = spec(rounds=2, edges=0)
+    with caplog.at_level(logging.ERROR, logger="fedhop.run"):
+        result = InProcessEngine(s).run(checkpoints=blocker / "ckpt")
+    assert len(result.rounds) == 2
+    assert any("the checkpoint of round 1 could not be written" in r.message for r in caplog.records)
+
+
+def test_live_page_serves_a_simulate_run() -> None:
+    """``fedhop simulate --http``: the in-process Run's events feed the live page; /api/status and /api/rounds
+    show the run."""
+    s = spec(rounds=3)
+    with live_page("127.0.0.1:0") as page:
+        assert page.url is not None
+        before = httpx.get(page.url + "api/status", timeout=30).json()
+        result = simulate(s, page.events, run_id="sim-1")
+        status = httpx.get(page.url + "api/status", timeout=30).json()
+        rounds = httpx.get(page.url + "api/rounds", timeout=30).json()["rounds"]
+    assert before["phase"] == "waiting"
+    assert status["run_id"] == "sim-1" and status["phase"] == "finished" and status["error"] is None
+    assert status["rounds_completed"] == status["rounds_total"] == 3
+    assert status["nodes"] == {"expected": 6, "joined": 6, "lost": {}, "waiting": []}
+    assert status["wall_s"] == result.wall_s
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert [r["cum_payload_bytes"] for r in result.rounds] == [r["payload_bytes"] for r in rounds]
+    assert page.http is None  # closed with the block
+
+
+def test_simulate_command_serves_with_http(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``fedhop simulate --http 127.0.0.1:0`` announces the page and runs as before."""
+    from fedhop.cli import main
+
+    spec_file = tmp_path / "spec.toml"
+    spec_file.write_text(spec(rounds=2, edges=0).to_toml())
+    rc = main(["simulate", str(spec_file), "--out", str(tmp_path / "run"), "--quiet", "--http", "127.0.0.1:0"])
+    assert rc == 0
+    assert "live page: http://127.0.0.1:" in capsys.readouterr().err
+    assert (tmp_path / "run" / "results.json").is_file()
