@@ -176,7 +176,7 @@ def edge_round(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
 def pass_model(ctx: NodeContext, w: Bundle, avoid: frozenset[NodeId] = frozenset()) -> NodeId:
     """Hand w^{t+1} to m(t+1) chosen by the two-step rule among the neighbours that answer describe.
 
-    A neighbour that cannot take the model is ruled out and the rule applied again (DESIGN.md sec. 6:
+    A neighbour that cannot take the model is ruled out and the rule applied again (docs/design.md section 7:
     rerouted, never lost); with no neighbour reachable (or none at all: one cluster) the model stays here and
     this edge is m(t+1). Both are outside the paper, which assumes reliable links. ``avoid``: neighbours
     ruled out from the start (an edge that failed the round this model was handed to it for).
