@@ -1,5 +1,5 @@
 """Fed-CHS (Yan, Zuo, Fan, Hu, Shen, Zhao, Luo: "Sequential Federated Learning in Hierarchical Architecture
-on Non-IID Datasets", Algorithm 1; specs/fedchs.md sections 2-3).
+on Non-IID Datasets", Algorithm 1; docs/specs/fedchs.md sections 2-3).
 
 One cluster is active per round t. Inside the active cluster m(t) the edge server (ES) and all its clients
 run K interactions (Eq. 5): the ES sends w_k^t to every client, each client uploads ONE mini-batch

@@ -1,5 +1,5 @@
 """FedCluster (Chen, Chen, Zhou, Kailkhura, "FedCluster: Boosting the Convergence of Federated Learning via
-Cluster-Cycling", IEEE BigData 2020, arXiv:2009.10748), Algorithm 1; engineering spec specs/fedcluster.md.
+Cluster-Cycling", IEEE BigData 2020, arXiv:2009.10748), Algorithm 1; engineering spec docs/specs/fedcluster.md.
 
 The n devices are partitioned once into M fixed clusters S_1..S_M (sec. II; here: the clients of each edge
 server, so M = topology.edges). Each learning round j runs M *cycles*; cycle K uses cluster c = order_j[K]
