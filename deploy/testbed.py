@@ -381,7 +381,7 @@ def cmd_up(spec: str, out: str | None, device: str | None, timeout_s: float | No
            tls: str | None = None, http: str | None = None, http_token: str | None = None) -> int:
     """``fedhop testbed up``: exit code 0 on a finished run, the PS's code when it failed, 2 for a bad spec or
     host, 3 when the testbed could not be built, 130 on SIGINT/SIGTERM."""
-    from fedhop.cli import default_out
+    from fedhop.run_folders import default_out
 
     try:
         check_host()

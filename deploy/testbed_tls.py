@@ -40,7 +40,7 @@ def _ip_names(cert_path: Path) -> set[ipaddress.IPv4Address | ipaddress.IPv6Addr
 def check_folder(folder: Path, net: Network, spec_path: Path) -> None:
     """Every node's key and certificate are there and each listening node's certificate names its testbed
     address; TestbedError naming what is missing otherwise."""
-    from fedhop.deploy.certs import CA_CERT, node_files
+    from fedhop.transport.certs import CA_CERT, node_files
 
     fix = f"make one for this testbed with: {certs_init_command(spec_path, str(folder), net)}"
     if not (folder / CA_CERT).is_file():
@@ -60,7 +60,7 @@ def check_folder(folder: Path, net: Network, spec_path: Path) -> None:
 
 def auto_folder(out: Path, net: Network) -> Path:
     """A fresh CA and certificates for every node, naming the testbed addresses, in ``out/tls``."""
-    from fedhop.deploy.certs import CertError, init_folder
+    from fedhop.transport.certs import CertError, init_folder
 
     d = out / "tls"
     hosts = {n: [nn.address] for n, nn in net.nodes.items() if nn.role != "client"}

@@ -16,22 +16,27 @@ its start: :func:`_become` re-reads the few settings fedhop takes from the envir
 from __future__ import annotations
 
 import atexit
+import importlib
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import setproctitle
 
 # imported once by the server, shared copy-on-write by every child
-PRELOAD = ["torch", "numpy", "grpc", "sklearn.datasets", "fedhop.cli", "fedhop.roles_cli", "fedhop.common.algorithms",
+PRELOAD = ["torch", "numpy", "grpc", "sklearn.datasets", "fedhop.cli", "fedhop.cli.roles", "fedhop.common.algorithms",
            "fedhop.client.host", "fedhop.client.main", "fedhop.edge.node", "fedhop.server.main",
            "fedhop.transport.parent", "fedhop.transport.child"]
 FEDHOP = ("-m", "fedhop")
+# what `python -m fedhop ARGS` runs (fedhop/__main__.py), named rather than imported: the launcher (this layer)
+# does not import the command line that sits above it; a child resolves it by name (:func:`resolve_entry`)
+ENTRY = "fedhop.cli:main"
 
 # environment variables that torch, OpenMP, gRPC or Python itself read when they are imported or start: a child
 # that needs other values than the server had cannot be forked from it
@@ -78,8 +83,20 @@ def fedhop_argv(cmd: list[str]) -> list[str] | None:
     return None
 
 
-def _become(argv: list[str], log: str, cwd: str, env: dict[str, str]) -> None:
-    """In the forked child: take the caller's place (session, directory, environment, log) and run fedhop."""
+def resolve_entry(entry: str) -> Callable[[list[str]], int]:
+    """The function a ``"package.module:function"`` name points to (imported now)."""
+    module, sep, name = entry.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"entry point {entry!r} is not 'package.module:function'")
+    fn = getattr(importlib.import_module(module), name)
+    if not callable(fn):
+        raise TypeError(f"entry point {entry!r} is not a function")
+    return fn
+
+
+def _become(entry: str, argv: list[str], log: str, cwd: str, env: dict[str, str]) -> None:
+    """In the forked child: take the caller's place (session, directory, environment, log) and run ``entry``
+    (``fedhop``'s command line) with ``argv``."""
     # what `ps` showed for a spawned child (before the environment is replaced: setproctitle takes the
     # memory of the original argv and environ strings)
     setproctitle.setproctitle(" ".join([sys.executable, *FEDHOP, *argv]))
@@ -102,17 +119,16 @@ def _become(argv: list[str], log: str, cwd: str, env: dict[str, str]) -> None:
     from fedhop.common import timing
 
     timing.configure_from_env()
-    from fedhop.cli import main
-
-    sys.exit(main(argv))
+    sys.exit(resolve_entry(entry)(argv))
 
 
 class ForkedChild:
-    """A forked ``fedhop`` process with the part of :class:`subprocess.Popen`'s interface launch uses."""
+    """A forked ``fedhop`` process with the part of :class:`subprocess.Popen`'s interface launch uses: it runs
+    ``entry`` (by name, default :data:`ENTRY`, the command line) with ``argv``."""
 
-    def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], log: Path, env: dict[str, str], entry: str = ENTRY) -> None:
         self.args = argv
-        self._p = context().Process(target=_become, args=(argv, str(log), os.getcwd(), env), daemon=False)
+        self._p = context().Process(target=_become, args=(entry, argv, str(log), os.getcwd(), env), daemon=False)
         self._p.start()
         self.pid: int = self._p.pid
         _live.add(self)

@@ -10,8 +10,10 @@ docs/design.md ("Layers") draws it::
     engine <- transport (fedhop.transport)
     engine <- web (fedhop.server.web)
     transport, algorithms, web <- roles (fedhop.server, fedhop.edge, fedhop.client; no role imports another)
-    roles <- testbeds (fedhop.deploy, fedhop.launch, fedhop.forkstart, fedhop.reproduce)
-    everything <- cli (fedhop.cli, fedhop's command modules); nothing imports the CLI
+    roles <- testbeds (fedhop.deploy, fedhop.launch, fedhop.forkstart, fedhop.reproduce, and what they share with
+                       the CLI: fedhop.client_ids, fedhop.report, fedhop.compare, fedhop.run_folders)
+    everything <- cli (the package fedhop.cli, and fedhop's other modules: fedhop.lifecycle, ...); nothing
+                       imports the CLI
 
 A module may import its own layer and the layers its layer lists in ``MAY_IMPORT``; anything else is an upward
 (or sideways) import. ``cycles`` finds import cycles between the packages (``fedhop.common.engine``,
@@ -59,6 +61,10 @@ LAYER_OF = [
     ("fedhop.launch", "testbeds"),
     ("fedhop.forkstart", "testbeds"),
     ("fedhop.reproduce", "testbeds"),
+    ("fedhop.client_ids", "testbeds"),
+    ("fedhop.report", "testbeds"),
+    ("fedhop.compare", "testbeds"),
+    ("fedhop.run_folders", "testbeds"),
     ("fedhop", "cli"),
 ]
 
@@ -104,7 +110,7 @@ def package_of(module: str, is_package: bool = False) -> str:
         return ".".join(parts[:3])
     if parts[:2] == ["fedhop", "server"] and len(parts) >= 3 and parts[2] == "web":
         return "fedhop.server.web"
-    if len(parts) >= 2 and parts[1] in ("common", "transport", "server", "edge", "client", "deploy", "v1", "reproduce"):
+    if len(parts) >= 2 and parts[1] != "cli":  # fedhop.<link>, fedhop.reproduce, fedhop.launch, fedhop.report, ...
         return ".".join(parts[:2])
     return "fedhop.cli"
 

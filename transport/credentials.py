@@ -1,6 +1,6 @@
 """Credentials for every gRPC channel and server a node makes: insecure, mutual TLS, or tokens over TLS.
 
-* ``tls`` (``--tls DIR``, a folder made by ``fedhop certs init``, layout in ``deploy/certs.py``): mutual TLS.
+* ``tls`` (``--tls DIR``, a folder made by ``fedhop certs init``, layout in ``transport/certs.py``): mutual TLS.
   Both ends present a certificate signed by the folder's CA; a server requires one from every client.
   The peer's node id is the ``fedhop://node/<id>`` URI in the certificate the TLS handshake verified
   (:func:`peer_identity`), never what the peer writes in metadata or frames.
@@ -32,8 +32,8 @@ import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from fedhop.deploy.certs import CA_CERT, node_files, node_id_of
-from fedhop.deploy.tokens import TOKEN_HEADER, TokenError, check_token, load_tokens, token_value
+from fedhop.transport.certs import CA_CERT, node_files, node_id_of
+from fedhop.transport.tokens import TOKEN_HEADER, TokenError, check_token, load_tokens, token_value
 
 Mode = Literal["insecure", "tls", "token"]
 

@@ -33,6 +33,11 @@ class Outcome:
         return all(self.checks.values())
 
 
+class ExperimentError(ValueError):
+    """An experiment that cannot run as asked (an unknown name, options it does not take); ``fedhop reproduce``
+    ends with exit code 1 and this message."""
+
+
 Experiment = Callable[..., Outcome]  # (out, quick) or, with takes_data, (out, quick, dataset=, path=)
 EXPERIMENTS: dict[str, Experiment] = {}
 TAKES_DATA: set[str] = set()
@@ -66,11 +71,11 @@ def _run_experiment(name: str, out: Path, quick: bool, dataset: str | None, path
     opts = current()
     exps = load_all()
     if name not in exps:
-        raise SystemExit(f"unknown experiment {name!r}; known: {', '.join(sorted(exps))}")
+        raise ExperimentError(f"unknown experiment {name!r}; known: {', '.join(sorted(exps))}")
     out.mkdir(parents=True, exist_ok=True)
     if dataset or path:
         if name not in TAKES_DATA:
-            raise SystemExit(f"experiment {name!r} runs on its own data; --dataset/--data-path apply to: "
+            raise ExperimentError(f"experiment {name!r} runs on its own data; --dataset/--data-path apply to: "
                              f"{', '.join(sorted(TAKES_DATA))}")
         outcome = exps[name](out, quick, dataset=dataset, path=path)
     else:

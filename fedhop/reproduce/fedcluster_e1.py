@@ -1,4 +1,4 @@
-"""FedCluster E1 (specs/fedcluster.md sec. 8.2 E1, calibrated by sec. 8.3): the paper's protocol on a Gaussian
+"""FedCluster E1 (docs/specs/fedcluster.md sec. 8.2 E1, calibrated by sec. 8.3): the paper's protocol on a Gaussian
 label-skew replica at full device scale.
 
 1000 devices x 500 fresh samples of 10 Gaussian classes in d = 20 (``fedcluster-gauss``, sep 0.5), device
@@ -34,7 +34,7 @@ from statistics import mean
 from typing import Any
 
 from fedhop.common.spec import RunSpec
-from fedhop.reproduce import Outcome, experiment
+from fedhop.reproduce import ExperimentError, Outcome, experiment
 from fedhop.reproduce.runner import current, folder_name, run_spec
 
 CMD = "fedhop reproduce fedcluster-e1"
@@ -192,7 +192,7 @@ def fedcluster_e1(out: Path, quick: bool) -> Outcome:
         plan += [(centralized(0.1), rounds)]
     left_out = [run_key(v, s) for v, _ in plan for s in seeds if not current().selected(run_key(v, s))]
     if left_out:  # every claim and panel here averages or contrasts several variants
-        raise SystemExit(f"fedcluster-e1: --only would leave out {len(left_out)} of its runs; its claims need "
+        raise ExperimentError(f"fedcluster-e1: --only would leave out {len(left_out)} of its runs; its claims need "
                          "them all (run it without --only)")
     curves = run_all([(v, s, r, out / "runs") for v, r in plan for s in seeds], parallel=not quick)
 

@@ -1,4 +1,4 @@
-"""FGDRO reproduction ``fgdro-toy`` (specs/fgdro.md sections 6-8).
+"""FGDRO reproduction ``fgdro-toy`` (docs/specs/fgdro.md sections 6-8).
 
 Part A, the spec's linear-regression toy (section 8, Appendix A; NOT an experiment of the paper, which has no
 synthetic one): N = 8 clients of growing heterogeneity, d = 10, n = 2000 a client, K = 2, lambda = 1, I = 16,
@@ -36,7 +36,7 @@ from fedhop.common.data.fgdro_toy import FGDROToyOptions, toy_arrays
 from fedhop.common.engine.api import get_algorithm
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
-from fedhop.reproduce import Outcome, experiment
+from fedhop.reproduce import ExperimentError, Outcome, experiment
 from fedhop.reproduce.runner import current, folder_name, run_spec
 
 N_TOY, K_TOY, LAM_TOY = 8, 2.0, 1.0
@@ -348,7 +348,7 @@ def fgdro_toy(out: Path, quick: bool) -> Outcome:
     t0 = time.perf_counter()
     workers = 1 if quick else int(os.environ.get("FEDHOP_WORKERS", "2"))
     if current().only:  # every claim contrasts several of its runs
-        raise SystemExit("fgdro-toy: --only would leave out runs its claims need (run it without --only)")
+        raise ExperimentError("fgdro-toy: --only would leave out runs its claims need (run it without --only)")
     refs, toy, toy_runs = run_toy(toy_rounds, quick, workers, out / "runs")
     t_toy = time.perf_counter() - t0
     digits = run_digits(d_rounds, d_clients, seeds, quick, workers, out / "runs")
@@ -389,7 +389,7 @@ def fgdro_toy(out: Path, quick: bool) -> Outcome:
             best_dro["worst_client_acc"] >= dby["FedAvg"]["worst_client_acc"],
     }
 
-    lines = ["### Part A: the spec's linear-regression toy (specs/fgdro.md section 8)", "",
+    lines = ["### Part A: the spec's linear-regression toy (docs/specs/fgdro.md section 8)", "",
              f"N=8, d=10, n=2000, K=2, lambda=1, I=16, batch 32, R={toy_rounds}"
              f"{' (quick; the spec uses R=3000)' if quick else ''}. "
              f"Centralized optima: F_cvar* = {refs['F_cvar']:.4f} (spec 2.2784), "

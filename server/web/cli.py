@@ -56,23 +56,23 @@ def http_from_args(args: argparse.Namespace, status: RunStatus,
     return server
 
 
-def page_from_args(args: argparse.Namespace) -> LivePage:
+def page_from_args(address: str, token: str | None = None) -> LivePage:
     """A command's run events with the live page the arguments ask for (``--http off``: the events and their
     RunStatus, no server). Subscribe the run's other listeners (a progress bar) to ``page.events``, hand
     ``page.events`` to the run, ``page.close()`` at the end. A bad setting is a :class:`Fatal` (USAGE; a taken
     address: ADDRESS_IN_USE)."""
     from fedhop.server.web.live import OFF, open_page
 
-    if args.http == OFF:
+    if address == OFF:
         return open_page(OFF)
     from fedhop.server.web.serve import HttpConfigError
 
     try:
-        return open_page(args.http, token=args.http_token, announce=_stderr)
+        return open_page(address, token=token, announce=_stderr)
     except HttpConfigError as e:
         raise Fatal(ExitCode.USAGE, str(e)) from None
     except OSError as e:
-        raise Fatal(ExitCode.ADDRESS_IN_USE, f"--http {args.http}: {e}") from None
+        raise Fatal(ExitCode.ADDRESS_IN_USE, f"--http {address}: {e}") from None
 
 
 def _stderr(line: str) -> None:

@@ -4,7 +4,7 @@ A :class:`LivePage` is a run's event stream with a RunStatus subscribed to it an
 ``off``, the live page / JSON API / metrics served on that address. Any engine's Run emits into
 ``page.events``: the PS's (``fedhop server`` / ``launch``) or the in-process engine's::
 
-    with live_page("127.0.0.1:0") as page:        # or page_from_args(args) in a command
+    with live_page("127.0.0.1:0") as page:        # or page_from_args(address, token) in a command
         result = simulate(spec, page.events)     # /api/status, /api/rounds, ... follow the run
         ...                                      # still served until the block ends
 

@@ -81,8 +81,8 @@ def main() -> int:
     if a.client:
         return _client(a.client[0], a.client[1], int(a.client[2]), a.mb, a.chunk_mib, a.reps)
 
-    from fedhop.deploy.certs import init_folder
-    from fedhop.deploy.tokens import new_tokens, write_tokens
+    from fedhop.transport.certs import init_folder
+    from fedhop.transport.tokens import new_tokens, write_tokens
 
     pki = Path(tempfile.mkdtemp(prefix="fedhop-bench-tls-"))
     init_folder(pki / "certs", ["ps", "client-0"], force=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from fedhop.cli import DEFAULT_SPEC
+from fedhop.cli.console import DEFAULT_SPEC
 from fedhop.common.spec import RunSpec
 
 

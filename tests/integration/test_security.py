@@ -23,11 +23,11 @@ from fedhop.common.engine.base import HandOffError, MissingLog
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.deploy.certs import CA, CA_CERT, node_files, write_cert, write_key
-from fedhop.deploy.tokens import load_tokens
+from fedhop.transport.certs import CA, CA_CERT, node_files, write_cert, write_key
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.credentials import CredentialsError, Security
 from fedhop.transport.peer import PeerClient
+from fedhop.transport.tokens import load_tokens
 from tests.integration.netutil import Federation, launch_run, load_result, node_log, rows_by_key, small_spec
 from tests.waiting import exited, wait_until
 

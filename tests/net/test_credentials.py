@@ -11,8 +11,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from fedhop.deploy.certs import CA, init_folder, node_files, write_cert, write_key
-from fedhop.deploy.tokens import TOKEN_HEADER, new_tokens, write_tokens
+from fedhop.transport.certs import CA, init_folder, node_files, write_cert, write_key
 from fedhop.transport.credentials import (
     CredentialsError,
     Security,
@@ -23,6 +22,7 @@ from fedhop.transport.credentials import (
     peer_identity,
     server_interceptors,
 )
+from fedhop.transport.tokens import TOKEN_HEADER, new_tokens, write_tokens
 
 NODES = ["ps", "edge-0", "client-1", "client-2"]
 METHOD = "/fedhop.test.Who/Am"

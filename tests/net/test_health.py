@@ -92,8 +92,8 @@ def test_wait_until_gone_wakes_when_the_server_stops_or_turns_not_serving(served
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    from fedhop.deploy.certs import init_folder
-    from fedhop.deploy.tokens import new_tokens, write_tokens
+    from fedhop.transport.certs import init_folder
+    from fedhop.transport.tokens import new_tokens, write_tokens
 
     d = tmp_path_factory.mktemp("health-pki")
     init_folder(d / "certs", ["ps", "client-0"])
@@ -125,7 +125,7 @@ def test_fedhop_health_with_tls_or_tokens(pki, mode, capsys) -> None:
         assert main(["health", addr, "--timeout", "5", *creds, "--id", "client-7"]) == 2
         assert "client-7" in capsys.readouterr().err
         if mode == "token":  # a token the node does not know
-            from fedhop.deploy.tokens import new_tokens, write_tokens
+            from fedhop.transport.tokens import new_tokens, write_tokens
 
             wrong = write_tokens(pki / "wrong.toml", new_tokens(["client-0"]), force=True)
             assert main(["health", addr, "--timeout", "5", "--tls", str(pki / "certs"), "--token", str(wrong),

@@ -1,4 +1,4 @@
-"""Centralized SGD (FedCluster's baseline, specs/fedcluster.md 2.4 / 4.6): one trainer holding the union of the
+"""Centralized SGD (FedCluster's baseline, docs/specs/fedcluster.md 2.4 / 4.6): one trainer holding the union of the
 device data; bit for bit a plain torch SGD loop written here, on a pool checked against the partition."""
 
 from __future__ import annotations

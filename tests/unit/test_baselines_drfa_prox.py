@@ -1,4 +1,4 @@
-"""DRFA-Prox with the KL regulariser (FGDRO's baseline, specs/fgdro.md section 5): the lambda prox steps against
+"""DRFA-Prox with the KL regulariser (FGDRO's baseline, docs/specs/fgdro.md section 5): the lambda prox steps against
 their optimality conditions and an independent bisection solver written here, one round of the algorithm
 against numpy losses, and the payload of Algorithm 2."""
 

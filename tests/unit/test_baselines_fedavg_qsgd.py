@@ -1,4 +1,4 @@
-"""FedAvg + QSGD uploads (Fed-CHS Fig. 2 baseline, specs/fedchs.md section 5 items 1 and 4) against a numpy
+"""FedAvg + QSGD uploads (Fed-CHS Fig. 2 baseline, docs/specs/fedchs.md section 5 items 1 and 4) against a numpy
 FedAvg written here: the quantised round stays within QSGD's deterministic error bound of exact FedAvg, and the
 upload is the QSGD encoding (d int8 levels + one float32 norm per tensor)."""
 

@@ -1,4 +1,4 @@
-"""ProxSkip / Scaffnew (specs/focus.md section 6 item 4) against references written here in numpy (float64):
+"""ProxSkip / Scaffnew (docs/specs/focus.md section 6 item 4) against references written here in numpy (float64):
 the notebook's iteration, plain gradient descent (p = 1), SCAFFOLD's equivalence under full participation,
 and the payload of one pull + one push of d floats per participant."""
 
@@ -42,7 +42,7 @@ def sets_from_links(links: list[dict], rounds: int) -> list[list[int]]:
 
 
 def notebook_proxskip(grads, x0, eta, tau, sets, shifted=False):
-    """specs/focus.md 6.4, written from the spec: on pull h_i += (x - x_prev_i)/(eta tau), x_i = x; tau steps
+    """docs/specs/focus.md 6.4, written from the spec: on pull h_i += (x - x_prev_i)/(eta tau), x_i = x; tau steps
     x_i -= eta (grad f_i(x_i) - h_i); the server averages the x_i (or x_i - eta tau h_i) over S."""
     x = x0.copy()
     h = [np.zeros_like(x0) for _ in grads]

@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from fedhop.cli import main
-from fedhop.deploy import tokens as tokens_mod
-from fedhop.deploy.certs import CA, CertError
-from fedhop.deploy.tokens import check_token, load_tokens
+from fedhop.transport import tokens as tokens_mod
+from fedhop.transport.certs import CA, CertError
+from fedhop.transport.tokens import check_token, load_tokens
 
 SPEC = "[topology]\nclients = 3\nedges = 1\n"
 NODES = ["ps", "edge-0", "client-0", "client-1", "client-2"]  # what that topology holds

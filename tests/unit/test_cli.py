@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fedhop.cli import DEFAULT_SPEC, build_parser, load_spec, main
+from fedhop.cli import build_parser, main
+from fedhop.cli.console import DEFAULT_SPEC, load_spec
 from fedhop.common.algorithms.fedchs import FedCHSOptions
 from fedhop.common.exit_codes import DESCRIPTIONS, ExitCode
 from fedhop.common.spec import RunSpec, SpecError, TopologySpec, TransportSpec
@@ -181,7 +182,7 @@ def test_end_of_run_prints_links_largest_first_and_the_route(tmp_path, capsys):
 
 
 def test_progress_counts_clients_joining_then_rounds():
-    from fedhop.cli import Progress
+    from fedhop.cli.console import Progress
 
     bar = Progress(rounds=5, label="launch fedavg", quiet=True, clients=6)
     assert bar.bar.total == 6 and bar.bar.n == 0
@@ -201,7 +202,7 @@ def test_progress_counts_clients_joining_then_rounds():
 
 def test_reproduce_progress_follows_every_run_and_round(tmp_path):
     """`fedhop reproduce` draws its bar from the events of every run made under its RunOptions."""
-    from fedhop.cli import ReproduceProgress
+    from fedhop.cli.console import ReproduceProgress
     from fedhop.common.engine.events import RunEvents
     from fedhop.reproduce.runner import RunOptions, run_spec, using
 

@@ -1,4 +1,4 @@
-"""Fed-CHS (specs/fedchs.md): next-edge rule, literal visit counter, Eq. (5) == gradient descent with full
+"""Fed-CHS (docs/specs/fedchs.md): next-edge rule, literal visit counter, Eq. (5) == gradient descent with full
 batches, exact payload per round, the model never at the PS, and the random ES graph."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fed-CHS baselines (specs/fedchs.md section 5): QSGD, Hier-Local-QSGD, WRWGD, FedAvg readings A and B."""
+"""Fed-CHS baselines (docs/specs/fedchs.md section 5): QSGD, Hier-Local-QSGD, WRWGD, FedAvg readings A and B."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedCluster (specs/fedcluster.md sec. 8.1): M = 1 is FedAvg, payload formula, cycle order, hand-offs,
+"""FedCluster (docs/specs/fedcluster.md sec. 8.1): M = 1 is FedAvg, payload formula, cycle order, hand-offs,
 normalised weights, learning-rate rules, topology checks and missing nodes."""
 
 from collections import Counter

@@ -1,4 +1,4 @@
-"""FedCluster set-up invariants (specs/fedcluster.md sec. 8.1): clusters (T2), per-round budgets (T3), the
+"""FedCluster set-up invariants (docs/specs/fedcluster.md sec. 8.1): clusters (T2), per-round budgets (T3), the
 rho_device / rho_cluster device data (T5, T6), local solvers (T7), the small AlexNet (T8) and the
 heterogeneity measures (T9)."""
 

@@ -1,4 +1,4 @@
-"""FGDRO-CVaR / -KL / -KL-Adam / LocalAdam (specs/fgdro.md): objectives, payload, locality of u_i, and an
+"""FGDRO-CVaR / -KL / -KL-Adam / LocalAdam (docs/specs/fgdro.md): objectives, payload, locality of u_i, and an
 independent numpy re-implementation of the client rounds (spec 2.2-2.6) compared with the module."""
 
 from __future__ import annotations

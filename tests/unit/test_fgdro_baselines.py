@@ -1,4 +1,4 @@
-"""FGDRO's baselines (specs/fgdro.md section 5): DRFA, DR-DSGD, FedAdam. Small sanity checks against
+"""FGDRO's baselines (docs/specs/fgdro.md section 5): DRFA, DR-DSGD, FedAdam. Small sanity checks against
 independent numpy computations, payload formulas and the DRO direction of DRFA's lambda."""
 
 from __future__ import annotations

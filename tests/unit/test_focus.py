@@ -1,4 +1,4 @@
-"""FOCUS / SG-FOCUS and the family's baselines (specs/focus.md sections 3.2-3.5, 6, 9: T3-T6).
+"""FOCUS / SG-FOCUS and the family's baselines (docs/specs/focus.md sections 3.2-3.5, 6, 9: T3-T6).
 
 References are written here independently from the spec (numpy, float64): Algorithm 1 (appendix), the
 switched-order matrix form with the schedule of section 3.2, and the gradients of the least squares.

@@ -1,4 +1,4 @@
-"""Participation models (specs/focus.md section 4): empirical frequencies vs p_i, passive sampling vs exact
+"""Participation models (docs/specs/focus.md section 4): empirical frequencies vs p_i, passive sampling vs exact
 inclusion probabilities (enumerated here), the Markov chain's transitions and stationary frequency."""
 
 from __future__ import annotations

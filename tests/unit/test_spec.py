@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedhop.cli import DEFAULT_SPEC
+from fedhop.cli.console import DEFAULT_SPEC
 from fedhop.common.spec import RunSpec, SpecError
 
 

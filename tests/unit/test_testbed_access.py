@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fedhop.common.spec import RunSpec
-from fedhop.deploy.certs import init_folder
 from fedhop.deploy.compose import TLS_TARGET, ComposeOptions, compose_files
 from fedhop.deploy.netns import TestbedError, plan_network
 from fedhop.deploy.testbed_tls import check_folder
+from fedhop.transport.certs import init_folder
 from tests.specs import run_spec
 
 NODES = [("ps", "server"), ("edge-0", "edge"), ("edge-1", "edge"), ("client-0", "client"), ("client-1", "client")]

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fedhop.deploy.certs import check_node_id, write_file
+from fedhop.transport.certs import check_node_id, write_file
 
 TOKEN_HEADER = "fedhop-token"
 TOKEN_BYTES = 32  # secrets are 64 hex digits

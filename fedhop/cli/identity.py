@@ -1,34 +1,29 @@
-"""``fedhop certs init|add`` and ``fedhop tokens init``: the identity material for secure links (DESIGN.md
-section 6). The files' layout and formats are described in ``deploy/certs.py`` and ``deploy/tokens.py``."""
+"""``fedhop certs init|add`` and ``fedhop tokens init``: the identity material for secure links (docs/design.md
+section 7). The files' layout and formats are described in ``transport/certs.py`` and ``transport/tokens.py``.
+
+A CertError or TokenError ends the command with USAGE (errors.EXIT_CODES).
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+
+from fedhop.cli.console import load_spec
 
 
 def _node_ids(spec_path: str | None) -> list[str]:
-    from fedhop.cli import load_spec
     from fedhop.common.engine.topology import build_topology
 
     spec = load_spec(spec_path)
     return build_topology(spec.topology, spec.seed).all_nodes()
 
 
-def _fail(cmd: str, e: Exception) -> int:
-    print(f"fedhop {cmd}: {e}", file=sys.stderr)
-    return 2
-
-
 def cmd_certs_init(a: argparse.Namespace) -> int:
-    from fedhop.deploy.certs import CA_KEY, CertError, init_folder, parse_host_options
+    from fedhop.transport.certs import CA_KEY, init_folder, parse_host_options
 
-    try:
-        ids = _node_ids(a.spec)
-        files = init_folder(a.out, ids, hosts=parse_host_options(a.host), days=a.days, ca_days=a.ca_days,
-                            ca_name=a.name or "fedhop", force=a.force)
-    except CertError as e:
-        return _fail("certs init", e)
+    ids = _node_ids(a.spec)
+    files = init_folder(a.out, ids, hosts=parse_host_options(a.host), days=a.days, ca_days=a.ca_days,
+                        ca_name=a.name or "fedhop", force=a.force)
     print(f"wrote a CA and {len(files)} node certificates to {a.out} ({', '.join(ids)}).\n"
           f"Each node needs ca.crt and its own <id>.crt + <id>.key (pass --tls with a folder holding them); "
           f"{CA_KEY} signs new nodes and stays here.")
@@ -36,25 +31,18 @@ def cmd_certs_init(a: argparse.Namespace) -> int:
 
 
 def cmd_certs_add(a: argparse.Namespace) -> int:
-    from fedhop.deploy.certs import CertError, add_node
+    from fedhop.transport.certs import add_node
 
-    try:
-        files = add_node(a.dir, a.id, hosts=a.host, days=a.days, force=a.force)
-    except CertError as e:
-        return _fail("certs add", e)
+    files = add_node(a.dir, a.id, hosts=a.host, days=a.days, force=a.force)
     print(f"wrote {files.cert} and {files.key}")
     return 0
 
 
 def cmd_tokens_init(a: argparse.Namespace) -> int:
-    from fedhop.deploy.certs import CertError
-    from fedhop.deploy.tokens import TokenError, new_tokens, write_tokens
+    from fedhop.transport.tokens import new_tokens, write_tokens
 
-    try:
-        tokens = new_tokens(_node_ids(a.spec))
-        path = write_tokens(a.out, tokens, force=a.force)
-    except (TokenError, CertError) as e:
-        return _fail("tokens init", e)
+    tokens = new_tokens(_node_ids(a.spec))
+    path = write_tokens(a.out, tokens, force=a.force)
     print(f"wrote {len(tokens)} node tokens to {path} (mode 0600). A server needs the tokens of the nodes it "
           f"accepts; give every other node a copy holding only its own line.")
     return 0
@@ -71,7 +59,7 @@ def _days(text: str) -> int:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    from fedhop.deploy.certs import DEFAULT_CA_DAYS, DEFAULT_DAYS
+    from fedhop.transport.certs import DEFAULT_CA_DAYS, DEFAULT_DAYS
 
     host_help = ("an extra name or address peers dial a listening node at (repeatable). NAME: every listening "
                  "role (PS, edges); NODE=NAME: that node only. Always included: the node id as a DNS name, and "
@@ -88,7 +76,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--ca-days", type=_days, default=DEFAULT_CA_DAYS, help=f"CA validity (default {DEFAULT_CA_DAYS})")
     s.add_argument("--name", help="a name for the CA's subject (default: fedhop)")
     s.add_argument("--force", action="store_true", help="write into a non-empty folder, replacing its CA and nodes")
-    s.set_defaults(fn=cmd_certs_init)
+    s.set_defaults(fn=cmd_certs_init, title="certs init")
 
     s = csub.add_parser("add", help="issue one more node certificate from an existing CA")
     s.add_argument("--dir", required=True, help="the folder `certs init` created (it holds the CA key)")
@@ -97,7 +85,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="an extra name or address peers dial this node at (repeatable)")
     s.add_argument("--days", type=_days, default=DEFAULT_DAYS, help=f"validity (default {DEFAULT_DAYS})")
     s.add_argument("--force", action="store_true", help="replace the node's existing certificate and key")
-    s.set_defaults(fn=cmd_certs_add)
+    s.set_defaults(fn=cmd_certs_add, title="certs add")
 
     tokens = sub.add_parser("tokens", help="per-node secrets for token mode (--token FILE)")
     tsub = tokens.add_subparsers(dest="tokens_cmd", required=True)
@@ -105,4 +93,4 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in run)")
     s.add_argument("--out", required=True, help="file to write: TOML, or JSON if the name ends in .json")
     s.add_argument("--force", action="store_true", help="replace an existing file")
-    s.set_defaults(fn=cmd_tokens_init)
+    s.set_defaults(fn=cmd_tokens_init, title="tokens init")

@@ -1,14 +1,19 @@
-"""``--tls DIR``, ``--token FILE`` and ``--insecure`` of ``fedhop server | edge | client | launch``: the
-options, and the :class:`~fedhop.transport.credentials.Security` they make (checked before anything starts)."""
+"""``--tls DIR``, ``--token FILE`` and ``--insecure`` of ``fedhop server | edge | client | clients | launch``: the
+options, read once into :class:`SecurityArgs`, and the :class:`~fedhop.transport.credentials.Security` they make
+(checked before anything starts)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fedhop.common.exit_codes import ExitCode, Fatal
+
+if TYPE_CHECKING:
+    from fedhop.transport.credentials import Security
 
 log = logging.getLogger("fedhop.cli")
 AUTO = "auto"  # launch --tls auto: a throw-away CA and certificates under the run folder
@@ -29,19 +34,30 @@ def add_security_args(s: argparse.ArgumentParser, *, launch: bool = False) -> No
                         "(without --tls/--token a role listening beyond loopback refuses to start)")
 
 
-def security_from_args(a: argparse.Namespace, node_id: str, listen: str | None) -> Any:
-    """The node's Security from ``--tls/--token/--insecure``; :class:`Fatal` (USAGE) with the reason when the
-    material cannot be used or when the role would listen on ``listen`` beyond loopback in plaintext."""
-    from fedhop.transport.credentials import CredentialsError, Security, must_refuse_insecure
+@dataclass(frozen=True)
+class SecurityArgs:
+    """What ``--tls``, ``--token`` and ``--insecure`` said (``tls``: a folder, or ``auto`` for launch)."""
 
-    if a.insecure and (a.tls or a.token):
+    tls: str | None = None
+    token: str | None = None
+    insecure: bool = False
+
+    @classmethod
+    def of(cls, a: argparse.Namespace) -> SecurityArgs:
+        return cls(tls=a.tls, token=a.token, insecure=a.insecure)
+
+
+def security_for(args: SecurityArgs, node_id: str, listen: str | None) -> Security:
+    """The node's Security; :class:`Fatal` (USAGE) with the reason when the options contradict each other or
+    when the role would listen on ``listen`` beyond loopback in plaintext (material that cannot be used: a
+    CredentialsError, USAGE by errors.EXIT_CODES)."""
+    from fedhop.transport.credentials import Security, must_refuse_insecure
+
+    if args.insecure and (args.tls or args.token):
         raise Fatal(ExitCode.USAGE, "--insecure contradicts --tls/--token: give one or the other")
-    try:
-        sec = Security.load(node_id, a.tls, a.token)
-    except CredentialsError as e:
-        raise Fatal(ExitCode.USAGE, str(e)) from None
+    sec = Security.load(node_id, args.tls, args.token)
     if listen is not None:
-        why = must_refuse_insecure(listen, sec, a.insecure)
+        why = must_refuse_insecure(listen, sec, args.insecure)
         if why is not None:
             raise Fatal(ExitCode.USAGE, why)
     log.info("%s: links: %s", node_id, sec.describe())
@@ -64,7 +80,7 @@ def launch_tls_dir(tls: str | None, out: Path, node_ids: list[str]) -> Path | No
         return None
     if tls != AUTO:
         return Path(tls)
-    from fedhop.deploy.certs import CA_CERT, CertError, init_folder
+    from fedhop.transport.certs import CA_CERT, CertError, init_folder
 
     d = out / "tls"
     if (d / CA_CERT).is_file():

@@ -1,4 +1,6 @@
-"""``fedhop health`` (probe a node's grpc.health.v1 service) and ``fedhop compose`` (a compose file for a spec)."""
+"""The testbeds' commands: ``fedhop testbed up|clean`` (network namespaces), ``fedhop compose`` (a compose file
+for a spec), ``fedhop compose-run`` and ``fedhop stack-run`` (Docker Compose / Swarm with kernel byte counts), and
+``fedhop health`` (probe a node's grpc.health.v1 service)."""
 
 from __future__ import annotations
 
@@ -6,39 +8,48 @@ import argparse
 import sys
 from pathlib import Path
 
+from fedhop.cli.console import load_spec
+from fedhop.common.exit_codes import ExitCode, Fatal
+
+
+def cmd_testbed_up(a: argparse.Namespace) -> int:
+    from fedhop.deploy.testbed import cmd_up
+
+    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet, tls=a.tls,
+                  http=None if a.http == "off" else a.http, http_token=a.http_token)
+
+
+def cmd_testbed_clean(a: argparse.Namespace) -> int:
+    from fedhop.deploy.testbed import cmd_clean
+
+    return cmd_clean()
+
 
 def cmd_health(a: argparse.Namespace) -> int:
     from fedhop.transport.health import probe
 
     if a.timeout <= 0:
-        print(f"fedhop health: --timeout must be positive, got {a.timeout:g}", file=sys.stderr)
-        return 2
+        raise Fatal(ExitCode.USAGE, f"--timeout must be positive, got {a.timeout:g}")
     security = None
     if a.tls or a.token:
-        from fedhop.transport.credentials import CredentialsError, Security
+        from fedhop.transport.credentials import Security
 
         if not a.id:
-            print("fedhop health: --tls/--token need --id NODE: the node whose certificate or token the probe "
-                  "presents (e.g. the probed node's own id)", file=sys.stderr)
-            return 2
-        try:
-            security = Security.load(a.id, a.tls, a.token)
-        except CredentialsError as e:
-            print(f"fedhop health: {e}", file=sys.stderr)
-            return 2
+            raise Fatal(ExitCode.USAGE, "--tls/--token need --id NODE: the node whose certificate or token the "
+                                        "probe presents (e.g. the probed node's own id)")
+        security = Security.load(a.id, a.tls, a.token)  # a CredentialsError: USAGE (errors.EXIT_CODES)
     result = probe(a.address, a.timeout, a.service, security)
     print(f"{result.outcome.name}: {result.detail}", file=sys.stdout if result.outcome == 0 else sys.stderr)
     return int(result.outcome)
 
 
 def cmd_compose(a: argparse.Namespace) -> int:
-    from fedhop.cli import load_spec
     from fedhop.deploy.compose import OVERRIDE_HEADER, ComposeOptions, compose_files, dump, write_compose
 
     spec = load_spec(a.spec)
     if a.tls:
         from fedhop.common.engine.topology import build_topology
-        from fedhop.deploy.certs import CA_CERT, node_files
+        from fedhop.transport.certs import CA_CERT, node_files
 
         # the folder as the compose file will see it: relative to --out-dir (or here, for stdout)
         folder = Path(a.out_dir or ".") / a.tls
@@ -47,10 +58,9 @@ def cmd_compose(a: argparse.Namespace) -> int:
                                                                                     node_files(folder, n).key))]
                    if not p.is_file()]
         if missing:
-            print(f"fedhop compose: --tls {a.tls}: missing {', '.join(missing[:4])}"
-                  f"{' ...' if len(missing) > 4 else ''} (make them with `fedhop certs init {a.spec} --out "
-                  f"{folder}`; service names are node ids, which every certificate names)", file=sys.stderr)
-            return 2
+            raise Fatal(ExitCode.USAGE, f"--tls {a.tls}: missing {', '.join(missing[:4])}"
+                        f"{' ...' if len(missing) > 4 else ''} (make them with `fedhop certs init {a.spec} --out "
+                        f"{folder}`; service names are node ids, which every certificate names)")
     kw = dict(image=a.image, gpu_image=a.gpu_image, runs=a.runs, device=a.device, tls=a.tls)
     if a.out_dir:
         base, override = write_compose(spec, a.spec_path or a.spec, Path(a.out_dir), **kw)
@@ -73,12 +83,9 @@ def cmd_compose_run(a: argparse.Namespace) -> int:
 
     folder = Path(a.dir)
     if not (folder / "docker-compose.yml").is_file():
-        print(f"fedhop compose-run: no docker-compose.yml in {folder} (write one with `fedhop compose`)",
-              file=sys.stderr)
-        return 2
+        raise Fatal(ExitCode.USAGE, f"no docker-compose.yml in {folder} (write one with `fedhop compose`)")
     if os.geteuid() != 0:
-        print("fedhop compose-run: needs root (nftables counters on the compose network)", file=sys.stderr)
-        return 2
+        raise Fatal(ExitCode.USAGE, "needs root (nftables counters on the compose network)")
     compose = COMPOSE_CMDS[a.compose]
     name = a.name or time.strftime("%Y%m%d-%H%M%S")
     try:
@@ -100,31 +107,23 @@ def cmd_stack_run(a: argparse.Namespace) -> int:
     import time
 
     from fedhop.deploy.compose_run import format_table
-    from fedhop.deploy.swarm_run import COMPOSE_FILE, SwarmError, check_stack, remove_stack, run_stack
+    from fedhop.deploy.swarm_run import COMPOSE_FILE, check_stack, remove_stack, run_stack
 
     if a.timeout <= 0 or a.settle < 0:
-        print("fedhop stack-run: --timeout must be positive and --settle not negative", file=sys.stderr)
-        return 2
+        raise Fatal(ExitCode.USAGE, "--timeout must be positive and --settle not negative")
     folder = Path(a.dir)
     if not (folder / COMPOSE_FILE).is_file():
-        print(f"fedhop stack-run: no {COMPOSE_FILE} in {folder} (write one with `fedhop compose SPEC --out-dir "
-              f"{folder}`)", file=sys.stderr)
-        return 2
+        raise Fatal(ExitCode.USAGE, f"no {COMPOSE_FILE} in {folder} (write one with `fedhop compose SPEC --out-dir "
+                                    f"{folder}`)")
     if os.geteuid() != 0:
-        print("fedhop stack-run: needs root (nftables counters in the overlay network's namespace)", file=sys.stderr)
-        return 2
-    try:
-        check_stack(a.stack, folder / COMPOSE_FILE)
-    except SwarmError as e:
-        print(f"fedhop stack-run: {e}", file=sys.stderr)
-        return 2
+        raise Fatal(ExitCode.USAGE, "needs root (nftables counters in the overlay network's namespace)")
+    check_stack(a.stack, folder / COMPOSE_FILE)  # a SwarmError: USAGE (errors.EXIT_CODES)
     name = a.name or time.strftime("%Y%m%d-%H%M%S")
     try:
         run = run_stack(a.stack, folder, Path(a.runs), name, timeout_s=a.timeout, settle_s=a.settle)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         detail = e.stderr.strip() if isinstance(e, subprocess.CalledProcessError) else str(e)
-        print(f"fedhop stack-run: {detail}", file=sys.stderr)
-        return 1
+        raise Fatal(ExitCode.FAILED, detail) from None
     finally:
         if not a.keep:
             remove_stack(a.stack)
@@ -138,6 +137,26 @@ def cmd_stack_run(a: argparse.Namespace) -> int:
     print(f"PS exited {run.rc}; run folder {run.run_dir}; service logs {Path(a.runs) / (name + '.stack.log')}"
           f"{'' if a.keep else f'; stack {a.stack} removed'}")
     return run.rc
+
+
+def add_testbed(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("testbed", help="network-namespace testbed (root): shaped links, kernel byte counts")
+    tb = s.add_subparsers(dest="testbed_cmd", required=True)
+    t = tb.add_parser("up", help="run SPEC with one network namespace per process; print bytes per link")
+    t.add_argument("spec", help="RunSpec TOML file; its [testbed] table shapes the links")
+    t.add_argument("--out", help="run folder (default: runs/<time>-<name>-testbed)")
+    t.add_argument("--device", help="override the spec's device for every process")
+    t.add_argument("--timeout", type=float, help="stop everything if the run has not finished after this many s")
+    t.add_argument("--quiet", action="store_true", help="no start-up line")
+    t.add_argument("--tls", metavar="DIR", help="mutual TLS on every link: `auto` makes a CA and certificates naming "
+                   "the testbed's addresses under RUN/tls; or a folder from `fedhop certs init` whose PS and edge "
+                   "certificates name them (checked first; the error gives the certs init command)")
+    from fedhop.server.web.cli import add_http_args
+
+    add_http_args(t)  # served by the PS inside its namespace, forwarded from HOST:PORT here
+    t.set_defaults(fn=cmd_testbed_up)
+    t = tb.add_parser("clean", help="remove namespaces left by testbeds whose owner died")
+    t.set_defaults(fn=cmd_testbed_clean)
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
