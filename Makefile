@@ -9,11 +9,12 @@ TORCH_SPEC ?= torch
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fedhop-installed
 
-.PHONY: demo test test-gpu test-testbed lint bench reproduce reproduce-quick proto clean help fuzz
+.PHONY: demo test test-unit test-gpu test-testbed lint bench reproduce reproduce-quick proto clean help fuzz
 
 help:
 	@echo "make demo   - run the default job (PS, edges, clients as separate processes) on bundled data"
 	@echo "make test   - ruff + the whole test suite (except tests/testbed)"
+	@echo "make test-unit - the unit tier only (no sockets, no processes; seconds): the inner loop"
 	@echo "make test-gpu - the CUDA tests (tests/gpu): launch == simulate bit for bit, GPU spread, memory, transfers"
 	@echo "make test-testbed - root + Docker: compose (v1, v2), swarm and namespace testbeds (minutes)"
 	@echo "make bench  - benchmarks (printed tables)"
@@ -37,6 +38,10 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest tests --ignore=tests/testbed
+
+# The inner loop: tests/unit, which opens no socket and starts no process (tests/conftest.py: the tiers).
+test-unit: $(STAMP)
+	$(PY) -m pytest -m unit
 
 # The GPU tests (tests/gpu; each skips, saying why, where torch sees no CUDA device): `simulate` and `launch` on
 # CUDA bit for bit with deterministic algorithms on (CUBLAS_WORKSPACE_CONFIG below, and

@@ -36,7 +36,7 @@ class DataSpec(BaseModel):
       (or ``Dir(lambda * class_prior)`` with ``dirichlet_prior_scaled``, as the FOCUS code does).
     - ``shards``: sort by label, cut into ``n_clients * shards_per_client`` shards, deal ``shards_per_client``
       random shards to each client (McMahan et al. 2017).
-    - ``major_class``: FedCluster sec. IV-A/IV-E (specs/fedcluster.md 4.3-4.5): each client draws
+    - ``major_class``: FedCluster sec. IV-A/IV-E (docs/specs/fedcluster.md 4.3-4.5): each client draws
       ``samples_per_client`` samples, ``rho_device`` of them from its major class; with ``rho_cluster``, the
       major classes of the ``n_clusters`` contiguous clusters follow the rho_cluster matrix. Samples are
       reused across clients (the paper's 500k draws from 50k images), so clients may overlap.

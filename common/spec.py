@@ -1,4 +1,4 @@
-"""RunSpec: the one description of a run (DESIGN.md section 2).
+"""RunSpec: the one description of a run (docs/design.md section 2).
 
 A RunSpec is read from TOML, validated completely before anything starts (a bad field fails with a message
 naming it), and handed by the parameter server to every process that joins.

@@ -1,4 +1,4 @@
-"""``fedhop edge``: one edge server process (DESIGN.md section 4).
+"""``fedhop edge``: one edge server process (docs/design.md section 6).
 
 An edge is a child of the PS (it dials the PS and serves the PS's tasks) and a parent of its clients (it
 serves ``Parent.Session`` to them), and it serves ``Edge.HandOff`` / ``Edge.Describe`` to its neighbour

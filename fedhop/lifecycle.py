@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
@@ -24,24 +24,57 @@ from fedhop.transport.credentials import PLAINTEXT, Security
 
 log = logging.getLogger("fedhop.lifecycle")
 
-# write_run_folder writes these last; both present and newer than this process means the run is on disk.
+# write_run_folder writes these last; both (re)written since this process started means the run is on disk.
 WRITTEN_LAST = ("results.json", "plots.png")
 
 
-def results_written(out: Path, since: float) -> bool:
-    """Whether the run folder ``out`` holds a complete result written after ``since`` (a ``time.time()``)."""
-    try:
-        return all((out / f).stat().st_mtime >= since for f in WRITTEN_LAST)
-    except FileNotFoundError:
-        return False
+@dataclass(frozen=True)
+class FileStamp:
+    """What the file system says about one file; any write or replacement of the file changes it."""
+
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> FileStamp | None:
+        """The file's stamp, or None when there is no such file."""
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            return None
+        return cls(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True)
+class ResultsWatch:
+    """The run folder's last-written files as they were when the process started.
+
+    The result counts as written once every one of :data:`WRITTEN_LAST` exists and differs from its stamp at the
+    start. Nothing compares a file's time with the clock: the kernel stamps files from a coarse clock, so a file
+    written right after the start can carry an mtime *before* a ``time.time()`` taken at the start.
+    """
+
+    out: Path
+    before: tuple[FileStamp | None, ...]
+
+    @classmethod
+    def start(cls, out: Path) -> ResultsWatch:
+        return cls(out, tuple(FileStamp.of(out / f) for f in WRITTEN_LAST))
+
+    def written(self) -> bool:
+        """Whether the run folder holds a complete result written since :meth:`start`."""
+        now = [FileStamp.of(self.out / f) for f in WRITTEN_LAST]
+        return all(n is not None and n != b for n, b in zip(now, self.before, strict=True))
 
 
 def exit_zero_on_sigterm_once_written(out: Path) -> None:
     """Install a SIGTERM handler for the PS: exit 0 when the run folder is complete, else 143."""
-    started = time.time()
+    watch = ResultsWatch.start(out)
 
     def on_term(signum: int, frame: FrameType | None) -> None:
-        done = results_written(out, started)
+        done = watch.written()
         log.warning("ps: SIGTERM %s", "after the results were written; exiting 0" if done else "during the run")
         logging.shutdown()
         sys.stdout.flush()

@@ -1,4 +1,4 @@
-"""``fedhop server``: the parameter server process (DESIGN.md sections 4-5).
+"""``fedhop server``: the parameter server process (docs/design.md sections 5-6).
 
 The PS owns the RunSpec. It serves ``Parent.Session``, waits until every node of the topology has joined
 (edges report when their clients have joined, with data sizes), runs the algorithm's driver with a

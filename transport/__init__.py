@@ -1,4 +1,4 @@
-"""The gRPC session runtime every role shares (DESIGN.md section 4), split by concern:
+"""The gRPC session runtime every role shares (docs/design.md section 6), split by concern:
 
 * ``channels.py``: the one place that makes gRPC servers and channels (options, limits, credentials);
 * ``session/``: the ``Parent.Session`` protocol (Hello/Welcome/Ready/Task/Result/Report/Bye), both sides,

@@ -1,4 +1,4 @@
-"""The gRPC half of the child side of ``Parent.Session`` (DESIGN.md section 4), used by clients and edges.
+"""The gRPC half of the child side of ``Parent.Session`` (docs/design.md section 6), used by clients and edges.
 
 The child dials its parent (outbound only, NAT-friendly), says Hello, receives Welcome with the RunSpec,
 reports Ready with its data sizes, and then serves what its parent pushes (the protocol:

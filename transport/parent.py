@@ -1,4 +1,4 @@
-"""The gRPC half of ``Parent.Session`` (DESIGN.md section 4), served by the PS and by every edge: a thin
+"""The gRPC half of ``Parent.Session`` (docs/design.md section 6), served by the PS and by every edge: a thin
 servicer that feeds each session's frames to the protocol (:class:`~fedhop.transport.session.ParentHub`, or
 an edge's :class:`~fedhop.transport.session.PendingHub` until it knows its run) and streams back what the
 protocol queues for that child."""

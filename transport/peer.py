@@ -1,4 +1,4 @@
-"""The edge-to-edge protocol, both halves (DESIGN.md section 4): ``Edge.HandOff`` (a model handed to a
+"""The edge-to-edge protocol, both halves (docs/design.md section 6): ``Edge.HandOff`` (a model handed to a
 neighbour edge directly, never through the PS; acknowledged only once the neighbour holds and has validated
 the whole bundle) and ``Edge.Describe`` (small public facts about an edge).
 

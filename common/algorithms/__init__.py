@@ -1,6 +1,6 @@
 """Every algorithm module; importing this package registers them all (see engine/api.py)."""
 
-from fedhop.common.algorithms import (  # noqa: F401  # noqa: F401,E402  (FGDRO family)  # noqa: F401,E402  (Fed-CHS family)  # noqa: F401,E402  (FOCUS family)
+from fedhop.common.algorithms import (  # noqa: F401  (imported to register)
     centralized,
     dr_dsgd,
     drfa,
@@ -8,7 +8,7 @@ from fedhop.common.algorithms import (  # noqa: F401  # noqa: F401,E402  (FGDRO 
     fedau,
     fedavg,
     fedchs,
-    fedcluster,  # noqa: F401,E402  (FedCluster family)
+    fedcluster,
     fgdro,
     focus,
     local,

@@ -1,5 +1,5 @@
 """Centralized SGD: FedCluster's non-federated baseline (Chen et al., "FedCluster: Boosting the Convergence of
-Federated Learning via Cluster-Cycling", sec. IV-A; specs/fedcluster.md sections 2.4, 4.6 and 5 item 2).
+Federated Learning via Cluster-Cycling", sec. IV-A; docs/specs/fedcluster.md sections 2.4, 4.6 and 5 item 2).
 
 One learning round j of plain mini-batch SGD on the pooled data D (spec 2.4 ``centralized_sgd``):
 

@@ -1,5 +1,5 @@
 """FedAU (Wang & Ji 2023, "A Lightweight Method for Tackling Unknown Participation Statistics in Federated
-Averaging"), as specified in specs/focus.md section 6.2.
+Averaging"), as specified in docs/specs/focus.md section 6.2.
 
 Each client's aggregation weight w_i estimates 1/p_i online: the mean of its observed participation
 intervals, each interval capped at K_cut. Bookkeeping every round for every client: interval += 1; if the

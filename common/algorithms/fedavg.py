@@ -7,7 +7,7 @@ HierFAVG, one round:   every edge l repeats kappa2 times  w_l <- sum_{k in C_l} 
 With edges in the topology, FedAvg is HierFAVG with kappa2 = 1 (edges relay and pre-aggregate; the result is
 the same weighted average). Participants missing at the deadline are left out of the weights.
 
-FedAvg + QSGD (Fed-CHS Fig. 2 baseline, specs/fedchs.md section 5 item 1: "clients upload QSGD-quantised
+FedAvg + QSGD (Fed-CHS Fig. 2 baseline, docs/specs/fedchs.md section 5 item 1: "clients upload QSGD-quantised
 updates"; the quantiser of item 4, ``qsgd.py``): with ``upload_levels = s > 0`` client k uploads
 Q_s(w_k - w) instead of w_k (int8 levels + one float32 norm per tensor: d + 4P bytes for P tensors, against 4d)
 and the aggregator adds the decoded updates:

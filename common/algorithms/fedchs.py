@@ -1,5 +1,5 @@
 """Fed-CHS (Yan, Zuo, Fan, Hu, Shen, Zhao, Luo: "Sequential Federated Learning in Hierarchical Architecture
-on Non-IID Datasets", Algorithm 1; specs/fedchs.md sections 2-3).
+on Non-IID Datasets", Algorithm 1; docs/specs/fedchs.md sections 2-3).
 
 One cluster is active per round t. Inside the active cluster m(t) the edge server (ES) and all its clients
 run K interactions (Eq. 5): the ES sends w_k^t to every client, each client uploads ONE mini-batch
@@ -176,7 +176,7 @@ def edge_round(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
 def pass_model(ctx: NodeContext, w: Bundle, avoid: frozenset[NodeId] = frozenset()) -> NodeId:
     """Hand w^{t+1} to m(t+1) chosen by the two-step rule among the neighbours that answer describe.
 
-    A neighbour that cannot take the model is ruled out and the rule applied again (DESIGN.md sec. 6:
+    A neighbour that cannot take the model is ruled out and the rule applied again (docs/design.md section 7:
     rerouted, never lost); with no neighbour reachable (or none at all: one cluster) the model stays here and
     this edge is m(t+1). Both are outside the paper, which assumes reliable links. ``avoid``: neighbours
     ruled out from the start (an edge that failed the round this model was handed to it for).

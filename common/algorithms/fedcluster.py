@@ -1,5 +1,5 @@
 """FedCluster (Chen, Chen, Zhou, Kailkhura, "FedCluster: Boosting the Convergence of Federated Learning via
-Cluster-Cycling", IEEE BigData 2020, arXiv:2009.10748), Algorithm 1; engineering spec specs/fedcluster.md.
+Cluster-Cycling", IEEE BigData 2020, arXiv:2009.10748), Algorithm 1; engineering spec docs/specs/fedcluster.md.
 
 The n devices are partitioned once into M fixed clusters S_1..S_M (sec. II; here: the clients of each edge
 server, so M = topology.edges). Each learning round j runs M *cycles*; cycle K uses cluster c = order_j[K]
@@ -17,7 +17,7 @@ FedAvg is the special case M = 1 (sec. II): the cycle is FedAvg's sampling
 (:func:`fedavg.average_replies`), shared through :func:`fedavg.cluster_rounds`, so FedCluster with one edge is
 bit-identical to ``fedavg`` through one edge.
 
-Roles and where the model is (the PS is control plane only, DESIGN.md: "cluster c trains from the model
+Roles and where the model is (the PS is control plane only, docs/design.md: "cluster c trains from the model
 cluster c-1 produced: ES->ES hand-off"):
 
 * The run's first cluster builds W_0 itself, from the spec's seed (``ctx.initial_params()``, the same pure

@@ -1,7 +1,7 @@
 """FGDRO-CVaR, FGDRO-KL, FGDRO-KL-Adam and the LocalAdam ablation.
 
 Guo and Yang, "Communication-Efficient Federated Group Distributionally Robust Optimization", NeurIPS 2024
-(spec: shared/specs/fgdro.md). The server only AVERAGES (uniformly, 1/N) what the clients send; all robustness
+(spec: docs/specs/fgdro.md). The server only AVERAGES (uniformly, 1/N) what the clients send; all robustness
 is computed on the clients from a client-held moving average u_i of the client's own loss, which persists in
 the client's ``ctx.state`` and is never sent.
 

@@ -1,7 +1,7 @@
 """FOCUS and SG-FOCUS: Federated Optimization with exact Convergence via pUsh-pull Strategy.
 
 B. Ying, Z. Li, H. Yang, "Exact and Linear Convergence for Federated Learning under Arbitrary Client
-Participation is Attainable", arXiv 2503.20117 (NeurIPS 2025); specs/focus.md sections 3.3 and 3.5.
+Participation is Attainable", arXiv 2503.20117 (NeurIPS 2025); docs/specs/focus.md sections 3.3 and 3.5.
 
 Algorithm 1 (client/server form), one round r with participating set S_r:
 

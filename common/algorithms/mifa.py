@@ -1,5 +1,5 @@
 """MIFA (Gu et al. 2021, "Fast Federated Learning in the Presence of Arbitrary Device Unavailability"),
-the CORRECT version of specs/focus.md section 6.5 (not the FOCUS repository notebook's, which pushes
+the CORRECT version of docs/specs/focus.md section 6.5 (not the FOCUS repository notebook's, which pushes
 x_prev - x with the client's old local model and diverges under partial participation).
 
 Server memory U_i (one d-vector per client, init 0). One round with participating set S_r:

@@ -1,6 +1,6 @@
 """ProxSkip / Scaffnew (Mishchenko, Malinovsky, Stich, Richtarik 2022, "ProxSkip: Yes! Local Gradient Steps
 Provably Lead to Communication Acceleration! Finally!", Algorithm 1 = ProxSkip, Algorithm 2 = Scaffnew), the
-FOCUS Figure 4 baseline as specified in specs/focus.md section 6 item 4 (the authors' notebook variant).
+FOCUS Figure 4 baseline as specified in docs/specs/focus.md section 6 item 4 (the authors' notebook variant).
 
 ProxSkip, client i, local step t (control variate h_i, init 0; probability of communicating p):
 

@@ -1,5 +1,5 @@
 """QSGD (Alistarh et al. 2017) and Hier-Local-QSGD (Liu, Zhang, Song, Letaief 2023, IEEE TWC 22(1):2-18), the
-Fed-CHS baseline of specs/fedchs.md section 5 item 3.
+Fed-CHS baseline of docs/specs/fedchs.md section 5 item 3.
 
 QSGD, s levels, per coordinate of v (one "bucket" per named tensor):
 

@@ -1,5 +1,5 @@
 """SCAFFOLD (Karimireddy et al. 2020, "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning",
-Algorithm 1 with option II), as specified in specs/focus.md section 6.3 and specs/fgdro.md section 5.
+Algorithm 1 with option II), as specified in docs/specs/focus.md section 6.3 and docs/specs/fgdro.md section 5.
 
 One round with participating set S (server control variate c, client control variates c_i, init 0):
 

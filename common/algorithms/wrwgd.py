@@ -1,5 +1,5 @@
 """WRWGD, weighted random-walk gradient descent (Ayache & El Rouayheb 2019), the Fed-CHS baseline of
-specs/fedchs.md section 5 item 2.
+docs/specs/fedchs.md section 5 item 2.
 
 A single model walks over a random client graph (max degree 3; no edge servers). At the visited client i it
 takes K local SGD steps with eta_k = c / (K sqrt(k+1)) (Fed-CHS App. B.1, K = 20), scaled by the importance

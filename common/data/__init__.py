@@ -1,4 +1,4 @@
-"""Offline datasets and partitioners (DESIGN.md section 7).
+"""Offline datasets and partitioners (docs/design.md section 10).
 
 Importing this package registers every dataset: each dataset module registers itself on import, so a
 module that adds one (see ``registry.py`` for how to write it) adds its name to the first import below.

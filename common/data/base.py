@@ -1,4 +1,4 @@
-"""Core data containers (DESIGN.md section 7) and the seeded RNG helper every data module uses.
+"""Core data containers (docs/design.md section 10) and the seeded RNG helper every data module uses.
 
 All randomness in ``fedhop.common.data`` comes from :func:`make_rng`, a numpy ``Generator`` keyed by
 ``(seed, *tags)`` through a ``SeedSequence``. Tags are hashed with CRC32, never with Python's ``hash()``

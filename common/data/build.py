@@ -1,4 +1,4 @@
-"""``build_federated_data``: the one entry point roles call to get their data (DESIGN.md section 7)."""
+"""``build_federated_data``: the one entry point roles call to get their data (docs/design.md section 10)."""
 
 from __future__ import annotations
 

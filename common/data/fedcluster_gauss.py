@@ -1,4 +1,4 @@
-"""FedCluster E1 data (specs/fedcluster.md sec. 8.2 E1): a Gaussian label-skew replica of the paper's
+"""FedCluster E1 data (docs/specs/fedcluster.md sec. 8.2 E1): a Gaussian label-skew replica of the paper's
 device-level heterogeneity (sec. IV-A; spec sec. 4.3) and cluster-level heterogeneity (sec. IV-E; spec 4.5).
 
 ``C`` Gaussian classes in ``R^dim``: class means ``mu_c ~ N(0, sep^2 I)`` and ``x = mu_y + noise * N(0, I)``.

@@ -1,4 +1,4 @@
-"""The FGDRO spec's linear-regression toy (specs/fgdro.md section 8 and Appendix A; not from the paper).
+"""The FGDRO spec's linear-regression toy (docs/specs/fgdro.md section 8 and Appendix A; not from the paper).
 
 N clients with growing heterogeneity: w* ~ N(0, I_d); client i has features x = e + shift_i with
 e ~ N(0, I_d), shift_i = 0.2 * N(0, I_d), its own optimum W_i = w* + (0.3 + 0.15 i) * N(0, I_d) and targets

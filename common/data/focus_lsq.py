@@ -1,4 +1,4 @@
-"""FOCUS Figure 4 least squares (specs/focus.md section 5.1, "as actually coded in the notebook").
+"""FOCUS Figure 4 least squares (docs/specs/focus.md section 5.1, "as actually coded in the notebook").
 
 Notebook generator (``np.random.seed(1234)``, legacy ``RandomState`` stream, in this order):
 

@@ -170,7 +170,7 @@ def round_half_up(x: float) -> int:
 
 
 def cluster_major_matrix(cluster_sizes: Sequence[int], num_classes: int, rho_cluster: float) -> np.ndarray:
-    """FedCluster sec. IV-E (specs/fedcluster.md 4.5): ``N[c][c']`` = devices of cluster c whose major class
+    """FedCluster sec. IV-E (docs/specs/fedcluster.md 4.5): ``N[c][c']`` = devices of cluster c whose major class
     is c'. Cluster c's own major class is ``c mod C``; it holds ``round(S_c * rho_cluster)`` such devices;
     the other ``S_c - diag`` are spread as ``base = rest // (C-1)`` per other class plus one for the
     circulant classes ``c+1 .. c+r (mod C)``, ``r = rest % (C-1)``. For 10 clusters of 100 and 10 classes,
@@ -209,7 +209,7 @@ def assign_majors(n_clients: int, num_classes: int, rng: np.random.Generator,
 
 def major_class_counts(samples: int, rho_device: float, num_classes: int, major: int,
                        rng: np.random.Generator) -> np.ndarray:
-    """Per-class sample counts of one device (specs/fedcluster.md 4.3): ``round(samples * rho)`` from the
+    """Per-class sample counts of one device (docs/specs/fedcluster.md 4.3): ``round(samples * rho)`` from the
     major class, the rest split evenly over the other classes with the remainder +1 to random ones."""
     counts = np.zeros(num_classes, dtype=np.int64)
     n_major = min(samples, round_half_up(samples * rho_device))
@@ -226,7 +226,7 @@ def major_class(labels: np.ndarray | torch.Tensor, n_clients: int, rng: np.rando
                 cluster_sizes: Sequence[int] | None = None, rho_cluster: float | None = None) -> Parts:
     """FedCluster device data (sec. IV-A): device k draws ``samples_per_client`` samples, ``rho_device`` of
     them from its major class and ``(1 - rho_device)/(C-1)`` from each other class, without replacement
-    within the device and independently across devices (so devices overlap; specs/fedcluster.md 4.3)."""
+    within the device and independently across devices (so devices overlap; docs/specs/fedcluster.md 4.3)."""
     y = _labels(labels)
     if num_classes < 2:
         raise ValueError("major_class needs at least two classes")
@@ -252,7 +252,7 @@ def major_class(labels: np.ndarray | torch.Tensor, n_clients: int, rng: np.rando
 
 def per_cluster(n: int, cluster_sizes: Sequence[int], rng: np.random.Generator,
                 inner: Callable[[np.ndarray, int, np.random.Generator], Parts]) -> Parts:
-    """Fed-CHS partial heterogeneity (Fig. 4; specs/fedchs.md sec. 4): split the rows IID over the clusters
+    """Fed-CHS partial heterogeneity (Fig. 4; docs/specs/fedchs.md sec. 4): split the rows IID over the clusters
     in proportion to their sizes, then ``inner(rows, clients_in_cluster, rng)`` partitions each cluster's
     rows (it returns positions into ``rows``). Clusters are contiguous client id ranges."""
     total = sum(cluster_sizes)

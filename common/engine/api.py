@@ -1,4 +1,4 @@
-"""The engine interface (DESIGN.md section 3): what an algorithm may ask of the world.
+"""The engine interface (docs/design.md section 4): what an algorithm may ask of the world.
 
 An algorithm is written once against :class:`Comm` and :class:`NodeContext`:
 

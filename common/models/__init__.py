@@ -1,4 +1,4 @@
-"""Small models for the papers' experiments and ``build_model`` (DESIGN.md section 2)."""
+"""Small models for the papers' experiments and ``build_model`` (docs/design.md section 2)."""
 
 from __future__ import annotations
 

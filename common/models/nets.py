@@ -194,7 +194,7 @@ def _conv_net(name: str, features: list[tuple[str, nn.Module]], dense: list[int]
 @register_model("lenet", options=LeNetOptions,
                 description="Fed-CHS LeNet: mnist conv64-conv256-512-128, cifar conv64-conv64-384-192")
 def lenet(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Fed-CHS App. A (specs/fedchs.md sec. 4 Models): two 5x5 conv + 2x2 max-pool stages, then two FC
+    """Fed-CHS App. A (docs/specs/fedchs.md sec. 4 Models): two 5x5 conv + 2x2 max-pool stages, then two FC
     layers, ReLU everywhere. MNIST: 64 and 256 kernels, FC 512 and 128. CIFAR-10/100: 64 and 64
     kernels, FC 384 and 192 (the TF CIFAR-10 tutorial CNN)."""
     o: LeNetOptions = spec.model_options()
@@ -210,7 +210,7 @@ def lenet(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn
                 description="small AlexNet of Zhang et al. 2017 (FedCluster sec. IV-A): 1,387,786 parameters "
                 "on CIFAR-10")
 def alexnet_small(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FedCluster's "AlexNet model [42]" (specs/fedcluster.md 4.2): the inputs are centre-cropped 32 -> 28
+    """FedCluster's "AlexNet model [42]" (docs/specs/fedcluster.md 4.2): the inputs are centre-cropped 32 -> 28
     as in [42]; conv 5x5x64 SAME, ReLU, max-pool 3x3/2 SAME, LRN; the same again; FC 384, FC 192, FC C.
     LRN is TF's ``depth_radius=4, bias=1, alpha=0.001/9, beta=0.75`` = PyTorch ``LocalResponseNorm(9,
     0.001, 0.75, 1.0)``. Parameters: 1,387,786 for 3x32x32 -> 10; 1,384,586 for 1x28x28 -> 10."""
@@ -227,7 +227,7 @@ def alexnet_small(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: in
 @register_model("cnn2", options=CNN2Options,
                 description="two-layer CNN (McMahan et al. 2017): conv32-conv64 5x5, pool 2, FC 512")
 def cnn2(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """FGDRO App. G's "two layer CNN" (architecture unspecified; specs/fgdro.md 4.1). This is the
+    """FGDRO App. G's "two layer CNN" (architecture unspecified; docs/specs/fgdro.md 4.1). This is the
     FedAvg CNN of McMahan et al. 2017: two 5x5 convolutions (32, 64 channels), each followed by ReLU and
     2x2 max-pooling, an FC layer of 512 with ReLU, and the output layer (1,663,370 parameters on MNIST)."""
     o: CNN2Options = spec.model_options()
@@ -239,7 +239,7 @@ def cnn2(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.
 
 @register_model("cnn3", description="FOCUS App. F CNN: conv16-conv32-conv64 3x3 with pool 2, FC 500")
 def cnn3(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """The "three-layer convolutional neural network" of FOCUS App. F (specs/focus.md 5.2, authors'
+    """The "three-layer convolutional neural network" of FOCUS App. F (docs/specs/focus.md 5.2, authors'
     CNN_CIFAR10): three 3x3 convs (16, 32, 64; padding 1) each with ReLU and 2x2 max-pooling, FC 500,
     ReLU, output (541,094 parameters on CIFAR-10)."""
     c, _, _ = _image_shape("cnn3", input_shape)

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 class SyntheticOptions(BaseModel):
     """Gaussian mixture: class means ``mu_c ~ N(0, sep^2 I)``, ``x = mu_y + noise * N(0, I)``, balanced
-    labels (specs/fedcluster.md 8.2 E1 uses dim 20, 10 classes, sep 0.5)."""
+    labels (docs/specs/fedcluster.md 8.2 E1 uses dim 20, 10 classes, sep 0.5)."""
 
     model_config = ConfigDict(extra="forbid")
     samples: int = Field(2000, ge=4, le=10_000_000, description="train + test samples")

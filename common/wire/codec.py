@@ -1,6 +1,6 @@
 """Chunked tensor codec: a named bundle <-> one ``BundleHeader`` + a stream of ``Chunk`` messages.
 
-DESIGN.md section 4: tensors travel as a header (names, dtypes, shapes, sizes, checksum) and a stream of
+docs/design.md section 6: tensors travel as a header (names, dtypes, shapes, sizes, checksum) and a stream of
 chunks of at most a few MiB, so no gRPC message limit applies and a multi-GB model streams in bounded
 memory; the receiver decodes into one preallocated buffer; nothing is pickled.
 

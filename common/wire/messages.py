@@ -117,7 +117,7 @@ def bundle_frames_bytes(call_id: int, bundle: Mapping[str, torch.Tensor], chunk_
 
 def message_bytes(kind: str, phase: str, bundle: Mapping[str, torch.Tensor], scalars: Mapping[str, object],
                   chunk_bytes: int) -> int:
-    """Exact serialized bytes of one message as the networked engine sends it (DESIGN.md section 4).
+    """Exact serialized bytes of one message as the networked engine sends it (docs/design.md section 6).
 
     * a task (any other ``kind``): request = Task frame (args = ``scalars`` + the round) + bundle frames;
       reply = Result frame (``scalars``) + bundle frames;

@@ -1,5 +1,5 @@
-"""``fedhop certs init|add`` and ``fedhop tokens init``: the identity material for secure links (DESIGN.md
-section 6). The files' layout and formats are described in ``transport/certs.py`` and ``transport/tokens.py``.
+"""``fedhop certs init|add`` and ``fedhop tokens init``: the identity material for secure links (docs/design.md
+section 7). The files' layout and formats are described in ``transport/certs.py`` and ``transport/tokens.py``.
 
 A CertError or TokenError ends the command with USAGE (errors.EXIT_CODES).
 """

@@ -1,4 +1,4 @@
-"""Fed-CHS reproduction (specs/fedchs.md sections 4-7): Fed-CHS vs FedAvg (readings A and B) vs
+"""Fed-CHS reproduction (docs/specs/fedchs.md sections 4-7): Fed-CHS vs FedAvg (readings A and B) vs
 Hier-Local-QSGD vs WRWGD under Dirichlet lambda = 0.3 and 0.6: accuracy vs round and vs payload bytes,
 bytes to reach a target accuracy.
 

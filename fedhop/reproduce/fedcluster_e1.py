@@ -1,4 +1,4 @@
-"""FedCluster E1 (specs/fedcluster.md sec. 8.2 E1, calibrated by sec. 8.3): the paper's protocol on a Gaussian
+"""FedCluster E1 (docs/specs/fedcluster.md sec. 8.2 E1, calibrated by sec. 8.3): the paper's protocol on a Gaussian
 label-skew replica at full device scale.
 
 1000 devices x 500 fresh samples of 10 Gaussian classes in d = 20 (``fedcluster-gauss``, sep 0.5), device

@@ -1,4 +1,4 @@
-"""FGDRO reproduction ``fgdro-toy`` (specs/fgdro.md sections 6-8).
+"""FGDRO reproduction ``fgdro-toy`` (docs/specs/fgdro.md sections 6-8).
 
 Part A, the spec's linear-regression toy (section 8, Appendix A; NOT an experiment of the paper, which has no
 synthetic one): N = 8 clients of growing heterogeneity, d = 10, n = 2000 a client, K = 2, lambda = 1, I = 16,
@@ -389,7 +389,7 @@ def fgdro_toy(out: Path, quick: bool) -> Outcome:
             best_dro["worst_client_acc"] >= dby["FedAvg"]["worst_client_acc"],
     }
 
-    lines = ["### Part A: the spec's linear-regression toy (specs/fgdro.md section 8)", "",
+    lines = ["### Part A: the spec's linear-regression toy (docs/specs/fgdro.md section 8)", "",
              f"N=8, d=10, n=2000, K=2, lambda=1, I=16, batch 32, R={toy_rounds}"
              f"{' (quick; the spec uses R=3000)' if quick else ''}. "
              f"Centralized optima: F_cvar* = {refs['F_cvar']:.4f} (spec 2.2784), "

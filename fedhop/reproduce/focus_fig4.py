@@ -1,4 +1,4 @@
-"""FOCUS reproduction ``focus-fig4`` (specs/focus.md sections 5.1, 7.2 and 9, E1): Figure 4 of Ying, Li, Yang,
+"""FOCUS reproduction ``focus-fig4`` (docs/specs/focus.md sections 5.1, 7.2 and 9, E1): Figure 4 of Ying, Li, Yang,
 "Exact and Linear Convergence for Federated Learning under Arbitrary Client Participation is Attainable".
 
 The notebook's least squares (``focus-lsq``: d = 50, N = 16, 500 rows a client, noise 0.1, seed 1234), tau = 3,
@@ -60,7 +60,7 @@ LABEL = {"focus": "FOCUS", "fedavg": "FedAvg", "fedau": "FedAU", "scaffold": "SC
          "mifa": "MIFA (correct)"}
 COMM = {"scaffold": 2}  # model-sized vectors per direction per participant
 
-# specs/focus.md 7.2: the notebook re-run [V] (r50, r100, r250, r500, first round < 1e-12); nan = not given.
+# docs/specs/focus.md 7.2: the notebook re-run [V] (r50, r100, r250, r500, first round < 1e-12); nan = not given.
 SPEC = {
     ("full", "focus"): (3.1e-12, 4.0e-16, 3.5e-16, 3.3e-16, 53),
     ("full", "fedavg"): (1.02e-4, 1.02e-4, 1.02e-4, 1.02e-4, None),

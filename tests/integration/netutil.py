@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ import torch
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.launch import Processes, free_port, role_cmd
+from tests.specs import DIGITS, run_spec
+from tests.waiting import exited, wait_until
 
 
 def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, rounds: int = 3,
@@ -23,18 +24,11 @@ def small_spec(algorithm: str = "fedavg", *, clients: int = 3, edges: int = 0, r
                seed: int = 7, edge_graph: str = "random") -> RunSpec:
     base = {"lr": 0.1, "local_steps": 3, "batch_size": 16} if algorithm in ("fedavg", "hierfavg") else {}
     opts = {**base, **(options or {})}
-    return RunSpec.parse({
-        "name": f"net-{algorithm}-{edges}e",
-        "rounds": rounds,
-        "seed": seed,
-        "device": "cpu",
-        "algorithm": {"name": algorithm, "options": opts},
-        "topology": {"clients": clients, "edges": edges, "edge_graph": edge_graph},
-        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-        "model": {"name": "mlp", "hidden": [16]},
-        "transport": {"round_deadline_s": 60.0, "join_timeout_s": 90.0, "chunk_bytes": 4096,
-                      **(transport or {})},
-    })
+    return run_spec(algorithm, opts, clients=clients, edges=edges, edge_graph=edge_graph,
+                    name=f"net-{algorithm}-{edges}e", rounds=rounds, seed=seed, data=DIGITS,
+                    model={"name": "mlp", "hidden": [16]},
+                    transport={"round_deadline_s": 60.0, "join_timeout_s": 90.0, "chunk_bytes": 4096,
+                               **(transport or {})})
 
 
 def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequence[str] = (),
@@ -92,11 +86,12 @@ class Federation:
 
     ``hold``: nodes not started with the others (start them later with :meth:`start_node`; :meth:`release_join`
     starts the run without them, instead of waiting out the join timeout). ``security``: options every process
-    gets (``--tls DIR``, ``--token FILE``)."""
+    gets (``--tls DIR``, ``--token FILE``). ``marks``: rounds whose end the test awaits with :meth:`wait_round`
+    (the PS's test gate after each, made to pass at once: it marks the moment and holds nothing)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
                  state_dir: Path | None = None, out: Path | None = None, security: Sequence[str] = (),
-                 server_args: tuple[str, ...] = ()) -> None:
+                 server_args: tuple[str, ...] = (), marks: tuple[int, ...] = ()) -> None:
         self.spec = spec
         self.security = list(security)
         self.state_dir = state_dir
@@ -107,9 +102,16 @@ class Federation:
         self.procs = Processes(tmp / "logs")
         self.hold = hold
         self._env_gate = None
-        if hold and "FEDHOP_TEST_GATE" not in os.environ:  # for release_join (common/testhooks.py)
+        if (hold or marks) and "FEDHOP_TEST_GATE" not in os.environ:  # release_join, marks (common/testhooks.py)
             (tmp / "gate").mkdir(exist_ok=True)
             os.environ["FEDHOP_TEST_GATE"] = self._env_gate = str(tmp / "gate")
+        self.marks = marks
+        for r in marks:
+            assert 0 < r < spec.rounds, f"the PS passes a gate only between rounds, not after round {r}"
+            gates = Path(os.environ["FEDHOP_TEST_GATE"])
+            assert not (gates / f"stop-{r}").exists(), f"the test holds the PS after round {r} itself"
+            (gates / f"go-{r}").touch()
+            (gates / f"stop-{r}").touch()
         self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
                                           "--device", "cpu", *self.security, *server_args])
@@ -136,6 +138,13 @@ class Federation:
             self.wait_for_log(f"{parent}: {n} is ready", timeout, node="ps" if parent == "ps" else parent)
         (Path(os.environ["FEDHOP_TEST_GATE"]) / f"go-join-{parent}").touch()
 
+    def wait_round(self, r: int, timeout: float) -> None:
+        """Wait until the PS has ended round ``r`` (and written its checkpoint): its gate after round ``r``, one
+        of ``marks``."""
+        assert r in self.marks, f"round {r} is not among the marks {self.marks}"
+        wait_until((Path(os.environ["FEDHOP_TEST_GATE"]) / f"at-{r}").exists, f"the PS to end round {r}",
+                   timeout=timeout, stop_if=exited(self.ps, "the PS"), details=self.all_logs)
+
     def restart_ps(self, name: str = "ps2") -> None:
         """A new PS process that resumes the run from its last checkpoint, on the same address."""
         self.ps = self.procs.start(name, [sys.executable, "-m", "fedhop", "server", "--resume", str(self.out),
@@ -149,15 +158,8 @@ class Federation:
         return self.log_of("ps")
 
     def wait_for_log(self, text: str, timeout: float, node: str = "ps") -> None:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if text in self.log_of(node):
-                return
-            if self.procs.procs[node].poll() is not None:
-                raise AssertionError(f"{node} exited ({self.procs.procs[node].returncode}) before {text!r}:\n"
-                                     f"{self.all_logs()}")
-            time.sleep(0.05)
-        raise AssertionError(f"{node} never logged {text!r}:\n{self.all_logs()}")
+        wait_until(lambda: text in self.log_of(node), f"{node} logging {text!r}", timeout=timeout,
+                   stop_if=exited(self.procs.procs[node], node), details=self.all_logs)
 
     def exit_codes(self, timeout: float) -> dict[str, int | None]:
         """Every process's exit code (None: still running after ``timeout`` in all)."""

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from fedhop.common.exit_codes import ExitCode
 from fedhop.launch import free_port
 from tests.integration.netutil import small_spec
+from tests.waiting import exited, wait_until
 
 FEDHOP = [sys.executable, "-m", "fedhop"]
 
@@ -79,14 +79,9 @@ def _ctrl_c_reaches_it() -> None:
 
 
 def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited ({proc.returncode}) before {what}:\n{proc.stderr.read()}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    # its stderr is read only once it has exited (a read before would wait for the end)
+    wait_until(cond, what, timeout=timeout, stop_if=exited(proc),
+               details=lambda: proc.stderr.read() if proc.poll() is not None else "")
 
 
 def test_ctrl_c_on_a_waiting_client():

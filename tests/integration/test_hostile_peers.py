@@ -15,9 +15,11 @@ import grpc
 
 from fedhop.common.wire.framing import chunk_frame_bytes, parse_frame_lenient, serialize_frame
 from fedhop.common.wire.messages import result_frame
+from fedhop.transport.health import Probe, probe
 from fedhop.transport.session import hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.integration.netutil import Federation, load_result, small_spec
+from tests.waiting import exited, wait_until
 
 SESSION = "/fedhop.v1.Parent/Session"
 IDLE = 20
@@ -78,7 +80,9 @@ def test_idle_connections_forged_bundles_and_a_silent_client_do_not_stop_the_run
     sockets: list[socket.socket] = []
     channels: list[grpc.Channel] = []
     try:
-        fed.wait_for_log("listening on port", 120)
+        # the PS serves its health service from the moment it listens (server/main.py)
+        wait_until(lambda: probe(fed.addr["ps"], 1.0).outcome == Probe.SERVING, "the PS to listen", timeout=120,
+                   stop_if=exited(fed.ps, "the PS"), details=fed.all_logs)
         addr = fed.addr["ps"]
         for _ in range(IDLE):  # TCP connections that never send a byte
             sockets.append(socket.create_connection(("127.0.0.1", fed.port)))

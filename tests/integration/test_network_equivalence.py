@@ -1,4 +1,4 @@
-"""The central integration test (DESIGN.md section 3): the same spec and seed through real processes over
+"""The central integration test (docs/design.md section 4): the same spec and seed through real processes over
 gRPC and through the in-process engine give bit-identical final models and identical byte counts.
 
 Every registered algorithm has a case, and so does every reading or option that changes the message flow

@@ -40,9 +40,9 @@ from tests.integration.netutil import Federation, load_result, small_spec
 def test_killed_client_is_missing_and_the_run_finishes(tmp_path) -> None:
     spec = small_spec("fedavg", clients=4, edges=2, rounds=12, options={"local_steps": 60},
                       transport={"round_deadline_s": 30.0})
-    fed = Federation(spec, tmp_path)
+    fed = Federation(spec, tmp_path, marks=(2,))
     try:
-        fed.wait_for_log("round 2/12", timeout=120)
+        fed.wait_round(2, timeout=120)
         t_kill = time.monotonic()
         fed.procs.kill("client-1")  # SIGKILL: no Bye, the stream just breaks
         assert fed.wait(120) == 0, fed.all_logs()
@@ -67,9 +67,9 @@ def test_killed_client_is_missing_and_the_run_finishes(tmp_path) -> None:
 def test_stalled_client_misses_the_deadline_and_comes_back(tmp_path) -> None:
     spec = small_spec("fedavg", clients=3, edges=0, rounds=10, options={"local_steps": 40},
                       transport={"round_deadline_s": 2.0})
-    fed = Federation(spec, tmp_path)
+    fed = Federation(spec, tmp_path, marks=(2,))
     try:
-        fed.wait_for_log("round 2/10", timeout=120)
+        fed.wait_round(2, timeout=120)
         fed.procs.kill("client-2", signal.SIGSTOP)
         time.sleep(4.5)  # > round_deadline_s: the round in flight closes without client-2
         fed.procs.kill("client-2", signal.SIGCONT)
@@ -271,9 +271,9 @@ def test_fedchs_walk_avoids_a_killed_edge_and_keeps_the_model(tmp_path) -> None:
                       options={"K": 200}, transport={"round_deadline_s": 30.0, "rpc_timeout_s": 5.0})
     seq = [r["edge"] for r in InProcessEngine(spec, device="cpu").run().rounds]
     victim = next(e for e in (seq[3], *spec_edges(spec)) if e not in (seq[1], seq[2]))
-    fed = Federation(spec, tmp_path)
+    fed = Federation(spec, tmp_path, marks=(2,))
     try:
-        fed.wait_for_log("round 2/10", timeout=120)
+        fed.wait_round(2, timeout=120)
         fed.procs.kill(victim)
         assert fed.wait(180) == 0, fed.all_logs()
     finally:

@@ -17,10 +17,10 @@ def test_late_client_is_admitted_at_a_round_boundary(tmp_path) -> None:
     never dropped for its silence: transport.drop_after_missed = 0)."""
     spec = small_spec("fedavg", clients=3, edges=0, rounds=30, options={"local_steps": 40},
                       transport={"join_timeout_s": 20.0, "round_deadline_s": 2.0, "drop_after_missed": 0})
-    fed = Federation(spec, tmp_path, hold=("client-2",))
+    fed = Federation(spec, tmp_path, hold=("client-2",), marks=(2,))
     try:
         fed.release_join()
-        fed.wait_for_log("round 2/30", timeout=120)
+        fed.wait_round(2, timeout=120)
         fed.procs.kill("client-0", signal.SIGSTOP)
         fed.start_node("client-2")
         fed.wait_for_log("client-2 admitted (joined late)", timeout=120)
@@ -49,11 +49,11 @@ def test_late_client_under_a_fedchs_edge_is_admitted(tmp_path) -> None:
     sizes at its next task and the PS's through the edge's updated Ready."""
     spec = small_spec("fedchs", clients=4, edges=2, rounds=60, edge_graph="complete", options={"K": 40},
                       transport={"join_timeout_s": 20.0})
-    fed = Federation(spec, tmp_path, hold=("client-3",))
+    fed = Federation(spec, tmp_path, hold=("client-3",), marks=(1,))
     edge = fed.topology.parent["client-3"]
     try:
         fed.release_join(edge)
-        fed.wait_for_log("round 1/60", timeout=120)
+        fed.wait_round(1, timeout=120)
         fed.start_node("client-3")
         fed.wait_for_log("is ready (update)", timeout=120)  # the edge told the PS its new subtree size
         assert fed.wait(240) == 0, fed.all_logs()
@@ -73,10 +73,10 @@ def test_late_client_is_refused_when_the_spec_says_so(tmp_path) -> None:
     spec = small_spec("fedavg", clients=3, edges=0, rounds=30, options={"local_steps": 40},
                       transport={"join_timeout_s": 20.0, "late_join": "refuse", "round_deadline_s": 2.0,
                                  "drop_after_missed": 0})
-    fed = Federation(spec, tmp_path, hold=("client-2",))
+    fed = Federation(spec, tmp_path, hold=("client-2",), marks=(2,))
     try:
         fed.release_join()
-        fed.wait_for_log("round 2/30", timeout=120)
+        fed.wait_round(2, timeout=120)
         fed.procs.kill("client-0", signal.SIGSTOP)
         fed.start_node("client-2")
         assert fed.procs.procs["client-2"].wait(60) == ExitCode.LATE_JOIN_REFUSED, fed.log_of("client-2")
@@ -92,9 +92,9 @@ def test_ps_stalled_past_the_keepalive_keeps_its_federation(tmp_path) -> None:
     clients stay with them), every round trains with every node, and everyone exits 0."""
     spec = small_spec("fedavg", clients=4, edges=2, rounds=8, options={"local_steps": 40},
                       transport={"keepalive_s": 0.5, "keepalive_timeout_s": 2.0, "round_deadline_s": 60.0})
-    fed = Federation(spec, tmp_path)
+    fed = Federation(spec, tmp_path, marks=(2,))
     try:
-        fed.wait_for_log("round 2/8", timeout=120)
+        fed.wait_round(2, timeout=120)
         fed.procs.kill("ps", signal.SIGSTOP)
         for e in ("edge-0", "edge-1"):  # both edges noticed the silence and are dialing again
             fed.wait_for_log("(stalled or gone); re-joining", timeout=60, node=e)
@@ -116,9 +116,9 @@ def test_ps_stalled_past_the_keepalive_keeps_its_federation(tmp_path) -> None:
 def test_dead_ps_every_child_exits_saying_the_run_did_not_finish(tmp_path) -> None:
     spec = small_spec("fedavg", clients=4, edges=1, rounds=50, options={"local_steps": 40},
                       transport={"reconnect_s": 3.0})
-    fed = Federation(spec, tmp_path)
+    fed = Federation(spec, tmp_path, marks=(2,))
     try:
-        fed.wait_for_log("round 2/50", timeout=120)
+        fed.wait_round(2, timeout=120)
         fed.procs.kill("ps")
         codes = fed.exit_codes(60)
     finally:
@@ -134,11 +134,11 @@ def test_stalled_client_under_an_edge_misses_alone(tmp_path) -> None:
     in time, so a stalled client makes only itself missing, never its edge."""
     spec = small_spec("fedavg", clients=4, edges=2, rounds=6, options={"local_steps": 40},
                       transport={"round_deadline_s": 6.0})
-    fed = Federation(spec, tmp_path)
+    fed = Federation(spec, tmp_path, marks=(2, 4))
     try:
-        fed.wait_for_log("round 2/6", timeout=120)
+        fed.wait_round(2, timeout=120)
         fed.procs.kill("client-1", signal.SIGSTOP)
-        fed.wait_for_log("round 4/6", timeout=120)  # two rounds closed without it
+        fed.wait_round(4, timeout=120)  # two rounds closed without it
         fed.procs.kill("client-1", signal.SIGCONT)
         assert fed.wait(120) == 0, fed.all_logs()
     finally:
@@ -154,9 +154,9 @@ def test_stalled_client_under_an_edge_misses_alone(tmp_path) -> None:
 def test_killed_edge_keeps_the_byte_rows_of_the_rounds_it_carried(tmp_path) -> None:
     spec = small_spec("fedavg", clients=4, edges=2, rounds=8, options={"local_steps": 40},
                       transport={"round_deadline_s": 30.0, "reconnect_s": 2.0})
-    fed = Federation(spec, tmp_path)
+    fed = Federation(spec, tmp_path, marks=(3,))
     try:
-        fed.wait_for_log("round 3/8", timeout=120)
+        fed.wait_round(3, timeout=120)
         fed.procs.kill("edge-1")
         assert fed.wait(180) == 0, fed.all_logs()
         codes = fed.exit_codes(30)

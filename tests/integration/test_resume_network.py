@@ -10,7 +10,6 @@ any sleep."""
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.wire.bundle import flat
 from tests.integration.netutil import Federation, load_result, small_spec
+from tests.waiting import exited, wait_until
 
 CONTROL = {"report"}
 
@@ -37,13 +37,7 @@ STATEFUL_CLIENTS = {"scaffold": dict(algorithm="scaffold", clients=3, edges=0, o
 
 
 def wait_file(path: Path, fed: Federation, timeout: float = 180) -> None:
-    end = time.monotonic() + timeout
-    while not path.exists():
-        if fed.ps.poll() is not None:
-            raise AssertionError(f"the PS exited ({fed.ps.returncode}) before {path.name}:\n{fed.all_logs()}")
-        if time.monotonic() > end:
-            raise AssertionError(f"no {path.name} within {timeout}s:\n{fed.all_logs()}")
-        time.sleep(0.05)
+    wait_until(path.exists, path.name, timeout=timeout, stop_if=exited(fed.ps, "the PS"), details=fed.all_logs)
 
 
 def payload(rows: list[dict], *, redo: bool = False) -> dict[tuple, int]:
@@ -255,10 +249,7 @@ def test_launch_killed_and_resumed(tmp_path: Path, gate: Path) -> None:
            "--http", "off", "--device", "cpu"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        end = time.monotonic() + 240
-        while not (gate / "at-2").exists():
-            assert first.poll() is None and time.monotonic() < end, "launch ended before round 3"
-            time.sleep(0.05)
+        wait_until((gate / "at-2").exists, "round 2 to end", timeout=240, stop_if=exited(first, "launch"))
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(30)

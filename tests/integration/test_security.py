@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import grpc
@@ -31,6 +30,7 @@ from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.tokens import load_tokens
 from tests.integration.netutil import Federation, launch_run, load_result, node_log, rows_by_key, small_spec
+from tests.waiting import exited, wait_until
 
 SESSION = "/fedhop.v1.Parent/Session"
 
@@ -206,10 +206,9 @@ def test_hand_offs_and_describes_only_from_neighbours_certificates(tmp_path: Pat
         target = topo.edges[0]
         stranger = next(e for e in topo.edges if e != target and e not in topo.neighbours[target])
         friend = topo.neighbours[target][0]
-        end = time.monotonic() + 120
-        while not (gate / "at-1").exists():  # the run is between rounds 1 and 2: every edge is in it
-            assert time.monotonic() < end and fed.ps.poll() is None, fed.all_logs()
-            time.sleep(0.05)
+        # the run is between rounds 1 and 2: every edge is in it
+        wait_until((gate / "at-1").exists, "round 1 to end", timeout=120, stop_if=exited(fed.ps, "the PS"),
+                   details=fed.all_logs)
         missing = MissingLog()
         # a non-neighbour's own certificate; then the same certificate claiming the neighbour in metadata
         for claimed in (stranger, friend):

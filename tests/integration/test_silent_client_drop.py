@@ -6,21 +6,12 @@ again, the other stays stopped to the end, and the run finishes without waiting 
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 from tests.integration.netutil import Federation, load_result, replies, small_spec
+from tests.waiting import wait_until
 
 DROP = "no reply in 2 consecutive rounds (transport.drop_after_missed = 2)"
-
-
-def wait_until(cond, what: str, fed: Federation, timeout: float = 120) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}:\n{fed.all_logs()}")
 
 
 def test_silent_clients_are_dropped_and_a_resumed_one_rejoins(tmp_path: Path, monkeypatch) -> None:
@@ -33,15 +24,17 @@ def test_silent_clients_are_dropped_and_a_resumed_one_rejoins(tmp_path: Path, mo
                       transport={"round_deadline_s": 2.0, "drop_after_missed": 2})
     fed = Federation(spec, tmp_path)
     try:
-        wait_until((gates / "at-1").exists, "round 1 to end", fed)
+        wait_until((gates / "at-1").exists, "round 1 to end", timeout=120, details=fed.all_logs)
         fed.procs.kill("client-1", signal.SIGSTOP)
         fed.procs.kill("client-2", signal.SIGSTOP)
         (gates / "go-1").touch()
         fed.wait_for_log("dropped client-1", timeout=120)  # rounds 2 and 3 pass without them
         fed.wait_for_log("dropped client-2", timeout=120)
-        wait_until((gates / "at-4").exists, "round 4 to end", fed)  # round 4 ran without them
+        # round 4 ran without them
+        wait_until((gates / "at-4").exists, "round 4 to end", timeout=120, details=fed.all_logs)
         fed.procs.kill("client-1", signal.SIGCONT)
-        wait_until(lambda: fed.ps_log().count("ps: client-1 is ready") == 2, "client-1 to re-join", fed)
+        wait_until(lambda: fed.ps_log().count("ps: client-1 is ready") == 2, "client-1 to re-join", timeout=120,
+                   details=fed.all_logs)
         (gates / "go-4").touch()
         assert fed.wait(120) == 0, fed.all_logs()
         codes = {c: fed.procs.procs[c].wait(30) for c in ("client-0", "client-1")}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
 from fedhop.launch import free_port, role_cmd
 from tests.integration.netutil import small_spec
+from tests.waiting import exited, wait_until
 
 MODULE = "fhdigest_metric"  # a name no other test imports
 SOURCE = '''def score(outputs, y):
@@ -38,11 +38,8 @@ def _start(cmd: list[str], cwd: Path, log: Path) -> subprocess.Popen:
 
 
 def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while text not in log.read_text():
-        assert proc.poll() is None, f"exited ({proc.returncode}) before logging {text!r}:\n{log.read_text()}"
-        assert time.monotonic() < end, f"never logged {text!r}:\n{log.read_text()}"
-        time.sleep(0.05)
+    wait_until(lambda: text in log.read_text(), f"logging {text!r}", timeout=timeout, stop_if=exited(proc, log.stem),
+               details=log.read_text)
 
 
 def test_a_node_with_other_user_code_is_refused_directly_and_through_an_edge(tmp_path: Path,

@@ -23,6 +23,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from tests.waiting import wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("FEDHOP_TESTBED_CACHE", "/var/cache/fedhop-testbed"))
 BASE_IMAGE = "fedhop-base:bookworm"
@@ -58,13 +60,7 @@ def sh(*cmd: str, timeout: float = 1800, **kw) -> subprocess.CompletedProcess:
 
 def wait_for(what: str, ok, timeout_s: float, period_s: float = 0.5):
     """Poll ``ok()`` until it returns something truthy (returned) or ``timeout_s`` passes (raise)."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        got = ok()
-        if got:
-            return got
-        time.sleep(period_s)
-    raise TimeoutError(f"{what} not within {timeout_s:g}s")
+    return wait_until(ok, what, timeout=timeout_s, poll=period_s)
 
 
 def apt_install(*packages: str) -> None:

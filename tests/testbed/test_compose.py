@@ -19,6 +19,7 @@ from fedhop.deploy.compose import write_compose
 from fedhop.deploy.compose_run import format_table, run_compose
 from fedhop.deploy.link_table import LinkBytes, read_link_table
 from fedhop.deploy.wire import read_wire_csv
+from tests.specs import DIGITS, run_spec
 from tests.testbed.docker_env import sh, wait_for
 
 CASES = {
@@ -32,18 +33,10 @@ COMPOSE = {"v2": ["docker", "compose"], "v1": ["docker-compose"]}
 
 def spec_for(case: str, rounds: int = 3) -> RunSpec:
     c = CASES[case]
-    return RunSpec.parse({
-        "name": f"testbed-{case}",
-        "rounds": rounds,
-        "seed": 7,
-        "device": "cpu",
-        "algorithm": {"name": c["algorithm"], "options": c["options"]},
-        "topology": {"clients": c["clients"], "edges": c["edges"], "edge_graph": c["edge_graph"]},
-        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-        "model": {"name": "mlp", "hidden": [16]},
-        # containers import torch concurrently on a small machine: joining can take minutes
-        "transport": {"round_deadline_s": 120.0, "join_timeout_s": 900.0},
-    })
+    return run_spec(c["algorithm"], c["options"], clients=c["clients"], edges=c["edges"], edge_graph=c["edge_graph"],
+                    name=f"testbed-{case}", rounds=rounds, seed=7, data=DIGITS, model={"name": "mlp", "hidden": [16]},
+                    # containers import torch concurrently on a small machine: joining can take minutes
+                    transport={"round_deadline_s": 120.0, "join_timeout_s": 900.0})
 
 
 def project_objects(project: str) -> list[str]:

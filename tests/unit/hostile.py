@@ -15,18 +15,14 @@ from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.session import CLOSE, QUIET, ChildLink, HubConfig, HubListener, ParentHub, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
+from tests.specs import run_spec
 
 RUN_ID = "hostile-run"
 
 
 def spec_for(clients: int = 3, edges: int = 0, algorithm: str = "fedavg", **transport: Any) -> RunSpec:
-    return RunSpec.parse({
-        "name": "hostile", "rounds": 1, "device": "cpu",
-        "algorithm": {"name": algorithm},
-        "topology": {"clients": clients, "edges": edges, "edge_graph": "ring"},
-        "data": {"dataset": "digits"}, "model": {"name": "mlp", "hidden": [4]},
-        "transport": transport,
-    })
+    return run_spec(algorithm, clients=clients, edges=edges, edge_graph="ring", name="hostile", rounds=1,
+                    data={"dataset": "digits"}, model={"name": "mlp", "hidden": [4]}, transport=transport)
 
 
 @contextmanager

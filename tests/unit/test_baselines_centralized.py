@@ -1,4 +1,4 @@
-"""Centralized SGD (FedCluster's baseline, specs/fedcluster.md 2.4 / 4.6): one trainer holding the union of the
+"""Centralized SGD (FedCluster's baseline, docs/specs/fedcluster.md 2.4 / 4.6): one trainer holding the union of the
 device data; bit for bit a plain torch SGD loop written here, on a pool checked against the partition."""
 
 from __future__ import annotations
@@ -12,18 +12,14 @@ from fedhop.common.data_spec import DataSpec
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.engine.workspace import derive_seed
 from fedhop.common.spec import RunSpec, SpecError
+from tests.specs import run_spec
 
 DATA = {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5, "union_of": 5}
 
 
 def spec(rounds: int = 3, iters: int = 7, batch: int = 16, lr: float = 0.05, seed: int = 1, **over) -> RunSpec:
-    return RunSpec.parse({
-        "algorithm": {"name": "centralized-sgd", "options": {"lr": lr, "iters_per_round": iters, "batch_size": batch}},
-        "topology": {"clients": 1},
-        "data": DATA,
-        "model": {"name": "mlp", "hidden": [8]},
-        "rounds": rounds, "seed": seed, "device": "cpu", **over,
-    })
+    return run_spec("centralized-sgd", {"lr": lr, "iters_per_round": iters, "batch_size": batch}, clients=1,
+                    data=DATA, model={"name": "mlp", "hidden": [8]}, rounds=rounds, seed=seed, **over)
 
 
 def distinct_batch(n: int, b: int, gen: torch.Generator) -> list[int]:

@@ -1,4 +1,4 @@
-"""DRFA-Prox with the KL regulariser (FGDRO's baseline, specs/fgdro.md section 5): the lambda prox steps against
+"""DRFA-Prox with the KL regulariser (FGDRO's baseline, docs/specs/fgdro.md section 5): the lambda prox steps against
 their optimality conditions and an independent bisection solver written here, one round of the algorithm
 against numpy losses, and the payload of Algorithm 2."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from fedhop.common.algorithms.drfa import kl_prox_entropic, kl_prox_euclidean
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.spec import RunSpec
+from tests.specs import fgdro_toy, run_spec
 
 DIM, N = 4, 5
 
@@ -75,15 +75,9 @@ def test_entropic_kl_prox_is_the_closed_form_maximiser():
 
 
 def toy_engine(rounds: int = 1, **opts) -> InProcessEngine:
-    return InProcessEngine(RunSpec.parse({
-        "algorithm": {"name": "drfa-prox", "options": {"local_steps": 3, "batch_size": 0, "lr": 0.05,
-                                                       "gamma": 0.05, **opts}},
-        "topology": {"clients": N},
-        "data": {"dataset": "fgdro-toy", "partition": "iid",
-                 "options": {"dim": DIM, "samples_per_client": 30, "test_per_client": 10}},
-        "model": {"name": "linear", "bias": False},
-        "rounds": rounds, "seed": 2, "device": "cpu",
-    }))
+    return InProcessEngine(run_spec(
+        "drfa-prox", {"local_steps": 3, "batch_size": 0, "lr": 0.05, "gamma": 0.05, **opts}, clients=N,
+        data=fgdro_toy(DIM, 30), model={"name": "linear", "bias": False}, rounds=rounds, seed=2))
 
 
 @pytest.mark.parametrize("prox", ["euclidean", "entropic"])

@@ -1,4 +1,4 @@
-"""FedAvg + QSGD uploads (Fed-CHS Fig. 2 baseline, specs/fedchs.md section 5 items 1 and 4) against a numpy
+"""FedAvg + QSGD uploads (Fed-CHS Fig. 2 baseline, docs/specs/fedchs.md section 5 items 1 and 4) against a numpy
 FedAvg written here: the quantised round stays within QSGD's deterministic error bound of exact FedAvg, and the
 upload is the QSGD encoding (d int8 levels + one float32 norm per tensor)."""
 
@@ -8,20 +8,15 @@ import numpy as np
 import pytest
 
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.spec import RunSpec, SpecError
+from fedhop.common.spec import SpecError
+from tests.specs import DIGITS, LINEAR_F64, focus_lsq, run_spec
 
 N, D, ROWS = 5, 6, 30
 
 
 def lsq_engine(opts: dict, rounds: int = 1) -> InProcessEngine:
-    return InProcessEngine(RunSpec.parse({
-        "algorithm": {"name": "fedavg", "options": {"batch_size": 0, "local_steps": 3, "lr": 0.05, **opts}},
-        "topology": {"clients": N},
-        "data": {"dataset": "focus-lsq", "partition": "iid",
-                 "options": {"dim": D, "rows_per_client": ROWS, "notebook_seed": None, "hetero": 1.0}},
-        "model": {"name": "linear", "bias": False, "init": "zeros", "dtype": "float64"},
-        "rounds": rounds, "seed": 4, "device": "cpu",
-    }))
+    return InProcessEngine(run_spec("fedavg", {"batch_size": 0, "local_steps": 3, "lr": 0.05, **opts}, clients=N,
+                                    data=focus_lsq(D, ROWS), model=LINEAR_F64, rounds=rounds, seed=4))
 
 
 def numpy_updates(eng: InProcessEngine, lr: float, steps: int) -> list[np.ndarray]:
@@ -70,14 +65,9 @@ def test_upload_is_the_qsgd_encoded_size_reading_a():
     """Reading A (spec 5: 20 communications a round) with QSGD: per round syncs * N * (Q_up + Q) bytes, Q = 4d
     (float32 model down), Q_up = d + 4 P (int8 levels + a float32 norm for each of the P tensors)."""
     syncs, clients, rounds = 3, 4, 2
-    spec = RunSpec.parse({
-        "algorithm": {"name": "fedavg", "options": {"local_steps": 1, "syncs_per_round": syncs, "lr_schedule_K": 20,
-                                                    "lr": 1.0, "batch_size": 8, "upload_levels": 127}},
-        "topology": {"clients": clients},
-        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-        "model": {"name": "mlp", "hidden": [8]},
-        "rounds": rounds, "seed": 0, "device": "cpu",
-    })
+    spec = run_spec("fedavg", {"local_steps": 1, "syncs_per_round": syncs, "lr_schedule_K": 20, "lr": 1.0,
+                               "batch_size": 8, "upload_levels": 127},
+                    clients=clients, data=DIGITS, model={"name": "mlp", "hidden": [8]}, rounds=rounds, seed=0)
     res = InProcessEngine(spec).run()
     d, tensors = 64 * 8 + 8 + 8 * 10 + 10, 4          # mlp 64 -> 8 -> 10: two weights, two biases
     q, q_up = 4 * d, d + 4 * tensors
@@ -96,13 +86,8 @@ def test_levels_out_of_range_is_a_clear_error():
 
 
 def test_through_edges_only_client_uploads_are_quantised():
-    spec = RunSpec.parse({
-        "algorithm": {"name": "fedavg", "options": {"local_steps": 2, "batch_size": 8, "upload_levels": 127}},
-        "topology": {"clients": 4, "edges": 2, "edge_graph": "complete"},
-        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-        "model": {"name": "mlp", "hidden": [8]},
-        "rounds": 1, "seed": 0, "device": "cpu",
-    })
+    spec = run_spec("fedavg", {"local_steps": 2, "batch_size": 8, "upload_levels": 127}, clients=4, edges=2,
+                    edge_graph="complete", data=DIGITS, model={"name": "mlp", "hidden": [8]}, rounds=1, seed=0)
     res = InProcessEngine(spec).run()
     d = 64 * 8 + 8 + 8 * 10 + 10
     up = {r["payload_bytes"] for r in res.links if r["kind"] == "fedavg.train_qsgd" and r["phase"] != "request"}

@@ -1,4 +1,4 @@
-"""ProxSkip / Scaffnew (specs/focus.md section 6 item 4) against references written here in numpy (float64):
+"""ProxSkip / Scaffnew (docs/specs/focus.md section 6 item 4) against references written here in numpy (float64):
 the notebook's iteration, plain gradient descent (p = 1), SCAFFOLD's equivalence under full participation,
 and the payload of one pull + one push of d floats per participant."""
 
@@ -8,21 +8,15 @@ import numpy as np
 import pytest
 
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import flat
+from tests.specs import LINEAR_F64, focus_lsq, run_spec
 
 N, D, ROWS = 6, 5, 20
 
 
 def engine(alg: str, opts: dict, rounds: int = 15, seed: int = 0) -> InProcessEngine:
-    return InProcessEngine(RunSpec.parse({
-        "algorithm": {"name": alg, "options": {"batch_size": 0, **opts}},
-        "topology": {"clients": N},
-        "data": {"dataset": "focus-lsq", "partition": "iid",
-                 "options": {"dim": D, "rows_per_client": ROWS, "notebook_seed": None, "hetero": 1.0}},
-        "model": {"name": "linear", "bias": False, "init": "zeros", "dtype": "float64"},
-        "rounds": rounds, "seed": seed, "device": "cpu",
-    }))
+    return InProcessEngine(run_spec(alg, {"batch_size": 0, **opts}, clients=N, data=focus_lsq(D, ROWS),
+                                    model=LINEAR_F64, rounds=rounds, seed=seed))
 
 
 def grads_of(eng: InProcessEngine) -> list:
@@ -48,7 +42,7 @@ def sets_from_links(links: list[dict], rounds: int) -> list[list[int]]:
 
 
 def notebook_proxskip(grads, x0, eta, tau, sets, shifted=False):
-    """specs/focus.md 6.4, written from the spec: on pull h_i += (x - x_prev_i)/(eta tau), x_i = x; tau steps
+    """docs/specs/focus.md 6.4, written from the spec: on pull h_i += (x - x_prev_i)/(eta tau), x_i = x; tau steps
     x_i -= eta (grad f_i(x_i) - h_i); the server averages the x_i (or x_i - eta tau h_i) over S."""
     x = x0.copy()
     h = [np.zeros_like(x0) for _ in grads]

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -95,18 +93,6 @@ def test_help_shows_defaults():
     assert "(default: 127.0.0.1:50051)" in text
     text = build_parser()._subparsers._group_actions[0].choices["client"].format_help()
     assert "(default: 60.0)" in text
-
-
-def test_the_minimal_spec_is_the_built_in_default_run():
-    """The default run sets only its name and topology; a user's minimal spec with that topology is the same
-    run, and `fedhop spec` prints it."""
-    minimal = RunSpec.parse({"name": "default-digits-fedavg", "topology": {"clients": 6, "edges": 2}})
-    assert RunSpec.load(DEFAULT_SPEC) == minimal
-    printed = subprocess.run([sys.executable, "-m", "fedhop", "spec"], capture_output=True, text=True, check=True)
-    shown = RunSpec.from_toml(printed.stdout)  # `fedhop spec` writes every algorithm option out
-    assert shown.options() == minimal.options()
-    assert shown.model_dump(exclude={"algorithm"}) == minimal.model_dump(exclude={"algorithm"})
-    assert shown.algorithm.name == minimal.algorithm.name
 
 
 def test_out_is_never_overwritten_without_force(tmp_path, capsys):

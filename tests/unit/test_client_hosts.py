@@ -19,13 +19,12 @@ from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
 from fedhop.launch import client_groups, role_cmd
 from fedhop.transport.node_config import NodeConfig
+from tests.specs import DIGITS, run_spec
 
 
 def _spec(clients: int = 6, edges: int = 2) -> RunSpec:
-    return RunSpec.parse({"name": "hosts", "rounds": 1, "device": "cpu", "algorithm": {"name": "fedavg"},
-                          "topology": {"clients": clients, "edges": edges},
-                          "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-                          "model": {"name": "mlp", "hidden": [8]}})
+    return run_spec("fedavg", clients=clients, edges=edges, name="hosts", rounds=1, data=DIGITS,
+                    model={"name": "mlp", "hidden": [8]})
 
 
 # -- id lists ------------------------------------------------------------------------------------------------

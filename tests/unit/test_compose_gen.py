@@ -10,13 +10,13 @@ import yaml
 from fedhop.cli import main
 from fedhop.common.spec import RunSpec
 from fedhop.deploy.compose import ComposeOptions, compose_files
+from tests.specs import run_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def spec(edges: int, clients: int, algorithm: str = "fedavg") -> RunSpec:
-    return RunSpec.parse({"name": "gen", "rounds": 2, "algorithm": {"name": algorithm},
-                          "topology": {"clients": clients, "edges": edges, "edge_graph": "ring"}})
+    return run_spec(algorithm, clients=clients, edges=edges, edge_graph="ring", name="gen", rounds=2, device=None)
 
 
 def flag(cmd: list[str], name: str) -> str:

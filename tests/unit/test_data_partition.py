@@ -99,7 +99,7 @@ def test_partition_refuses_more_clients_than_samples() -> None:
         P.dirichlet(np.zeros(5, dtype=np.int64), 6, make_rng(0), 1.0)
 
 
-# ---- FedCluster (specs/fedcluster.md 4.3-4.5) -------------------------------------------------------
+# ---- FedCluster (docs/specs/fedcluster.md 4.3-4.5) -------------------------------------------------------
 
 @pytest.mark.parametrize("rho", [0.1, 0.4, 0.5, 0.7, 0.9])
 def test_major_class_device_recipe(rho: float) -> None:
@@ -162,7 +162,7 @@ def test_random_majors_are_spread_over_contiguous_clusters() -> None:
         assert np.bincount(majors[c * 100:(c + 1) * 100], minlength=10).max() < 30
 
 
-# ---- FGDRO imbalanced (specs/fgdro.md 4.1) ----------------------------------------------------------
+# ---- FGDRO imbalanced (docs/specs/fgdro.md 4.1) ----------------------------------------------------------
 
 def test_imbalanced_cuts_minority_classes() -> None:
     y = balanced_labels(10, 500)

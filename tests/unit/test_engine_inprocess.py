@@ -3,18 +3,13 @@
 import torch
 
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
-from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import payload_bytes, weighted_mean
+from tests.specs import run_spec
 
 
 def small(algorithm="fedavg", edges=0, clients=4, rounds=3, **opts):
-    return RunSpec.parse({
-        "algorithm": {"name": algorithm, "options": {"local_steps": 2, "batch_size": 16, **opts}},
-        "topology": {"clients": clients, "edges": edges},
-        "data": {"dataset": "digits", "partition": "iid"},
-        "model": {"name": "logreg"},
-        "rounds": rounds, "seed": 3, "device": "cpu",
-    })
+    return run_spec(algorithm, {"local_steps": 2, "batch_size": 16, **opts}, clients=clients, edges=edges,
+                    data={"dataset": "digits", "partition": "iid"}, model={"name": "logreg"}, rounds=rounds, seed=3)
 
 
 def model_floats(spec):

@@ -1,4 +1,4 @@
-"""Fed-CHS (specs/fedchs.md): next-edge rule, literal visit counter, Eq. (5) == gradient descent with full
+"""Fed-CHS (docs/specs/fedchs.md): next-edge rule, literal visit counter, Eq. (5) == gradient descent with full
 batches, exact payload per round, the model never at the PS, and the random ES graph."""
 
 from __future__ import annotations
@@ -14,18 +14,15 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.engine.topology import build_topology, edge_graph, is_connected
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec, TopologySpec
+from tests.specs import run_spec
 
 
 def spec(options: dict[str, Any] | None = None, *, clients: int = 6, edges: int = 3,
          per_edge: list[int] | None = None, rounds: int = 5, seed: int = 0, graph: str = "random",
          partition: str = "iid", model: str = "logreg", algo: str = "fedchs") -> RunSpec:
-    return RunSpec.parse({
-        "algorithm": {"name": algo, "options": options or {}},
-        "topology": {"clients": clients, "edges": edges, "clients_per_edge": per_edge, "edge_graph": graph},
-        "data": {"dataset": "synthetic", "partition": partition, "train_limit": 240, "test_limit": 100},
-        "model": {"name": model},
-        "rounds": rounds, "seed": seed, "device": "cpu",
-    })
+    return run_spec(algo, options or {}, clients=clients, edges=edges, clients_per_edge=per_edge, edge_graph=graph,
+                    data={"dataset": "synthetic", "partition": partition, "train_limit": 240, "test_limit": 100},
+                    model={"name": model}, rounds=rounds, seed=seed)
 
 
 def edge_sequence(result: Any) -> list[int]:

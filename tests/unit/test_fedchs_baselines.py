@@ -1,4 +1,4 @@
-"""Fed-CHS baselines (specs/fedchs.md section 5): QSGD, Hier-Local-QSGD, WRWGD, FedAvg readings A and B."""
+"""Fed-CHS baselines (docs/specs/fedchs.md section 5): QSGD, Hier-Local-QSGD, WRWGD, FedAvg readings A and B."""
 
 from __future__ import annotations
 
@@ -15,17 +15,14 @@ from fedhop.common.engine.topology import is_connected
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import payload_bytes
+from tests.specs import run_spec
 
 
 def spec(algo: str, options: dict[str, Any], *, clients: int = 6, edges: int = 0,
          per_edge: list[int] | None = None, rounds: int = 3, seed: int = 0) -> RunSpec:
-    return RunSpec.parse({
-        "algorithm": {"name": algo, "options": options},
-        "topology": {"clients": clients, "edges": edges, "clients_per_edge": per_edge},
-        "data": {"dataset": "synthetic", "partition": "dirichlet", "train_limit": 240, "test_limit": 100},
-        "model": {"name": "logreg"},
-        "rounds": rounds, "seed": seed, "device": "cpu",
-    })
+    return run_spec(algo, options, clients=clients, edges=edges, clients_per_edge=per_edge,
+                    data={"dataset": "synthetic", "partition": "dirichlet", "train_limit": 240, "test_limit": 100},
+                    model={"name": "logreg"}, rounds=rounds, seed=seed)
 
 
 def n_params(s: RunSpec) -> tuple[int, int]:

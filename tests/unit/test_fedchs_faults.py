@@ -1,5 +1,5 @@
 """Fed-CHS when a hand-off target is unreachable: the model is rerouted by the same two-step rule among the
-remaining neighbours, or kept, never lost (DESIGN.md section 6)."""
+remaining neighbours, or kept, never lost (docs/design.md section 7)."""
 
 import torch
 

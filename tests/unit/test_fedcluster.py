@@ -1,4 +1,4 @@
-"""FedCluster (specs/fedcluster.md sec. 8.1): M = 1 is FedAvg, payload formula, cycle order, hand-offs,
+"""FedCluster (docs/specs/fedcluster.md sec. 8.1): M = 1 is FedAvg, payload formula, cycle order, hand-offs,
 normalised weights, learning-rate rules, topology checks and missing nodes."""
 
 from collections import Counter
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
-from fedhop.common.spec import RunSpec, SpecError
+from fedhop.common.spec import SpecError
 from fedhop.common.wire.bundle import non_finite
+from tests.specs import run_spec
 
 DIM, C = 5, 10
 D = DIM * C + C  # softmax regression: weight [C, DIM] + bias [C]
@@ -20,14 +21,9 @@ def gauss(**kw):
 
 
 def spec(algorithm="fedcluster", edges=3, clients=12, rounds=2, graph="complete", data=None, seed=1, **opts):
-    return RunSpec.parse({
-        "algorithm": {"name": algorithm,
-                      "options": {"local_steps": 2, "batch_size": 8, "participation": 0.5, **opts}},
-        "topology": {"clients": clients, "edges": edges, "edge_graph": graph},
-        "data": data or gauss(),
-        "model": {"name": "logreg"},
-        "rounds": rounds, "seed": seed, "device": "cpu",
-    })
+    return run_spec(algorithm, {"local_steps": 2, "batch_size": 8, "participation": 0.5, **opts}, clients=clients,
+                    edges=edges, edge_graph=graph, data=data or gauss(), model={"name": "logreg"}, rounds=rounds,
+                    seed=seed)
 
 
 def run(s, faults=None):

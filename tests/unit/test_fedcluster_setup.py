@@ -1,4 +1,4 @@
-"""FedCluster set-up invariants (specs/fedcluster.md sec. 8.1): clusters (T2), per-round budgets (T3), the
+"""FedCluster set-up invariants (docs/specs/fedcluster.md sec. 8.1): clusters (T2), per-round budgets (T3), the
 rho_device / rho_cluster device data (T5, T6), local solvers (T7), the small AlexNet (T8) and the
 heterogeneity measures (T9)."""
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedhop.common.algorithms.centralized import CentralizedSGDOptions
 from fedhop.common.algorithms.fedcluster import device_gradients, heterogeneity
 from fedhop.common.algorithms.local import LocalSolver, full_gradient, local_train
 from fedhop.common.data import Dataset, DataSpec, build_federated_data, make_rng
@@ -13,7 +14,8 @@ from fedhop.common.data.fedcluster_gauss import device_labels
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.models import ModelSpec, build_model
-from fedhop.common.spec import RunSpec, TopologySpec
+from fedhop.common.spec import TopologySpec
+from tests.specs import run_spec
 
 
 def labels_spec(**kw):
@@ -39,14 +41,11 @@ def test_clusters_partition_the_devices_equally(m):
 # -- T3: budgets per round at the paper's scale (1000 devices, 10%, E = 20, batch 30) ---------------------
 
 def paper_round(algorithm, edges):
-    return RunSpec.parse({
-        "algorithm": {"name": algorithm,
-                      "options": {"local_steps": 1, "batch_size": 30, "participation": 0.1}},
-        "topology": {"clients": 1000, "edges": edges, "edge_graph": "complete" if edges else "random"},
-        "data": {"dataset": "fedcluster-gauss", "partition": "major_class", "samples_per_client": 40,
-                 "options": {"dim": 2, "test_samples": 100}},
-        "model": {"name": "logreg"}, "rounds": 1, "seed": 0, "device": "cpu",
-    })
+    return run_spec(algorithm, {"local_steps": 1, "batch_size": 30, "participation": 0.1}, clients=1000, edges=edges,
+                    edge_graph="complete" if edges else "random",
+                    data={"dataset": "fedcluster-gauss", "partition": "major_class", "samples_per_client": 40,
+                          "options": {"dim": 2, "test_samples": 100}},
+                    model={"name": "logreg"}, rounds=1, seed=0)
 
 
 def test_budgets_per_round_match_fedavg():
@@ -61,7 +60,8 @@ def test_budgets_per_round_match_fedavg():
             assert res.rounds[0]["cycles"] == edges  # M aggregations per round (FedAvg: 1)
             cyc = [r for r in res.links if r["kind"] == "fedcluster.cycle" and r["phase"] == "request"]
             assert sum(r["messages"] for r in cyc) == edges
-    assert 1000 * 60 == 60_000  # centralized SGD: 1000 iterations of batch 60
+    central = CentralizedSGDOptions()  # the baseline's defaults: the paper's 1000 iterations of batch 60
+    assert central.iters_per_round * central.batch_size == 60_000  # the same sample-gradients per round
 
 
 # -- T5 / T6: device data ------------------------------------------------------------------------------------
@@ -116,10 +116,10 @@ def test_generated_features_follow_the_class_means():
 
 @pytest.fixture(scope="module")
 def ws():
-    s = RunSpec.parse({"algorithm": {"name": "fedcluster"}, "topology": {"clients": 2, "edges": 1},
-                       "data": {"dataset": "fedcluster-gauss", "partition": "major_class",
-                                "samples_per_client": 60, "options": {"dim": 4, "test_samples": 50}},
-                       "model": {"name": "logreg"}, "seed": 0, "device": "cpu"})
+    s = run_spec("fedcluster", clients=2, edges=1,
+                 data={"dataset": "fedcluster-gauss", "partition": "major_class", "samples_per_client": 60,
+                       "options": {"dim": 4, "test_samples": 50}},
+                 model={"name": "logreg"}, seed=0)
     return InProcessEngine(s).ws
 
 
@@ -185,12 +185,10 @@ def test_small_alexnet_parameter_count(shape, count):
 
 def het_setup(rho_cluster):
     extra = {} if rho_cluster is None else {"rho_cluster": rho_cluster, "n_clusters": 10}
-    s = RunSpec.parse({
-        "algorithm": {"name": "fedcluster"},
-        "topology": {"clients": 200, "edges": 10, "edge_graph": "complete"},
-        "data": {"dataset": "fedcluster-gauss", "partition": "major_class", "rho_device": 0.5,
-                 "samples_per_client": 50, "options": {"dim": 6, "test_samples": 50}, **extra},
-        "model": {"name": "logreg"}, "seed": 0, "device": "cpu"})
+    s = run_spec("fedcluster", clients=200, edges=10, edge_graph="complete",
+                 data={"dataset": "fedcluster-gauss", "partition": "major_class", "rho_device": 0.5,
+                       "samples_per_client": 50, "options": {"dim": 6, "test_samples": 50}, **extra},
+                 model={"name": "logreg"}, seed=0)
     ws = InProcessEngine(s).ws
     gen = torch.Generator().manual_seed(7)
     w = {k: 0.5 * torch.randn(v.shape, generator=gen) for k, v in ws.initial_params().items()}

@@ -1,4 +1,4 @@
-"""FGDRO-CVaR / -KL / -KL-Adam / LocalAdam (specs/fgdro.md): objectives, payload, locality of u_i, and an
+"""FGDRO-CVaR / -KL / -KL-Adam / LocalAdam (docs/specs/fgdro.md): objectives, payload, locality of u_i, and an
 independent numpy re-implementation of the client rounds (spec 2.2-2.6) compared with the module."""
 
 from __future__ import annotations
@@ -13,20 +13,15 @@ import torch
 from fedhop.common.algorithms.fgdro import cvar_objective, kl_objective
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.spec import RunSpec
+from tests.specs import fgdro_toy, run_spec
 
 DIM = 4
 
 
 def toy_spec(algorithm: str, clients: int = 3, rounds: int = 3, n: int = 40, seed: int = 5,
              bias: bool = False, **opts) -> RunSpec:
-    return RunSpec.parse({
-        "algorithm": {"name": algorithm, "options": {"local_steps": 4, "batch_size": 8, **opts}},
-        "topology": {"clients": clients},
-        "data": {"dataset": "fgdro-toy", "partition": "iid",
-                 "options": {"dim": DIM, "samples_per_client": n, "test_per_client": 10}},
-        "model": {"name": "linear", "bias": bias},
-        "rounds": rounds, "seed": seed, "device": "cpu",
-    })
+    return run_spec(algorithm, {"local_steps": 4, "batch_size": 8, **opts}, clients=clients, data=fgdro_toy(DIM, n),
+                    model={"name": "linear", "bias": bias}, rounds=rounds, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------------------

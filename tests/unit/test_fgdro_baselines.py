@@ -1,4 +1,4 @@
-"""FGDRO's baselines (specs/fgdro.md section 5): DRFA, DR-DSGD, FedAdam. Small sanity checks against
+"""FGDRO's baselines (docs/specs/fgdro.md section 5): DRFA, DR-DSGD, FedAdam. Small sanity checks against
 independent numpy computations, payload formulas and the DRO direction of DRFA's lambda."""
 
 from __future__ import annotations
@@ -11,19 +11,14 @@ import pytest
 from fedhop.common.algorithms.drfa import project_simplex
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
+from tests.specs import fgdro_toy, run_spec
 
 DIM = 4
 
 
 def toy_spec(algorithm: str, clients: int = 3, rounds: int = 2, n: int = 30, **opts) -> RunSpec:
-    return RunSpec.parse({
-        "algorithm": {"name": algorithm, "options": {"local_steps": 3, "batch_size": 0, **opts}},
-        "topology": {"clients": clients},
-        "data": {"dataset": "fgdro-toy", "partition": "iid",
-                 "options": {"dim": DIM, "samples_per_client": n, "test_per_client": 10}},
-        "model": {"name": "linear", "bias": False},
-        "rounds": rounds, "seed": 2, "device": "cpu",
-    })
+    return run_spec(algorithm, {"local_steps": 3, "batch_size": 0, **opts}, clients=clients, data=fgdro_toy(DIM, n),
+                    model={"name": "linear", "bias": False}, rounds=rounds, seed=2)
 
 
 def arrays(eng):

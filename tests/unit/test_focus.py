@@ -1,4 +1,4 @@
-"""FOCUS / SG-FOCUS and the family's baselines (specs/focus.md sections 3.2-3.5, 6, 9: T3-T6).
+"""FOCUS / SG-FOCUS and the family's baselines (docs/specs/focus.md sections 3.2-3.5, 6, 9: T3-T6).
 
 References are written here independently from the spec (numpy, float64): Algorithm 1 (appendix), the
 switched-order matrix form with the schedule of section 3.2, and the gradients of the least squares.
@@ -13,22 +13,16 @@ import torch
 from fedhop.common.algorithms.fedau import IntervalWeights
 from fedhop.common.engine.api import TASKS
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
-from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import flat
+from tests.specs import LINEAR_F64, focus_lsq, run_spec
 
 N, D, ROWS = 6, 5, 20
 
 
 def engine(alg: str, opts: dict, rounds: int = 20, clients: int = N, seed: int = 0, hetero: float = 1.0,
            dim: int = D) -> InProcessEngine:
-    spec = RunSpec.parse({
-        "algorithm": {"name": alg, "options": opts},
-        "topology": {"clients": clients},
-        "data": {"dataset": "focus-lsq", "partition": "iid",
-                 "options": {"dim": dim, "rows_per_client": ROWS, "notebook_seed": None, "hetero": hetero}},
-        "model": {"name": "linear", "bias": False, "init": "zeros", "dtype": "float64"},
-        "rounds": rounds, "seed": seed, "device": "cpu",
-    })
+    spec = run_spec(alg, opts, clients=clients, data=focus_lsq(dim, ROWS, hetero), model=LINEAR_F64, rounds=rounds,
+                    seed=seed)
     return InProcessEngine(spec)
 
 

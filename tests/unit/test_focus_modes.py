@@ -18,6 +18,7 @@ from fedhop.common.algorithms.participation import ClientAvailability, MarkovPar
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.spec import RunSpec, SpecError
 from fedhop.common.wire.bundle import flat
+from tests.specs import LINEAR_F64, focus_lsq, run_spec
 from tests.unit.test_focus import focus_alg1, problem, rel, trace
 
 N, D, ROWS, SEED = 6, 5, 20, 3
@@ -26,14 +27,8 @@ VEC = 8 * D  # one model-sized vector: D float64 weights (linear model, no bias)
 
 def make_spec(opts: dict, *, edges: int = 0, clients: int = N, rounds: int = 10, seed: int = SEED,
               alg: str = "focus", transport: dict | None = None) -> RunSpec:
-    return RunSpec.parse({
-        "algorithm": {"name": alg, "options": {"lr": 0.05, "local_steps": 3, **opts}},
-        "topology": {"clients": clients, "edges": edges},
-        "data": {"dataset": "focus-lsq", "partition": "iid",
-                 "options": {"dim": D, "rows_per_client": ROWS, "notebook_seed": None, "hetero": 1.0}},
-        "model": {"name": "linear", "bias": False, "init": "zeros", "dtype": "float64"},
-        "rounds": rounds, "seed": seed, "device": "cpu", "transport": transport or {},
-    })
+    return run_spec(alg, {"lr": 0.05, "local_steps": 3, **opts}, clients=clients, edges=edges,
+                    data=focus_lsq(D, ROWS), model=LINEAR_F64, rounds=rounds, seed=seed, transport=transport or {})
 
 
 def engine(opts: dict, **kw) -> InProcessEngine:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from types import SimpleNamespace
 
 import grpc
@@ -27,17 +26,9 @@ from fedhop.transport.peer import NODE_HEADER, SLOT_HEADER, EdgeService
 from fedhop.transport.session import hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.unit.hostile import RUN_ID, configured_hub, drain, errors, join, spec_for
+from tests.waiting import wait_until
 
 GiB = 1 << 30
-
-
-def wait_for(cond, timeout_s: float = 5.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def header_claiming(nbytes: int) -> pb.BundleHeader:
@@ -257,8 +248,8 @@ def test_a_client_that_never_answers_is_missing_at_the_round_deadline() -> None:
 
         def answer() -> None:
             tasks: list[pb.Frame] = []
-            assert wait_for(lambda: tasks.extend(f for f in drain(honest)[0] if f.WhichOneof("body") == "task")
-                            or tasks)
+            wait_until(lambda: tasks.extend(f for f in drain(honest)[0] if f.WhichOneof("body") == "task") or tasks,
+                       "a task for client-1", timeout=5.0, poll=0.01)
             hub.on_frame(honest, result_frame(tasks[0].call_id, {"n": 10}, has_bundle=False))
 
         t = threading.Thread(target=answer)

@@ -1,4 +1,4 @@
-"""DESIGN.md section 2's dependency rule: common imports no role and no sockets; roles never import each other."""
+"""docs/design.md section 2's dependency rule: common imports no role and no sockets; roles never import each other."""
 
 import ast
 from pathlib import Path

@@ -34,7 +34,7 @@ def test_alexnet_small_count_cifar10() -> None:
 
 def test_alexnet_small_count_mnist() -> None:
     m = build_model(ModelSpec(name="alexnet-small"), (1, 28, 28), 10, 0)
-    assert n_params(m) == 1_384_586  # specs/fedcluster.md 4.2 / T8
+    assert n_params(m) == 1_384_586  # docs/specs/fedcluster.md 4.2 / T8
 
 
 @pytest.mark.parametrize("shape, classes, expected", [

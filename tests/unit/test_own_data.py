@@ -15,6 +15,7 @@ from fedhop.common.data.build import build_client_data, build_test_data
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec, SpecError
+from tests.specs import run_spec
 from tests.unit import byo_fixtures
 
 CASES = [
@@ -50,9 +51,8 @@ def test_one_client_alone_equals_its_partition_of_everything(case: dict) -> None
 
 
 def _spec(**data) -> RunSpec:
-    return RunSpec.parse({"rounds": 2, "device": "cpu", "topology": {"clients": 5},
-                          "algorithm": {"name": "fedavg", "options": {"local_steps": 2}},
-                          "data": {"dataset": "digits", "partition": "dirichlet", **data}})
+    return run_spec("fedavg", {"local_steps": 2}, clients=5, rounds=2,
+                    data={"dataset": "digits", "partition": "dirichlet", **data})
 
 
 def test_workspace_of_a_client_loads_only_its_own_partition() -> None:

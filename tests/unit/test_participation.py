@@ -1,4 +1,4 @@
-"""Participation models (specs/focus.md section 4): empirical frequencies vs p_i, passive sampling vs exact
+"""Participation models (docs/specs/focus.md section 4): empirical frequencies vs p_i, passive sampling vs exact
 inclusion probabilities (enumerated here), the Markov chain's transitions and stationary frequency."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fedhop.common.algorithms.participation import (
     successive_sample,
 )
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.spec import RunSpec
+from tests.specs import run_spec
 
 MODEL = TypeAdapter(ParticipationModel)
 
@@ -133,10 +133,9 @@ def test_invalid_models_are_rejected():
 
 
 def _server(seed: int = 0) -> InProcessEngine:
-    spec = RunSpec.parse({"algorithm": {"name": "focus", "options": {}}, "topology": {"clients": 8},
-                          "data": {"dataset": "focus-lsq", "partition": "iid",
-                                   "options": {"dim": 2, "rows_per_client": 3}},
-                          "model": {"name": "linear", "bias": False}, "rounds": 5, "seed": seed, "device": "cpu"})
+    spec = run_spec("focus", {}, clients=8,
+                    data={"dataset": "focus-lsq", "partition": "iid", "options": {"dim": 2, "rows_per_client": 3}},
+                    model={"name": "linear", "bias": False}, rounds=5, seed=seed)
     return InProcessEngine(spec)
 
 

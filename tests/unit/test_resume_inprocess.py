@@ -15,6 +15,7 @@ from fedhop.common.engine.api import ALGORITHMS
 from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
+from tests.specs import DIGITS, run_spec
 
 FLAT = dict(clients=4, edges=0)
 EDGES = dict(clients=6, edges=3, edge_graph="complete")
@@ -54,13 +55,8 @@ CASES = {
 def spec_for(case: str, rounds: int = 5) -> RunSpec:
     topo, opts = CASES[case]
     name = next(a for a in sorted(ALGORITHMS, key=len, reverse=True) if case.startswith(a))
-    return RunSpec.parse({
-        "name": case, "rounds": rounds, "seed": 3, "device": "cpu",
-        "algorithm": {"name": name, "options": opts},
-        "topology": {**topo},
-        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-        "model": {"name": "mlp", "hidden": [8]},
-    })
+    return run_spec(name, opts, **topo, name=case, rounds=rounds, seed=3, data=DIGITS,
+                    model={"name": "mlp", "hidden": [8]})
 
 
 class Crash(Exception):

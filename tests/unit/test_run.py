@@ -1,6 +1,6 @@
 """One Run for both engines (common/engine/run.py): the in-process engine emits the run's lifecycle events in
 order through one subscriber list, the events carry what the progress bar and the live page need, resume and
-failures are told, and the live page's /api serves a ``fedhop simulate`` run."""
+failures are told (the live page's /api serving a ``fedhop simulate`` run is in tests/net/test_run.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from fedhop.common.engine import results
@@ -17,20 +16,14 @@ from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.engine.loop import RoundFailed
 from fedhop.common.engine.results import RoundRecorder
 from fedhop.common.spec import RunSpec
-from fedhop.server.web.live import live_page, simulate
+from tests.specs import DIGITS, run_spec
 
 UNTIMED = ("elapsed_s", "round_s")
 
 
 def spec(rounds: int = 3, clients: int = 4, edges: int = 2, **extra: Any) -> RunSpec:
-    return RunSpec.parse({
-        "name": "run-events", "rounds": rounds, "seed": 5, "device": "cpu",
-        "algorithm": {"name": "fedavg", "options": {"local_steps": 2}},
-        "topology": {"clients": clients, "edges": edges},
-        "data": {"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.5},
-        "model": {"name": "mlp", "hidden": [8]},
-        **extra,
-    })
+    return run_spec("fedavg", {"local_steps": 2}, clients=clients, edges=edges, name="run-events", rounds=rounds,
+                    seed=5, data=DIGITS, model={"name": "mlp", "hidden": [8]}, **extra)
 
 
 class Recorder:
@@ -166,35 +159,3 @@ def test_unwritable_checkpoint_is_logged_and_the_run_goes_on(tmp_path: Path, cap
         result = InProcessEngine(s).run(checkpoints=blocker / "ckpt")
     assert len(result.rounds) == 2
     assert any("the checkpoint of round 1 could not be written" in r.message for r in caplog.records)
-
-
-def test_live_page_serves_a_simulate_run() -> None:
-    """``fedhop simulate --http``: the in-process Run's events feed the live page; /api/status and /api/rounds
-    show the run."""
-    s = spec(rounds=3)
-    with live_page("127.0.0.1:0") as page:
-        assert page.url is not None
-        before = httpx.get(page.url + "api/status", timeout=30).json()
-        result = simulate(s, page.events, run_id="sim-1")
-        status = httpx.get(page.url + "api/status", timeout=30).json()
-        rounds = httpx.get(page.url + "api/rounds", timeout=30).json()["rounds"]
-    assert before["phase"] == "waiting"
-    assert status["run_id"] == "sim-1" and status["phase"] == "finished" and status["error"] is None
-    assert status["rounds_completed"] == status["rounds_total"] == 3
-    assert status["nodes"] == {"expected": 6, "joined": 6, "lost": {}, "waiting": []}
-    assert status["wall_s"] == result.wall_s
-    assert [r["round"] for r in rounds] == [1, 2, 3]
-    assert [r["cum_payload_bytes"] for r in result.rounds] == [r["payload_bytes"] for r in rounds]
-    assert page.http is None  # closed with the block
-
-
-def test_simulate_command_serves_with_http(tmp_path: Path, monkeypatch, capsys) -> None:
-    """``fedhop simulate --http 127.0.0.1:0`` announces the page and runs as before."""
-    from fedhop.cli import main
-
-    spec_file = tmp_path / "spec.toml"
-    spec_file.write_text(spec(rounds=2, edges=0).to_toml())
-    rc = main(["simulate", str(spec_file), "--out", str(tmp_path / "run"), "--quiet", "--http", "127.0.0.1:0"])
-    assert rc == 0
-    assert "live page: http://127.0.0.1:" in capsys.readouterr().err
-    assert (tmp_path / "run" / "results.json").is_file()

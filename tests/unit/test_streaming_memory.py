@@ -11,9 +11,9 @@ from fedhop.common.algorithms.local import LocalSolver, local_train
 from fedhop.common.engine.api import Reply
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.engine.state_io import StateError, snapshot_state
-from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import clone, weighted_mean
 from fedhop.transport.reply_gate import ReplyGate
+from tests.specs import run_spec
 
 
 def bundles(n, seed=0):
@@ -22,13 +22,9 @@ def bundles(n, seed=0):
 
 
 def spec(clients=4, rounds=2, **opts):
-    return RunSpec.parse({
-        "algorithm": {"name": "fedavg", "options": {"local_steps": 2, "batch_size": 16, **opts}},
-        "topology": {"clients": clients},
-        "data": {"dataset": "digits", "partition": "iid"},
-        "model": {"name": "mlp", "hidden": [16]},
-        "rounds": rounds, "seed": 5, "device": "cpu",
-    })
+    return run_spec("fedavg", {"local_steps": 2, "batch_size": 16, **opts}, clients=clients,
+                    data={"dataset": "digits", "partition": "iid"}, model={"name": "mlp", "hidden": [16]},
+                    rounds=rounds, seed=5)
 
 
 # -- WeightedMean -------------------------------------------------------------------------------------------

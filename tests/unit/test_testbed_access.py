@@ -1,9 +1,9 @@
 """Secure and watchable testbeds without root: the compose file's --tls wiring, the namespace testbed's
-certificate check and its --http binding (the runs themselves are in tests/testbed)."""
+certificate check (its --http binding is in tests/net/test_testbed_access.py, the runs themselves in
+tests/testbed)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -11,16 +11,15 @@ import pytest
 from fedhop.common.spec import RunSpec
 from fedhop.deploy.compose import TLS_TARGET, ComposeOptions, compose_files
 from fedhop.deploy.netns import TestbedError, plan_network
-from fedhop.deploy.testbed_http import INNER_PORT, bind
 from fedhop.deploy.testbed_tls import check_folder
 from fedhop.transport.certs import init_folder
+from tests.specs import run_spec
 
 NODES = [("ps", "server"), ("edge-0", "edge"), ("edge-1", "edge"), ("client-0", "client"), ("client-1", "client")]
 
 
 def _spec() -> RunSpec:
-    return RunSpec.parse({"name": "t", "rounds": 1, "algorithm": {"name": "fedchs"},
-                          "topology": {"clients": 2, "edges": 2, "edge_graph": "ring"}})
+    return run_spec("fedchs", clients=2, edges=2, edge_graph="ring", name="t", rounds=1, device=None)
 
 
 def test_compose_with_tls_mounts_only_each_nodes_own_files_and_drops_insecure() -> None:
@@ -61,21 +60,3 @@ def test_testbed_certificates_must_name_the_testbed_addresses(tmp_path: Path) ->
         check_folder(good, net, Path("spec.toml"))
 
 
-def test_testbed_http_binds_here_and_needs_a_token_beyond_loopback() -> None:
-    with pytest.raises(TestbedError, match="bearer token is required"):
-        bind("0.0.0.0:0", None)
-    fwd = bind("127.0.0.1:0", None)
-    try:
-        assert fwd.port > 0 and fwd.url == f"http://127.0.0.1:{fwd.port}/"
-        assert fwd.inner_address("10.231.0.1") == f"127.0.0.1:{INNER_PORT}"
-        with pytest.raises(TestbedError, match="cannot listen there"):
-            bind(f"127.0.0.1:{fwd.port}", None)
-        with socket.create_connection(("127.0.0.1", fwd.port), timeout=5):
-            pass  # it listens already: the forwarder only accepts on it
-    finally:
-        fwd.close()
-    guarded = bind("0.0.0.0:0", "x" * 20)
-    try:
-        assert guarded.inner_address("10.231.0.1") == f"10.231.0.1:{INNER_PORT}"
-    finally:
-        guarded.close()

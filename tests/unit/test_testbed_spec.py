@@ -11,8 +11,9 @@ from fedhop.deploy import kernel_bytes, link_table, shaping
 from fedhop.deploy.netns import TestbedError, plan_network
 from fedhop.deploy.testbed import Testbed, peers_of, run_links
 from fedhop.deploy.wire import WireCount, WireReading
+from tests.specs import spec_dict
 
-BASE = {"algorithm": {"name": "fedchs"}, "topology": {"clients": 4, "edges": 2, "edge_graph": "ring"}}
+BASE = spec_dict("fedchs", clients=4, edges=2, edge_graph="ring", device=None)
 
 
 def spec_with(testbed: dict) -> RunSpec:

@@ -22,18 +22,15 @@ from fedhop.common.user_code import (
     code_digest,
     load_callable,
 )
+from tests.specs import spec_dict as base_spec_dict
 
 FX = "tests.unit.byo_fixtures"
 
 
 def spec_dict(**over) -> dict:
-    d = {
-        "rounds": 2, "seed": 3, "device": "cpu",
-        "algorithm": {"name": "fedavg", "options": {"lr": 0.1, "local_steps": 2, "batch_size": 4}},
-        "topology": {"clients": 3},
-        "data": {"source": f"{FX}:source", "num_classes": 3},
-        "model": {"name": f"{FX}:build", "dtype": "float64"},
-    }
+    d = base_spec_dict("fedavg", {"lr": 0.1, "local_steps": 2, "batch_size": 4}, clients=3, rounds=2, seed=3,
+                       data={"source": f"{FX}:source", "num_classes": 3},
+                       model={"name": f"{FX}:build", "dtype": "float64"})
     for k, v in over.items():
         d[k] = {**d[k], **v} if isinstance(v, dict) and isinstance(d.get(k), dict) else v
     return d

@@ -1,4 +1,4 @@
-"""The session protocol of ``Parent.Session`` (DESIGN.md section 4), free of gRPC plumbing.
+"""The session protocol of ``Parent.Session`` (docs/design.md section 6), free of gRPC plumbing.
 
 Parent side (:class:`ParentHub`, one per PS or edge, ``hub.py``), per child session (:class:`ChildLink`)::
 

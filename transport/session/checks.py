@@ -1,4 +1,4 @@
-"""The checks of a session's first frame (DESIGN.md section 4): Hello, the protocol, the peer's proven
+"""The checks of a session's first frame (docs/design.md section 6): Hello, the protocol, the peer's proven
 identity, its place in the topology, its role and its run. Pure: they read the frame, the session's identity
 and the hub's configuration; the checks that need the hub's state (duplicates, late joins) are admission's.
 

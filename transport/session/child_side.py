@@ -1,4 +1,4 @@
-"""The child side of ``Parent.Session`` (DESIGN.md section 4), free of gRPC: :class:`ChildProtocol` handles
+"""The child side of ``Parent.Session`` (docs/design.md section 6), free of gRPC: :class:`ChildProtocol` handles
 the parent's Welcome / Ready / Task / Bye and runs the tasks; :func:`hello_frame` opens a session. The gRPC
 streams, dialing and re-joining are ``transport/child.py``'s."""
 

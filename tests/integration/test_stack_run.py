@@ -20,6 +20,7 @@ from fedhop.deploy.contract import collect
 from fedhop.deploy.link_table import LinkBytes, read_link_table
 from fedhop.deploy.swarm_run import StackTestbed, placement_labels, stack_addresses
 from fedhop.deploy.wire import BridgeCounters, PairBytes, WireCount, read_wire_csv
+from tests.specs import run_spec
 
 FAKE_DOCKER = """\
 #!{python}
@@ -38,8 +39,8 @@ sys.exit(1)
 
 
 def spec(edges: int) -> RunSpec:
-    return RunSpec.parse({"name": "gen", "rounds": 1, "algorithm": {"name": "fedchs" if edges else "focus"},
-                          "topology": {"clients": 3, "edges": edges, "edge_graph": "ring"}})
+    return run_spec("fedchs" if edges else "focus", clients=3, edges=edges, edge_graph="ring", name="gen", rounds=1,
+                    device=None)
 
 
 @pytest.fixture

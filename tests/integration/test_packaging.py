@@ -1,5 +1,6 @@
 """A pip-installed (non-editable) fedhop holds everything a run needs: the wheel carries the default spec,
-the compose spec, the Dockerfile and the proto, and an installed copy runs its default job's spec."""
+the compose spec, the Dockerfile, the proto and the web page's static files, and an installed copy runs its default
+job's spec."""
 
 from __future__ import annotations
 
@@ -47,3 +48,26 @@ def test_wheel_carries_what_a_run_needs_and_installed_copy_runs_default_spec(tmp
     first, _, spec = proc.stdout.partition("\n")
     assert first.startswith(str(target)), f"fedhop was imported from {first}, not the installed wheel"
     assert 'name = "default-digits-fedavg"' in spec
+
+
+def test_the_wheel_ships_the_page(tmp_path: Path) -> None:
+    """A normal (non-editable) wheel holds the page's static files beside the web package."""
+    repo = REPO
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=repo, check=True, capture_output=True).stdout
+    for rel in files.decode().split("\0"):
+        if rel and (repo / rel).is_symlink():  # fedhop/common -> ../common, ... (setup.py)
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            (src / rel).symlink_to(os.readlink(repo / rel))
+        elif rel and (repo / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / rel, src / rel)
+    for rel in ("server/web/static/index.html", "server/web/static/app.js", "server/web/static/style.css"):
+        assert (src / rel).is_file(), f"{rel} is not tracked by git"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("fedhop-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    static = {f"fedhop/server/web/static/{p.name}" for p in (repo / "server/web/static").iterdir()}
+    assert static <= names, sorted(static - names)
+    assert "fedhop/server/web/app.py" in names

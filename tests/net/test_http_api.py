@@ -6,17 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
-import shutil
 import socket
-import subprocess
-import sys
 import threading
-import zipfile
 from collections import defaultdict
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -455,28 +449,3 @@ def test_http_flags() -> None:
     add_http_args(q)
     assert q.parse_args([]).http == "off"
     assert q.parse_args(["--http", "[::1]:0", "--http-token", TOKEN]).http_token == TOKEN
-
-
-# -- packaging -------------------------------------------------------------------------------------------------
-
-def test_the_wheel_ships_the_page(tmp_path: Path) -> None:
-    """A normal (non-editable) wheel holds the page's static files beside the web package."""
-    repo = Path(__file__).resolve().parents[2]
-    src = tmp_path / "src"
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=repo, check=True, capture_output=True).stdout
-    for rel in files.decode().split("\0"):
-        if rel and (repo / rel).is_symlink():  # fedhop/common -> ../common, ... (setup.py)
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            (src / rel).symlink_to(os.readlink(repo / rel))
-        elif rel and (repo / rel).is_file():
-            (src / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(repo / rel, src / rel)
-    for rel in ("server/web/static/index.html", "server/web/static/app.js", "server/web/static/style.css"):
-        assert (src / rel).is_file(), f"{rel} is not tracked by git"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path / "dist"), str(src)], check=True, capture_output=True)
-    (wheel,) = (tmp_path / "dist").glob("fedhop-*.whl")
-    names = set(zipfile.ZipFile(wheel).namelist())
-    static = {f"fedhop/server/web/static/{p.name}" for p in (repo / "server/web/static").iterdir()}
-    assert static <= names, sorted(static - names)
-    assert "fedhop/server/web/app.py" in names
