@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from fedhop.cli.console import HelpFormatter, add_run_options, check_device, load_spec, run_folder
 from fedhop.common.exit_codes import ExitCode, Fatal
@@ -15,16 +16,17 @@ def cmd_check(a: argparse.Namespace) -> int:
     from fedhop.check import CheckOptions, KillClient, check
     from fedhop.common.engine.preflight import check_user_code
 
-    spec = load_spec(a.spec, a.set)
-    check_user_code(spec, source=a.spec or "<default spec>")
-    check_device(a.device)
     try:
         kill = KillClient.parse(a.kill_client) if a.kill_client else None
         skip = frozenset(s.strip() for s in a.skip.split(",") if s.strip()) if a.skip else frozenset()
-        options = CheckOptions(run_folder(a.out, a.force, spec.name, "check"), crash_round=a.crash_round,
-                               kill=kill, skip=skip, device=a.device)
+        CheckOptions(Path("."), skip=skip)  # the skip names, checked before anything runs
     except ValueError as e:
         raise Fatal(ExitCode.USAGE, str(e)) from None
+    spec = load_spec(a.spec, a.set)
+    check_user_code(spec, source=a.spec or "<default spec>")
+    check_device(a.device)
+    options = CheckOptions(run_folder(a.out, a.force, spec.name, "check"), crash_round=a.crash_round, kill=kill,
+                           skip=skip, device=a.device)
     if not a.quiet:
         print(f"fedhop check: {spec.algorithm.name} in-process and over real processes; runs in {options.out}",
               file=sys.stderr)
