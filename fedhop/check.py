@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -172,11 +172,10 @@ def model_verdict(expected: Mapping[str, torch.Tensor], got: Mapping[str, torch.
     differ = [k for k in expected if got[k].dtype != expected[k].dtype or got[k].shape != expected[k].shape
               or not torch.equal(got[k], expected[k])]
     if differ:
-        worst = max(float((got[k].double() - expected[k].double()).abs().max()) for k in differ
-                    if got[k].shape == expected[k].shape) if any(
-            got[k].shape == expected[k].shape for k in differ) else float("nan")
-        return Verdict("model", False, f"{len(differ)} of {len(expected)} tensors differ ({_names(differ)}); "
-                                       f"largest difference {worst:.3g}")
+        gaps = [float((got[k].double() - expected[k].double()).abs().max()) for k in differ
+                if got[k].shape == expected[k].shape]
+        gap = f"largest difference {max(gaps):.3g}" if gaps else "shapes or dtypes differ"
+        return Verdict("model", False, f"{len(differ)} of {len(expected)} tensors differ ({_names(differ)}); {gap}")
     n = sum(t.numel() for t in expected.values())
     return Verdict("model", True, f"bit-identical ({len(expected)} tensors, {n} values)")
 
@@ -243,9 +242,13 @@ def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int 
                   device: str = "cpu", timeout_s: float = 600.0) -> Verdict:
     """``crash``: ``fedhop launch`` SIGKILLed (the PS and every child) once ``after_round`` rounds are done and
     checkpointed, then ``fedhop launch --resume``: the final model equals the oracle's."""
-    r = after_round if after_round is not None else max(1, spec.rounds // 2)
     if spec.rounds < 2:
         return Verdict("crash", None, "needs at least 2 rounds (the PS is killed between two rounds)")
+    every = spec.checkpoint_every
+    if every == 0:
+        return Verdict("crash", None, "checkpoint_every = 0: the run keeps no checkpoint to resume from")
+    # default: half the run, on a round that is checkpointed (a later kill redoes the rounds since)
+    r = after_round if after_round is not None else max(1, (spec.rounds // 2) // every * every)
     if not 0 < r < spec.rounds:
         return Verdict("crash", False, f"--crash-round {r} must lie between 1 and rounds - 1 = {spec.rounds - 1}")
     gate = _gate_folder(out)
@@ -258,6 +261,8 @@ def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int 
         if not _await(gate / f"at-{r}", first, timeout_s):
             return Verdict("crash", False, f"the first launch ended (exit {first.poll()}) before round {r} "
                                            f"(log: {out / 'launch.log'})")
+    except subprocess.TimeoutExpired:
+        return Verdict("crash", False, f"the first launch did not reach round {r} within {timeout_s:g} s")
     finally:
         _kill_tree(first, run)
     (gate / f"stop-{r}").unlink()
@@ -359,7 +364,7 @@ def check(spec: RunSpec, options: CheckOptions) -> CheckReport:
     return CheckReport(spec.name, spec.algorithm.name, tuple(rows))
 
 
-def _guarded(name: str, fn: Any) -> Verdict:
+def _guarded(name: str, fn: Callable[[], Verdict]) -> Verdict:
     try:
         return fn()
     except Exception as e:  # noqa: BLE001  (a check that breaks is a failed row, not a traceback)
