@@ -340,7 +340,11 @@ def fault_verdict(spec: RunSpec, out: Path, kill: KillClient | None = None, devi
 def check(spec: RunSpec, options: CheckOptions) -> CheckReport:
     """Every check of ``spec`` (those in ``options.skip`` reported as skipped)."""
     options.out.mkdir(parents=True, exist_ok=True)
-    runs = run_engines(spec, options.out / "network", options.device)
+    try:
+        runs = run_engines(spec, options.out / "network", options.device)
+    except Exception as e:  # noqa: BLE001  (the oracle itself failed: every check fails, saying so)
+        why = f"the in-process run failed: {_reason(e)}"
+        return CheckReport(spec.name, spec.algorithm.name, tuple(Verdict(c, False, why) for c in CHECKS))
     net = runs.network
     rows: list[Verdict] = []
     if net is None:

@@ -42,7 +42,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                        "a PS crash resumed, a client killed", formatter_class=HelpFormatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
     add_run_options(s, "check")
-    s.add_argument("--device", default="cpu", help="the device both engines run on (default cpu)")
+    s.add_argument("--device", default="cpu", help="the device both engines run on")
     s.add_argument("--crash-round", type=int, metavar="R",
                    help="the crash check kills the PS once R rounds are done (default: half the rounds)")
     s.add_argument("--kill-client", metavar="ID@ROUND",

@@ -97,6 +97,9 @@ def test_a_bad_spec_is_a_usage_error(tmp_path: Path) -> None:
                                str(tmp_path / "o2"), "--kill-client", "client-1"], capture_output=True, text=True,
                               timeout=120)
     assert bad_kill.returncode == int(ExitCode.USAGE) and "ID@ROUND" in bad_kill.stderr, bad_kill.stderr
+    bad_skip = subprocess.run([sys.executable, "-m", "fedhop", "check", str(good), "--out", str(tmp_path / "o3"),
+                               "--skip", "crash,model"], capture_output=True, text=True, timeout=120)
+    assert bad_skip.returncode == int(ExitCode.USAGE) and "cannot skip ['model']" in bad_skip.stderr, bad_skip.stderr
 
 
 # a few representative built-ins, equivalence part only (test_network_equivalence.py covers every algorithm)
