@@ -106,6 +106,7 @@ def test_a_bad_spec_is_a_usage_error(tmp_path: Path) -> None:
 BUILTINS = {
     "hierfavg": dict(algorithm="hierfavg", clients=4, edges=2, rounds=2, options={"edge_rounds": 2}),
     "fedchs": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring", rounds=2, options={"K": 2}),
+    "fgdro-kl-adam": dict(algorithm="fgdro-kl-adam", clients=2, rounds=2, options={"local_steps": 2}),
     "focus": dict(algorithm="focus", clients=3, rounds=2, options={"participation": {"kind": "bernoulli",
                                                                                       "p": [0.9, 0.5, 0.5]}}),
 }
@@ -116,7 +117,7 @@ def test_builtins_pass_the_equivalence_checks(case: str, tmp_path: Path) -> None
     report = check_engines(small_spec(**BUILTINS[case]), tmp_path)
     assert_holds(report)
     assert report.verdict("model").ok and report.verdict("payload").ok
-    if case == "hierfavg":  # it declares its formula
+    if case in ("hierfavg", "fgdro-kl-adam"):  # they declare their formulas (2d per average; 3d + 1)
         assert report.verdict("formula").ok is True, report.table()
 
 
