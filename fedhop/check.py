@@ -277,15 +277,23 @@ def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int 
         return Verdict("crash", False, f"the resumed launch exited {code} (log: {out / 'resume.log'})")
     model = _load_model(run)
     v = model_verdict(oracle.final, model, "resumed")
-    return Verdict("crash", v.ok, f"killed after round {r}, resumed: {v.detail}")
+    if not v.ok:
+        return Verdict("crash", False, f"killed after round {r}, resumed: {v.detail}")
+    # every round's payload per link, those before the kill restored from the checkpoint, equals the oracle's
+    # (work redone after a kill is counted apart, phase "redo": none when the kill falls between rounds)
+    rows = [{**row, "round": int(row["round"]) - 1} for row in _results(run)["links"] if row["phase"] != "redo"]
+    a, b = work_payload(oracle.links), work_payload(rows)
+    differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if differ:
+        return Verdict("crash", False, f"killed after round {r}, resumed: the model is bit-identical, but "
+                                       f"{len(differ)} link rows carry other payload bytes (first: {differ[0]})")
+    return Verdict("crash", True, f"killed after round {r}, resumed: {v.detail}; payload per link equal")
 
 
 def fault_verdict(spec: RunSpec, out: Path, kill: KillClient | None = None, device: str = "cpu",
                   timeout_s: float = 600.0) -> Verdict:
     """``fault``: one client process SIGKILLed once ``kill.after_round`` rounds are done: the run goes on under
     the protocol's rule for a missing participant, exits 0 and its missing log names the client."""
-    import json
-
     from fedhop.common.engine.topology import build_topology
 
     if spec.rounds < 2:
@@ -324,9 +332,13 @@ def fault_verdict(spec: RunSpec, out: Path, kill: KillClient | None = None, devi
         return Verdict("fault", False, f"with {kill.client} killed after round {r} the run exited {code}, not 0 "
                                        f"(log: {out / 'launch.log'})")
     try:
-        missing = json.loads((run / "results.json").read_text())["missing"]
+        results = _results(run)
+        missing, done = results["missing"], len(results["rounds"])
     except (OSError, ValueError, KeyError) as e:
         return Verdict("fault", False, f"no missing log in {run / 'results.json'}: {_reason(e)}")
+    if done != spec.rounds:
+        return Verdict("fault", False, f"with {kill.client} killed after round {r} the run recorded {done} of "
+                                       f"{spec.rounds} rounds")
     named = sorted({m["node"] for m in missing})
     if kill.client not in named:
         return Verdict("fault", False, f"{kill.client} killed after round {r}, but the missing log names "
@@ -440,6 +452,13 @@ def _kill_tree(proc: subprocess.Popen[bytes], run: Path) -> None:
     for pid in _pids(run):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _results(run: Path) -> dict[str, Any]:
+    """A run folder's results.json."""
+    import json
+
+    return json.loads((run / "results.json").read_text())
 
 
 def _load_model(run: Path) -> dict[str, torch.Tensor] | None:
