@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -290,22 +291,46 @@ def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int 
     return Verdict("crash", True, f"killed after round {r}, resumed: {v.detail}; payload per link equal")
 
 
+def asked_after(oracle: RunResult, client: str, after_round: int) -> bool:
+    """Whether the protocol sends ``client`` a task after ``after_round`` rounds (1-based), in the oracle's run."""
+    return any(r["dst"] == client and r["phase"] == "request" and int(r["round"]) >= after_round
+               for r in oracle.links)
+
+
+def default_victim(spec: RunSpec, oracle: RunResult | None) -> KillClient:
+    """The fault check's default: after round 1, the last client (canonical order) that the protocol still
+    asks for work later (a client a drawn participation or an edge walk never calls again would test nothing)."""
+    from fedhop.common.engine.topology import build_topology
+
+    clients = build_topology(spec.topology, spec.seed).clients
+    if oracle is not None:
+        for c in reversed(clients):
+            if asked_after(oracle, c, 1):
+                return KillClient(c, 1)
+    return KillClient(clients[-1], 1)
+
+
 def fault_verdict(spec: RunSpec, out: Path, kill: KillClient | None = None, device: str = "cpu",
-                  timeout_s: float = 600.0) -> Verdict:
+                  timeout_s: float = 600.0, oracle: RunResult | None = None) -> Verdict:
     """``fault``: one client process SIGKILLed once ``kill.after_round`` rounds are done: the run goes on under
-    the protocol's rule for a missing participant, exits 0 and its missing log names the client."""
+    the protocol's rule for a missing participant, exits 0 and its missing log names the client. With the
+    ``oracle``'s run: the default victim is a client the protocol still asks after the kill, and a victim it
+    never asks again is a skipped row (the missing log could not name it)."""
     from fedhop.common.engine.topology import build_topology
 
     if spec.rounds < 2:
         return Verdict("fault", None, "needs at least 2 rounds (a client is killed between two rounds)")
     topo = build_topology(spec.topology, spec.seed)
-    kill = kill or KillClient(topo.clients[-1], 1)
+    kill = kill or default_victim(spec, oracle)
     if kill.client not in topo.clients:
         return Verdict("fault", False, f"--kill-client {kill.client!r}: not a client of this spec "
                                        f"({topo.clients[0]}..{topo.clients[-1]})")
     if not 0 < kill.after_round < spec.rounds:
         return Verdict("fault", False, f"--kill-client round {kill.after_round} must lie between 1 and rounds - 1 "
                                        f"= {spec.rounds - 1}")
+    if oracle is not None and not asked_after(oracle, kill.client, kill.after_round):
+        return Verdict("fault", None, f"the protocol never asks {kill.client} for work after round "
+                                      f"{kill.after_round}: nothing to miss (choose another --kill-client)")
     gate = _gate_folder(out)
     r = kill.after_round
     (gate / f"stop-{r}").touch()
@@ -350,8 +375,12 @@ def fault_verdict(spec: RunSpec, out: Path, kill: KillClient | None = None, devi
 
 
 def check(spec: RunSpec, options: CheckOptions) -> CheckReport:
-    """Every check of ``spec`` (those in ``options.skip`` reported as skipped)."""
+    """Every check of ``spec`` (those in ``options.skip`` reported as skipped). The runs go to ``options.out``'s
+    ``network/``, ``crash/`` and ``fault/``, emptied first (a run folder left there would be resumed)."""
     options.out.mkdir(parents=True, exist_ok=True)
+    for sub in ("network", "crash", "fault"):
+        if (options.out / sub).is_dir():
+            shutil.rmtree(options.out / sub)
     try:
         runs = run_engines(spec, options.out / "network", options.device)
     except Exception as e:  # noqa: BLE001  (the oracle itself failed: every check fails, saying so)
@@ -376,7 +405,7 @@ def check(spec: RunSpec, options: CheckOptions) -> CheckReport:
         rows.append(Verdict("fault", None, "skipped (--skip)"))
     else:
         rows.append(_guarded("fault", lambda: fault_verdict(spec, options.out / "fault", options.kill,
-                                                            options.device, options.timeout_s)))
+                                                            options.device, options.timeout_s, runs.oracle)))
     return CheckReport(spec.name, spec.algorithm.name, tuple(rows))
 
 

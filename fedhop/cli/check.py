@@ -46,7 +46,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--crash-round", type=int, metavar="R",
                    help="the crash check kills the PS once R rounds are done (default: half the rounds)")
     s.add_argument("--kill-client", metavar="ID@ROUND",
-                   help="the fault check kills client ID once ROUND rounds are done (default: the last client@1)")
+                   help="the fault check kills client ID once ROUND rounds are done (default: after round 1, the "
+                        "last client the protocol still asks for work)")
     s.add_argument("--skip", metavar="CHECKS", help="comma-separated checks not to run: formula, crash, fault")
     s.add_argument("--quiet", action="store_true", help="only the table")
     s.set_defaults(fn=cmd_check)

@@ -128,3 +128,20 @@ def test_assert_holds_fails_with_the_table() -> None:
     with pytest.raises(ProtocolCheckFailed, match=r"payload\s+FAIL\s+x differ"):
         assert_holds(bad)
     assert_holds(CheckReport("s", "fedavg", (Verdict("crash", None, "skipped"),)))
+
+
+def test_the_fault_check_kills_a_client_the_protocol_still_needs(tmp_path: Path) -> None:
+    """A client the protocol never asks again after the kill (here: a replayed trace leaves client-1 out of
+    round 2) cannot be missed: the row is skipped, saying so, and the default victim is one still asked."""
+    import numpy as np
+
+    from fedhop.check import KillClient, default_victim, fault_verdict
+
+    table = tmp_path / "trace.npy"
+    np.save(table, np.array([[1, 1], [1, 0]], dtype=np.int8))
+    spec = fedavg_spec(rounds=2, options={"participation": {"kind": "trace", "path": str(table)}})
+    oracle = run_oracle(spec)
+    v = fault_verdict(spec, tmp_path / "fault", KillClient("client-1", 1), oracle=oracle)
+    assert v.ok is None and "never asks client-1" in v.detail, v
+    assert default_victim(spec, oracle) == KillClient("client-0", 1)
+    assert default_victim(fedavg_spec(), run_oracle(fedavg_spec(rounds=2))) == KillClient("client-1", 1)
