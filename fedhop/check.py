@@ -8,8 +8,11 @@ One spec runs through both engines: the in-process engine (the oracle, no socket
 * ``formula``: per round they equal the protocol's declared formula (``Algorithm.payload_per_round``), when it
   declares one that covers the spec (else the row says ``skipped`` and why);
 * ``crash``: ``fedhop launch`` SIGKILLed (PS and children) after round R and resumed with ``launch --resume``
-  ends with the oracle's model;
-* ``fault``: one client process SIGKILLed after round R: the run still exits 0, and the missing log names it.
+  ends with the oracle's model and payload per link;
+* ``fault``: one client process SIGKILLed after round R: the run still exits 0, records every round, and the
+  missing log names it (the default victim is a client the protocol still asks after R).
+
+Finding the processes to kill reads ``/proc`` (Linux), as the namespace testbed does.
 
 Every check gives a :class:`Verdict` (a failure is a row with a reason, never a traceback); :func:`check` runs
 them all into a :class:`CheckReport`. The checks hold for protocols whose decisions do not depend on arrival
