@@ -64,6 +64,8 @@ LAYER_OF = [
     ("fedhop.client_ids", "testbeds"),
     ("fedhop.report", "testbeds"),
     ("fedhop.compare", "testbeds"),
+    ("fedhop.check", "testbeds"),
+    ("fedhop.testing", "testbeds"),
     ("fedhop.run_folders", "testbeds"),
     ("fedhop", "cli"),
 ]

@@ -22,14 +22,19 @@ quantised (each edge adds its clients' decoded updates); edge -> cloud models tr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fedhop.common.algorithms.aggregate import WeightedMean
 from fedhop.common.algorithms.local import local_train, solver_for
 from fedhop.common.algorithms.participation import ParticipationState, participants
 from fedhop.common.algorithms.qsgd import add_quantized, encode, encoded_template
-from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.engine.api import Algorithm, LinkKind, NodeContext, Reply, Scalar, register, task
 from fedhop.common.options.fedavg import FedAvgOptions, HierFAVGOptions, solver_of  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, sub, weighted_mean
+
+if TYPE_CHECKING:
+    from fedhop.common.spec import RunSpec
+    from fedhop.common.topology import Topology
 
 
 def sample_participants(ctx: NodeContext, pool: tuple[str, ...], fraction: float, stream: int = 0) -> list[str]:
@@ -135,8 +140,34 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     return ServerState(w, s.participation)
 
 
+def payload_per_round(spec: RunSpec, topo: Topology, model_bytes: int) -> dict[LinkKind, int] | None:
+    """The declared payload formula (README "Bytes on the wire"): every participant receives the model and
+    returns its own, 2 d per participant per average; without edges ``syncs_per_round`` averages a round, with
+    edges the PS <-> edge exchange once and each edge averages its clients ``edge_rounds`` times (HierFAVG's
+    kappa2; 1 for FedAvg). Covers full participation with plain uploads only (None otherwise: who takes part is
+    drawn, and QSGD's uploads are smaller)."""
+    o: FedAvgOptions = spec.options()  # type: ignore[assignment]
+    if o.upload_levels or not isinstance(o.participation, float) or o.participation != 1.0:
+        return None
+    out: dict[LinkKind, int] = {}
+
+    def exchange(parent: str, child: str, kind: str, times: int) -> None:
+        out[(parent, child, kind)] = out.get((parent, child, kind), 0) + times * model_bytes
+        out[(child, parent, kind)] = out.get((child, parent, kind), 0) + times * model_bytes
+
+    if topo.edges:
+        for e in topo.edges:
+            exchange(topo.server, e, "hier.edge_round", 1)
+            for c in topo.children(e):
+                exchange(e, c, "local.train", getattr(o, "edge_rounds", 1))
+    else:
+        for c in topo.children(topo.server):
+            exchange(topo.server, c, "local.train", o.syncs_per_round)
+    return out
+
+
 register(Algorithm("fedavg", FedAvgOptions, init, server_round,
-                   round_replaces_tensors=True))
+                   round_replaces_tensors=True, payload_per_round=payload_per_round))
 register(Algorithm("hierfavg", HierFAVGOptions, init, server_round,
                    needs_edges=True,
-                   round_replaces_tensors=True))
+                   round_replaces_tensors=True, payload_per_round=payload_per_round))

@@ -36,14 +36,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from fedhop.common.algorithms.local import loss_and_grad, sample_batch
-from fedhop.common.engine.api import Algorithm, NodeContext, Reply, Scalar, register, task
+from fedhop.common.engine.api import Algorithm, LinkKind, NodeContext, PayloadFormula, Reply, Scalar, register, task
 from fedhop.common.options.fgdro import FGDROCVaROptions, FGDROKLAdamOptions, FGDROKLOptions, LocalAdamOptions  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, prefixed, unprefixed, weighted_mean
+
+if TYPE_CHECKING:
+    from fedhop.common.spec import RunSpec
+    from fedhop.common.topology import Topology
 
 # What travels: the model under "w.", the momentum under "m.", the second moment under "q.", and the one
 # scalar ("s" for CVaR, "v" for KL) as a 0-d tensor so that it is counted as payload. u_i has no wire name.
@@ -300,11 +305,21 @@ def round_kl(ctx: NodeContext, st: ServerState) -> ServerState:
     return st
 
 
+def payload_formula(kind: str, vectors: int, scalar: bool) -> PayloadFormula:
+    """FGDRO sec. 6's payload, declared for ``fedhop check``: every round each client receives and returns
+    ``vectors`` d-vectors (model, momentum, second moment) and, with ``scalar``, one scalar in the model's
+    dtype: d+1 (CVaR), 2d+1 (KL), 3d+1 (KL-Adam), 3d (LocalAdam). (KL's set-up step, u_i^0, is not a round.)"""
+    def formula(spec: RunSpec, topo: Topology, model_bytes: int) -> dict[LinkKind, int]:
+        size = vectors * model_bytes + ((8 if spec.model.dtype == "float64" else 4) if scalar else 0)
+        return {k: size for c in topo.children(topo.server) for k in ((topo.server, c, kind), (c, topo.server, kind))}
+    return formula
+
+
 register(Algorithm("fgdro-cvar", FGDROCVaROptions, init_cvar, round_cvar, node_state=node_state,
-                   needs_edges=False))
+                   needs_edges=False, payload_per_round=payload_formula("fgdro.cvar.round", 1, True)))
 register(Algorithm("fgdro-kl", FGDROKLOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   needs_edges=False))
+                   needs_edges=False, payload_per_round=payload_formula("fgdro.kl.round", 2, True)))
 register(Algorithm("fgdro-kl-adam", FGDROKLAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   needs_edges=False))
+                   needs_edges=False, payload_per_round=payload_formula("fgdro.kl.round", 3, True)))
 register(Algorithm("local-adam", LocalAdamOptions, init_kl, round_kl, setup=setup_kl, node_state=node_state,
-                   needs_edges=False))
+                   needs_edges=False, payload_per_round=payload_formula("fgdro.kl.round", 3, False)))

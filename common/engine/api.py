@@ -212,6 +212,10 @@ def no_node_state(role: str) -> None:
     return None
 
 
+LinkKind = tuple[NodeId, NodeId, str]  # (src, dst, meter kind)
+PayloadFormula = Callable[["RunSpec", "Topology", int], "Mapping[LinkKind, int] | None"]
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """One algorithm: its options, its PS steps over explicit state S, and its node state.
@@ -240,6 +244,10 @@ class Algorithm:
     round_replaces_tensors: bool = False
     # the inbox slots its edges hand models into (``Comm.hand_off``); an edge refuses hand-offs into others
     handoff_slots: tuple[str, ...] = ()
+    # optional: the protocol's declared payload formula, checked by ``fedhop check``. ``payload_per_round(spec,
+    # topology, model_bytes)``: the payload bytes every round sends, per (src, dst, meter kind), for a model of
+    # ``model_bytes`` raw bytes; None where the spec is outside what the formula covers (e.g. random participation)
+    payload_per_round: PayloadFormula | None = None
 
 
 ALGORITHMS: dict[str, Algorithm] = {}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedhop.cli import deploy, identity, reproduce, roles, run, spec
+from fedhop.cli import check, deploy, identity, reproduce, roles, run, spec
 from fedhop.cli.console import HelpFormatter
 from fedhop.cli.errors import run_command
 
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     roles.add_commands(sub, HelpFormatter)
     deploy.add_commands(sub)
     identity.add_commands(sub)
+    check.add_commands(sub)
     return p
 
 

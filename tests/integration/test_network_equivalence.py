@@ -148,6 +148,10 @@ def _fedavg_flat(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunS
         assert {r["src"], r["dst"]} & {"ps"}
     cumulative = [r["cum_payload_bytes"] for r in res["rounds"]]
     assert cumulative == [2 * d * 4 * spec.topology.clients * (t + 1) for t in range(spec.rounds)]
+    # the formula FedAvg declares for `fedhop check` (Algorithm.payload_per_round) is this one, link by link
+    declared = ALGORITHMS["fedavg"].payload_per_round(spec, build_topology(spec.topology, spec.seed), 4 * d)
+    assert declared == {k: 4 * d for c in build_topology(spec.topology, spec.seed).clients
+                        for k in (("ps", c, "local.train"), (c, "ps", "local.train"))}
 
 
 def _fedchs(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
