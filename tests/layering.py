@@ -65,6 +65,7 @@ LAYER_OF = [
     ("fedhop.report", "testbeds"),
     ("fedhop.compare", "testbeds"),
     ("fedhop.run_folders", "testbeds"),
+    ("fedhop.api", "algorithms"),  # the public protocol API: re-exports the engine's and the algorithms' helpers
     ("fedhop", "cli"),
 ]
 
