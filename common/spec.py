@@ -21,7 +21,7 @@ from fedhop.common import catalog
 from fedhop.common.data_spec import DataSpec
 from fedhop.common.model_spec import ModelSpec
 from fedhop.common.testbed_spec import TestbedSpec
-from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, metric_name
+from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, is_ref, metric_name
 from fedhop.common.validation import flat_errors
 
 
@@ -226,6 +226,13 @@ class RunSpec(Strict):
     @classmethod
     def parse(cls, raw: dict[str, Any], source: str = "<spec>") -> RunSpec:
         """Validate ``raw`` and import the user code it names (a process that runs it must be able to)."""
+        algorithm = raw.get("algorithm")
+        name = algorithm.get("name") if isinstance(algorithm, dict) else None
+        if isinstance(name, str) and is_ref(name):  # its options model is needed to validate the spec
+            try:
+                catalog.user_algorithm(check_ref(name, "algorithm.name"))
+            except UserCodeError as e:
+                raise SpecError(f"{source}: invalid run spec: {e}") from None
         try:
             spec = cls.model_validate(raw)
         except ValidationError as e:

@@ -99,7 +99,8 @@ def load_algorithm(ref: str, field: str = "algorithm.name") -> Any:
     obj = load_object(ref, field)
     cls = type(obj)
     if cls.__name__ != "Algorithm" or not all(callable(getattr(obj, s, None)) for s in ALGORITHM_STEPS):
-        raise UserCodeError(f"{field}: {ref} is a {cls.__name__}, not a fedhop.api.Algorithm record "
+        kind = "class" if isinstance(obj, type) else cls.__name__
+        raise UserCodeError(f"{field}: {ref} is a {kind}, not a fedhop.api.Algorithm record "
                             "(write NAME = Algorithm(name=..., options=..., init=..., round=...))")
     if not (isinstance(obj.options, type) and issubclass(obj.options, BaseModel)):
         raise UserCodeError(f"{field}: {ref}.options is {obj.options!r}, not a pydantic model class "

@@ -1,0 +1,88 @@
+"""A protocol from the user's own module (examples/server_momentum: FedAvg with server momentum, written against
+``fedhop.api`` only) over real processes: ``fedhop launch`` ends with the model ``fedhop simulate`` ends with,
+bit for bit, and the same payload bytes on every link; killed between rounds and resumed with ``launch
+--resume``, it restores the user's state (its momentum) from the checkpoints and ends with the same model."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.waiting import exited, wait_until
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "server_momentum"
+SMALL = ("rounds = 10", "rounds = 4")
+
+
+def copy_example(tmp_path: Path) -> Path:
+    folder = tmp_path / "server_momentum"
+    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    text = (folder / "spec.toml").read_text()
+    assert SMALL[0] in text
+    (folder / "spec.toml").write_text(text.replace(*SMALL))
+    return folder
+
+
+def fedhop(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "fedhop", *args, "--quiet"], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, f"fedhop {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def payload_per_link(run: Path) -> dict[tuple[str, ...], tuple[int, int]]:
+    with (run / "links.csv").open() as f:
+        return {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): (int(r["messages"]), int(r["payload_bytes"]))
+                for r in csv.DictReader(f)}
+
+
+def assert_same_model(a: Path, b: Path) -> None:
+    ma, mb = torch.load(a / "model.pt"), torch.load(b / "model.pt")
+    assert list(ma) == list(mb) and all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+def test_server_momentum_launch_equals_simulate(tmp_path: Path) -> None:
+    folder = copy_example(tmp_path)
+    fedhop(["simulate", "spec.toml", "--out", str(tmp_path / "sim")], folder)
+    fedhop(["launch", "spec.toml", "--out", str(tmp_path / "net"), "--http", "off"], folder)
+    assert_same_model(tmp_path / "sim", tmp_path / "net")
+    sim, net = payload_per_link(tmp_path / "sim"), payload_per_link(tmp_path / "net")
+    assert sim == net
+    assert {k[2] for k in net} == {"server_momentum.train"} and len({k[:2] for k in net}) == 2 * 4  # 4 clients
+    d_bytes = sum(v.numel() * v.element_size() for v in torch.load(tmp_path / "net" / "model.pt").values())
+    assert set(net.values()) == {(1, d_bytes)}  # one model down and one up per client and round
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "gate"
+    folder.mkdir()
+    (folder / "stop-2").touch()  # the PS stops before round 3 (index 2) until the test removes this
+    monkeypatch.setenv("FEDHOP_TEST_GATE", str(folder))
+    return folder
+
+
+def test_server_momentum_launch_killed_and_resumed_restores_the_user_state(tmp_path: Path, gate: Path) -> None:
+    folder = copy_example(tmp_path)
+    fedhop(["simulate", "spec.toml", "--out", str(tmp_path / "sim")], folder)
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fedhop", "launch", "spec.toml", "--out", str(run), "--quiet", "--http", "off"]
+    first = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until((gate / "at-2").exists, "round 2 to end", timeout=240, stop_if=exited(first, "launch"))
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    (gate / "stop-2").unlink()
+    again = subprocess.run([sys.executable, "-m", "fedhop", "launch", "--resume", str(run), "--quiet", "--http",
+                            "off"], cwd=folder, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "at round 3 of 4" in again.stderr
+    assert_same_model(tmp_path / "sim", run)
