@@ -86,3 +86,34 @@ def test_server_momentum_launch_killed_and_resumed_restores_the_user_state(tmp_p
     assert again.returncode == 0, again.stderr[-3000:]
     assert "at round 3 of 4" in again.stderr
     assert_same_model(tmp_path / "sim", run)
+
+
+def test_a_node_without_the_protocol_module_or_with_another_version_leaves_with_user_code(tmp_path: Path) -> None:
+    """The PS runs the example's module; a client whose copy differs, and one that has none, each leave at the
+    Welcome with exit code USER_CODE and one line (no traceback), as for any other user reference."""
+    from fedhop.common.exit_codes import ExitCode
+    from fedhop.launch import free_port, role_cmd
+
+    folder = copy_example(tmp_path)
+    edited = tmp_path / "edited"
+    shutil.copytree(folder, edited)
+    (edited / "momentum.py").write_text((folder / "momentum.py").read_text() + "\n# edited on this machine only\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    addr = f"127.0.0.1:{free_port()}"
+    with (tmp_path / "ps.log").open("w") as log:
+        ps = subprocess.Popen([sys.executable, "-m", "fedhop", "server", "spec.toml", "--listen", addr, "--out",
+                               str(tmp_path / "run"), "--device", "cpu", "--http", "off"], cwd=folder,
+                              stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for cwd, client, says in ((edited, "client-0", "client-0 runs different user code than the parameter server"),
+                                  (empty, "client-1", "cannot import module 'momentum'")):
+            proc = subprocess.run(role_cmd("client", client, addr, device="cpu"), cwd=cwd, capture_output=True,
+                                  text=True, timeout=120)
+            out = proc.stdout + proc.stderr
+            assert proc.returncode == ExitCode.USER_CODE, out
+            assert says in out and "Traceback" not in out, out
+        assert ps.poll() is None, "the PS keeps waiting for nodes with its code"
+    finally:
+        ps.kill()
+        ps.wait(10)
