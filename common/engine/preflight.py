@@ -55,7 +55,7 @@ def _check(spec: RunSpec, clients: bool, data_path: str | None) -> None:
     if spec.metrics:
         ws.evaluate(params, test)  # a metric that does not return one number raises, naming it
     if is_ref(spec.algorithm.name):
-        _check_algorithm_state(ws)
+        _check_algorithm_state(ws, clients)
     if clients and spec.data.source is not None:
         n = spec.topology.clients
         for k in range(n):
@@ -102,19 +102,25 @@ class _NoMessages:
         return refuse
 
 
-def _check_algorithm_state(ws: Workspace) -> None:
-    """Run the user algorithm's ``init`` and ``node_state`` once and check a checkpoint can hold what they
-    return (a StateError names the field), so that a state fedhop cannot save is refused before round 1."""
+def _check_algorithm_state(ws: Workspace, clients: bool) -> None:
+    """Run the user algorithm's ``node_state`` and ``init`` once and check a checkpoint can hold what they
+    return (a StateError names the field), so that a state fedhop cannot save is refused before round 1.
+
+    ``init`` runs with the data sizes the parameter server will know where the clients' data is here
+    (``clients``); an ``init`` that fails here for any other reason is left to the run (whose round loop checks
+    the state it returns before round 1 as well)."""
     spec = ws.spec
     ref = spec.algorithm.name
     algo = get_algorithm(ref)
-    roles = ["client"] + (["edge"] if spec.topology.edges > 0 else [])
+    for role in ["client"] + (["edge"] if spec.topology.edges > 0 else []):
+        check_savable(algo.node_state(role), f"algorithm.name: {ref}: node_state({role!r})")
+    sizes = ws.topology.subtree_sizes(ws.client_sizes()) if clients else {}
+    ctx = NodeContext(node_id=ws.topology.server, role="server", ws=ws, comm=_NoMessages(),  # type: ignore
+                      sizes=dict(sizes))
     try:
-        ctx = NodeContext(node_id=ws.topology.server, role="server", ws=ws, comm=_NoMessages())  # type: ignore
-        check_savable(algo.init(ctx), f"algorithm.name: {ref}: the state init returns")
-        for role in roles:
-            check_savable(algo.node_state(role), f"algorithm.name: {ref}: node_state({role!r})")
-    except (UserCodeError, StateError):
-        raise
-    except Exception as e:
-        raise UserCodeError(f"algorithm.name: {ref}: init failed before round 0: {type(e).__name__}: {e}") from None
+        state = algo.init(ctx)
+    except UserCodeError:
+        raise  # init sent a message
+    except Exception:
+        return
+    check_savable(state, f"algorithm.name: {ref}: the state init returns")

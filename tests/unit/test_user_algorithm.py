@@ -239,3 +239,71 @@ def test_fedhop_api_exports_what_it_documents() -> None:
         assert getattr(api, name) is not None, name
         assert name in (api.__doc__ or "") or name in ("Handler", "NodeId", "Scalar", "SETUP_ROUND") or \
             f":func:`{name}`" in (api.__doc__ or ""), f"fedhop.api.{name} is not documented in the module docstring"
+
+
+COUNTING = '''
+    from dataclasses import dataclass
+
+    import torch
+
+    from fedhop.api import Algorithm, Bundle, NodeContext, NoOptions, Reply, Scalar, task
+
+
+    @dataclass
+    class ClientState:
+        tasks: int = 0
+        drift: torch.Tensor | None = None
+
+
+    @dataclass
+    class State:
+        model: Bundle
+        seen: dict
+
+
+    @task("fh_counting.step")
+    def step(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
+        st: ClientState = ctx.state
+        st.tasks += 1
+        noise = torch.randn(1, generator=ctx.rng("drift", ctx.round))
+        st.drift = noise if st.drift is None else st.drift + noise
+        return Reply({k: v + st.drift.to(v.dtype) for k, v in params.items()}, {"tasks": st.tasks})
+
+
+    def init(ctx: NodeContext) -> State:
+        return State(ctx.initial_params(), {})
+
+
+    def round_(ctx: NodeContext, s: State) -> State:
+        replies = ctx.comm.scatter(ctx.children, "fh_counting.step", s.model, expect=s.model)
+        first = next(iter(replies.values()))
+        seen = {**s.seen, **{n: int(r.scalars["tasks"]) for n, r in replies.items()}}
+        return State(first.bundle, seen)
+
+
+    ALGORITHM = Algorithm(name="counting", options=NoOptions, init=init, round=round_, needs_edges=False,
+                          node_state=lambda role: ClientState())
+'''
+
+
+def test_client_state_of_a_user_protocol_is_checkpointed_and_restored(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    mod = user_module(tmp_path, monkeypatch, "fh_counting", COUNTING)
+    spec = RunSpec.parse(spec_dict(f"{mod}:ALGORITHM", {}, clients=3, rounds=5, seed=4, data=DIGITS,
+                                   model={"name": "mlp", "hidden": [4]}))
+    check_user_code(spec)
+    whole = InProcessEngine(spec).run()
+
+    def crash(t: int) -> None:
+        if t == 2:
+            raise Crash
+
+    ckpts = tmp_path / "ck"
+    with pytest.raises(Crash):
+        InProcessEngine(spec).run(checkpoints=ckpts, after_commit=crash)
+    _, state = read_checkpoint(ckpts / "ckpt_00000002.fhck")
+    client = state.nodes["client-1"].state
+    assert type(client).__name__ == "ClientState" and client.tasks == 3 and client.drift.shape == (1,)
+    assert state.state.seen == {"client-0": 3, "client-1": 3, "client-2": 3}
+    resumed = InProcessEngine(spec).run(checkpoints=ckpts, resume=True)
+    assert all(torch.equal(resumed.final[k], v) for k, v in whole.final.items())  # the drift chain went on
