@@ -199,7 +199,8 @@ def algorithm(name: str) -> AlgorithmInfo:
     if ":" in name:
         return user_algorithm(name)
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))} (or your own: "
+                         "'package.module:NAME', docs/protocols.md)")
     return ALGORITHMS[name]
 
 

@@ -33,7 +33,7 @@ def _algorithm(name: str) -> catalog.AlgorithmInfo | None:
     says so in one line instead of failing to read the spec its parent sent."""
     if not is_ref(name):
         return catalog.algorithm(name)
-    ref = check_ref(name, "algorithm.name")  # a malformed reference is refused everywhere
+    ref = check_ref(name, "algorithm.name", "NAME")  # a malformed reference is refused everywhere
     try:
         return catalog.user_algorithm(ref)
     except UserCodeError:
@@ -251,7 +251,7 @@ class RunSpec(Strict):
         name = algorithm.get("name") if isinstance(algorithm, dict) else None
         if isinstance(name, str) and is_ref(name):  # its options model is needed to validate the spec
             try:
-                catalog.user_algorithm(check_ref(name, "algorithm.name"))
+                catalog.user_algorithm(check_ref(name, "algorithm.name", "NAME"))
             except UserCodeError as e:
                 raise SpecError(f"{source}: invalid run spec: {e}") from None
         try:

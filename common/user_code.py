@@ -51,11 +51,12 @@ def is_ref(value: str) -> bool:
     return ":" in value
 
 
-def check_ref(value: str, field: str) -> str:
-    """``value`` if it is a well-formed reference, else a UserCodeError naming ``field``."""
+def check_ref(value: str, field: str, attribute: str = "function") -> str:
+    """``value`` if it is a well-formed reference, else a UserCodeError naming ``field`` (``attribute``: what the
+    reference's attribute is called in the message, e.g. ``NAME`` for an algorithm record)."""
     if not REF.fullmatch(value):
         where = f"{field}: " if field else ""
-        raise UserCodeError(f"{where}{value!r} is not a Python reference of the form 'package.module:function'")
+        raise UserCodeError(f"{where}{value!r} is not a Python reference of the form 'package.module:{attribute}'")
     return value
 
 

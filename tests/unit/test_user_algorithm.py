@@ -75,6 +75,7 @@ def test_a_user_algorithm_keeps_its_topology_rule() -> None:
     ("momentum:NOPE", r"algorithm\.name: module 'momentum' has no attribute 'NOPE'"),
     ("momentum:train", r"algorithm\.name: momentum:train is a function, not a fedhop\.api\.Algorithm record"),
     ("momentum:Options", r"algorithm\.name: momentum:Options is a class, not a fedhop\.api\.Algorithm record"),
+    ("a:b:c", r"algorithm\.name: 'a:b:c' is not a Python reference of the form 'package\.module:NAME'"),
 ])
 def test_a_bad_reference_is_one_line_naming_the_field(name: str, message: str) -> None:
     with pytest.raises(SpecError, match=message):
