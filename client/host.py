@@ -18,15 +18,15 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
+from fedhop.transport.credentials import ALL_PLAINTEXT, SecurityByNode
+from fedhop.transport.node_config import NodeConfig
 
 log = logging.getLogger("fedhop.clients")
 
@@ -71,18 +71,19 @@ class ClientPrefix(logging.Filter):
         return True
 
 
-def run_clients(ids: Sequence[str], parent: str, *, data_path: str | None = None, device: str | None = None,
-                connect_timeout_s: float = 60.0, state_dir: Path | None = None,
-                security: Mapping[str, Any] | None = None, join_slots: int = JOIN_SLOTS) -> int:
-    """Serve every id in ``ids`` under ``parent`` from this process; returns the host's exit code (see the
-    module's docstring). ``security``: each id's :class:`~fedhop.transport.credentials.Security` (None:
-    plaintext)."""
+def run_clients(ids: Sequence[str], config: NodeConfig, security: SecurityByNode = ALL_PLAINTEXT, *,
+                join_slots: int = JOIN_SLOTS) -> int:
+    """Serve every id in ``ids`` under ``config.connect`` from this process; returns the host's exit code (see
+    the module's docstring). ``config``: what the ids share (parent, device, data path, state folder, connect
+    timeout; its ``node_id`` names the host in logs, its ``security`` is unused); each id runs with
+    ``config.for_node(id, security.of(id))``: its own credentials (plaintext for an id ``security`` holds none
+    for)."""
     from fedhop.client.main import run_client
 
     # One thread per task (the handlers take turns anyway) and the same reductions as every other process of the
     # run: the bit-identity of the engines rests on this.
     torch.set_num_threads(1)
-    share = HostShare(ids, device, data_path)
+    share = HostShare(ids, config.device, config.data_path)
     slots = threading.Semaphore(max(1, join_slots))
     ended: queue.Queue[tuple[str, int, bool]] = queue.Queue()
 
@@ -96,9 +97,7 @@ def run_clients(ids: Sequence[str], parent: str, *, data_path: str | None = None
         slots.acquire()
         code: int = ExitCode.FAILED
         try:
-            code = run_client(node, parent, data_path=data_path, device=device, connect_timeout_s=connect_timeout_s,
-                              state_dir=state_dir, security=(security or {}).get(node), host=share,
-                              on_ready=on_ready)
+            code = run_client(config.for_node(node, security.of(node)), host=share, on_ready=on_ready)
         except Exception:
             log.exception("%s: failed", node)
         finally:
@@ -106,7 +105,7 @@ def run_clients(ids: Sequence[str], parent: str, *, data_path: str | None = None
                 slots.release()
             ended.put((node, int(code), ready.is_set()))
 
-    log.info("serving %d client ids under %s: %s", len(ids), parent, ", ".join(ids) if len(ids) <= 8 else
+    log.info("serving %d client ids under %s: %s", len(ids), config.connect, ", ".join(ids) if len(ids) <= 8 else
              f"{ids[0]} ... {ids[-1]}")
     for node in ids:
         threading.Thread(target=one, args=(node,), name=node, daemon=True).start()

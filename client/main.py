@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +16,7 @@ from fedhop.common.engine.node_store import NodeStore
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
+from fedhop.transport.node_config import NodeConfig
 
 if TYPE_CHECKING:
     from fedhop.client.host import HostShare
@@ -24,25 +24,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedhop.client")
 
 
-def run_client(node_id: str, parent: str, *, data_path: str | None = None, device: str | None = None,
-               connect_timeout_s: float = 60.0, state_dir: Path | None = None, security: Any = None,
-               host: HostShare | None = None, on_ready: Callable[[str], None] | None = None) -> int:
-    """Join the run at ``parent``, serve its tasks until Bye; returns the exit code
-    (:class:`~fedhop.common.exit_codes.ExitCode`: 0 only when the run finished). ``state_dir``: where this
-    client saves its state after every task (restored when it restarts); without it, in memory.
-    ``security``: a :class:`~fedhop.transport.credentials.Security` for the link to the parent. ``host``: the
-    Workspace and task lock this id shares with the other ids of its client host; ``on_ready(node_id)``: this
-    id said Ready (it is in the run)."""
+def run_client(config: NodeConfig, *, host: HostShare | None = None,
+               on_ready: Callable[[str], None] | None = None) -> int:
+    """Join the run at ``config.connect`` (the parent), serve its tasks until Bye; returns the exit code
+    (:class:`~fedhop.common.exit_codes.ExitCode`: 0 only when the run finished). ``config.state_dir``: where
+    this client saves its state after every task (restored when it restarts); without it, in memory.
+    ``config.security``: the credentials of the link to the parent. ``host``: the Workspace and task lock this
+    id shares with the other ids of its client host; ``on_ready(node_id)``: this id said Ready (it is in the
+    run)."""
+    node_id = config.node_id
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
-    store = NodeStore(node_id, state_dir)
-    session = ChildSession(node_id, "client", parent, connect_timeout_s=connect_timeout_s,
+    store = NodeStore(node_id, config.state_dir)
+    session = ChildSession(config, "client",
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
-                           security=security)
-    if host is not None:
-        session.task_lock, session.own_connection = host.task_lock, True
+                           task_lock=host.task_lock if host is not None else None,
+                           own_connection=host is not None)
     try:
-        welcome, ws = session.join(device, data_path, host.workspace if host is not None else None)
+        welcome, ws = session.join(config.device, config.data_path, host.workspace if host is not None else None)
     except JoinError as e:
         log.error("%s", e)
         session.close()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -26,6 +24,7 @@ from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
+from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.peer import EdgeService
 from fedhop.transport.session import HubConfig, HubListener, ParentHub, PendingHub
@@ -43,14 +42,15 @@ class _TellParent(HubListener):
         self.session.send_ready(self.sizes())
 
 
-def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, advertise: str | None = None,
-             connect_timeout_s: float = 60.0, state_dir: Path | None = None, security: Any = None) -> int:
-    """Serve clients and neighbour edges on ``listen``, join the run at ``ps``, serve until Bye; returns the
-    exit code (:class:`~fedhop.common.exit_codes.ExitCode`).
+def run_edge(config: NodeConfig) -> int:
+    """Serve clients and neighbour edges on ``config.listen``, join the run at ``config.connect`` (the PS),
+    serve until Bye; returns the exit code (:class:`~fedhop.common.exit_codes.ExitCode`).
 
-    ``advertise`` is the address neighbour edges dial (default: the listen address, 127.0.0.1 for a
-    wildcard host; set it when edges run on different machines). ``security``: a
-    :class:`~fedhop.transport.credentials.Security` for every link (None: plaintext)."""
+    ``config.advertise`` is the address neighbour edges dial (default: the listen address, 127.0.0.1 for a
+    wildcard host; set it when edges run on different machines); ``config.security`` is used for every link."""
+    if config.listen is None:
+        raise ValueError(f"{config.node_id}: an edge needs a listen address (NodeConfig.listen)")
+    node_id, listen, security = config.node_id, config.listen, config.security
     torch.set_num_threads(1)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     meter, missing = ByteMeter(), MissingLog()
@@ -66,14 +66,13 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
         return ExitCode.USAGE
     server.start()
     host = listen.rsplit(":", 1)[0] or "127.0.0.1"
-    address = advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
-    store = NodeStore(node_id, state_dir)
-    session = ChildSession(node_id, "edge", ps, address=address, connect_timeout_s=connect_timeout_s,
-                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
-                           security=security)
+    address = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
+    store = NodeStore(node_id, config.state_dir)
+    session = ChildSession(config, "edge", address=address,
+                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1})
     try:
         try:
-            welcome, ws = session.join(device)
+            welcome, ws = session.join(config.device)
         except JoinError as e:
             log.error("%s", e)
             return e.code
@@ -82,7 +81,6 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
         hub = ParentHub(HubConfig(node_id, spec, ws.topology, welcome.run_id, welcome_info, security), meter,
                         missing, listener=_TellParent(session, lambda: hub.data_sizes()))
         pending.serve(hub)
-        service.max_bytes = spec.transport.max_bundle_bytes
         comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security)
         ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)
         comm.ctx = ctx
@@ -93,7 +91,6 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
             return ExitCode.RUN_MISMATCH
         if got.tag is not None:
             log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
-        service.on_received = lambda c, rnd: store.save(c, welcome.run_id, tag=rnd)
         log.info("%s: joined run %s on %s, serving on %s; waiting for %d clients", node_id, welcome.run_id,
                  ws.device, address, len(hub.children))
         absent = hub.wait_ready(0.9 * spec.transport.join_timeout_s)
@@ -101,7 +98,7 @@ def run_edge(node_id: str, ps: str, listen: str, *, device: str | None = None, a
             log.warning("%s: clients that did not join: %s", node_id, absent)
         sizes = hub.start()
         ctx.sizes = {**sizes, node_id: sum(sizes.values())}
-        service.ctx = ctx
+        service.serve(ctx, on_received=lambda c, rnd: store.save(c, welcome.run_id, tag=rnd))
         session.send_ready(sizes)
 
         def bye(finished: bool) -> None:

@@ -23,6 +23,7 @@ from fedhop.deploy import processes as deploy_processes
 from fedhop.deploy.contract import RoleCommand, plan
 from fedhop.deploy.wire import WireReading
 from fedhop.forkstart import ForkedChild, fedhop_argv, import_time_differences, warm
+from fedhop.transport.credentials import PLAINTEXT, Security
 
 log = logging.getLogger("fedhop.launch")
 
@@ -113,7 +114,7 @@ class Processes(deploy_processes.Processes):
 
 def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
            resume: Any = None,
-           events: Any = None, security: Any = None, child_args: Sequence[str] = (),
+           events: Any = None, security: Security = PLAINTEXT, child_args: Sequence[str] = (),
            ps_workspace: Callable[[Any], None] | None = None,
            clients_per_process: int | str = AUTO, fork_children: bool = True) -> RunResult:
     """Run ``spec`` with the PS in this process, every edge in its own process and the clients in client hosts

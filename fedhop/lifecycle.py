@@ -19,7 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
+
+from fedhop.transport.credentials import PLAINTEXT, Security
 
 log = logging.getLogger("fedhop.lifecycle")
 
@@ -83,7 +84,7 @@ def exit_zero_on_sigterm_once_written(out: Path) -> None:
     signal.signal(signal.SIGTERM, on_term)
 
 
-def linger(node: str, rc: int, until: str | None, timeout_s: float, security: Any = None) -> int:
+def linger(node: str, rc: int, until: str | None, timeout_s: float, security: Security = PLAINTEXT) -> int:
     """After a clean end (``rc == 0``) wait until ``until``'s health service stops serving (reached with
     ``security``, the node's own credentials); returns ``rc``."""
     if rc != 0 or not until:

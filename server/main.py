@@ -33,6 +33,7 @@ from fedhop.common.testhooks import gate
 from fedhop.common.user_code import CODE_DIGEST, code_digest
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.parent import serve_parent
@@ -122,7 +123,7 @@ def _gate(t: int) -> None:
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,
                on_listening: Callable[[int], None] | None = None,
                startup_failure: Callable[[], str | None] | None = None,
-               resume: Resume | None = None, events: RunEvents | None = None, security: Any = None,
+               resume: Resume | None = None, events: RunEvents | None = None, security: Security = PLAINTEXT,
                ps_workspace: Callable[[Workspace], None] | None = None) -> RunResult:
     """Run ``spec`` as the PS of a networked federation; returns the result (also written to ``out``).
 
@@ -138,7 +139,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     byte rows, the missing log, the rounds) to ``out/checkpoints/ps``. ``resume``: continue such a run from its
     last checkpoint; the run keeps its id, so nodes that stayed up re-join it, and every node is told the
     round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own).
-    ``security``: the PS's :class:`~fedhop.transport.credentials.Security` (None: plaintext).
+    ``security``: the PS's :class:`~fedhop.transport.credentials.Security` (default: plaintext).
     ``ps_workspace(ws)``: applied to the PS's workspace before the children start (``fedhop reproduce``: the
     figure's metric in place of the test metrics, as it does to the in-process engine's workspace)."""
     torch.set_num_threads(1)

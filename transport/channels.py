@@ -1,8 +1,9 @@
 """The one place that makes gRPC servers and channels: options, message limits, keep-alive, credentials.
 
-``security`` (a :class:`~fedhop.transport.credentials.Security`) says how: None or insecure mode means
-plaintext, and this module holds the only ``add_insecure_port`` and ``insecure_channel`` calls of the code
-base; otherwise mutual TLS or tokens over TLS (``transport/credentials.py``).
+``security`` (a :class:`~fedhop.transport.credentials.Security`) says how: a plaintext one (``.plaintext``, e.g.
+:data:`~fedhop.transport.credentials.PLAINTEXT`, the default) means plaintext, and this module holds the only
+``add_insecure_port`` and ``insecure_channel`` calls of the code base; otherwise mutual TLS or tokens over TLS
+(``transport/credentials.py``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,18 @@ import errno
 import logging
 import socket
 from concurrent import futures
-from typing import Any
 
 import grpc
 
 from fedhop.common.wire.framing import MAX_MESSAGE
+from fedhop.transport.credentials import (
+    PLAINTEXT,
+    Security,
+    channel_credentials,
+    channel_options,
+    server_credentials,
+    server_interceptors,
+)
 
 MESSAGE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -47,12 +55,8 @@ log = logging.getLogger("fedhop.channels")
 HANDSHAKE_TIMEOUT_S = 5.0  # a listener that does not finish a gRPC handshake in this time is not a fedhop node
 
 
-def _plain(security: Any) -> bool:
-    """No transport security: None or a ``Security`` in insecure mode."""
-    return security is None or security.mode == "insecure"
-
-
-def make_server(max_workers: int, security: Any = None, handshake_timeout_s: float | None = None) -> grpc.Server:
+def make_server(max_workers: int, security: Security = PLAINTEXT,
+                handshake_timeout_s: float | None = None) -> grpc.Server:
     """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``); in token
     mode with the interceptor that refuses calls without a good token before any handler runs.
     ``handshake_timeout_s`` (default: transport.handshake_timeout_s's default): a connection that has not
@@ -63,9 +67,7 @@ def make_server(max_workers: int, security: Any = None, handshake_timeout_s: flo
         handshake_timeout_s = TransportSpec().handshake_timeout_s
     options = [*SERVER_OPTIONS, ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_s * 1000)))]
     interceptors: list[grpc.ServerInterceptor] = []
-    if not _plain(security):
-        from fedhop.transport.credentials import server_interceptors
-
+    if not security.plaintext:
         def refused(method: str, why: str) -> None:
             log.warning("%s: refused a call to %s: %s", security.node_id, method, why)
 
@@ -74,17 +76,15 @@ def make_server(max_workers: int, security: Any = None, handshake_timeout_s: flo
                        options=options, interceptors=interceptors)
 
 
-def add_port(server: grpc.Server, listen: str, security: Any = None) -> int:
+def add_port(server: grpc.Server, listen: str, security: Security = PLAINTEXT) -> int:
     """Bind ``listen`` (HOST:PORT) in plaintext or with ``security``'s TLS credentials; returns the port, 0
     when it cannot be bound."""
-    if _plain(security):
+    if security.plaintext:
         return server.add_insecure_port(listen)
-    from fedhop.transport.credentials import server_credentials
-
     return server.add_secure_port(listen, server_credentials(security))
 
 
-def make_channel(address: str, *, security: Any = None, keepalive: bool = False,
+def make_channel(address: str, *, security: Security = PLAINTEXT, keepalive: bool = False,
                  peer_id: str | None = None, own_connection: bool = False) -> grpc.Channel:
     """A channel to a fedhop node; ``keepalive``: HTTP/2 pings (long-lived session streams); ``peer_id``
     (with TLS): the server must present that node's certificate; ``own_connection``: a TCP connection of its
@@ -92,10 +92,8 @@ def make_channel(address: str, *, security: Any = None, keepalive: bool = False,
     id's link is as independent as a process's, and ~900 session streams on one shared connection stall)."""
     options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else []),
                *([("grpc.use_local_subchannel_pool", 1)] if own_connection else [])]
-    if _plain(security):
+    if security.plaintext:
         return grpc.insecure_channel(address, options=options)
-    from fedhop.transport.credentials import channel_credentials, channel_options
-
     return grpc.secure_channel(address, channel_credentials(security),
                                options=[*options, *channel_options(security, peer_id)])
 

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import grpc
@@ -40,7 +41,8 @@ from fedhop.common.wire.messages import MessageAssembler
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
-from fedhop.transport.session import CLOSE, ChildProtocol, child_assembler, hello_frame
+from fedhop.transport.node_config import NodeConfig
+from fedhop.transport.session import CLOSE, ChildProtocol, TaskHooks, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.child")
@@ -134,16 +136,20 @@ class _Stream:
 class ChildSession:
     """This node's session with its parent, across re-joins."""
 
-    def __init__(self, node_id: NodeId, role: str, parent: str, *, address: str = "",
-                 info: Mapping[str, Scalar] | None = None, connect_timeout_s: float = 60.0,
-                 security: Any = None) -> None:
-        self.node = node_id
-        self.security = security  # transport.credentials.Security for the channel to the parent (None: plaintext)
+    def __init__(self, config: NodeConfig, role: str, *, address: str = "", info: Mapping[str, Scalar] | None = None,
+                 task_lock: AbstractContextManager | None = None, own_connection: bool = False) -> None:
+        """``config``: who this node is, its parent (``connect``), how long to keep dialing it and the credentials
+        of the channel. ``address``: what the Hello advertises (an edge's, for its neighbours); ``info``: the
+        Hello's scalars. A client host's sessions give ``task_lock`` (one task handler at a time in the process:
+        a shared Workspace) and ``own_connection`` (a TCP connection per session, not one shared by its ids)."""
+        self.config = config
+        self.node: NodeId = config.node_id
+        self.security = config.security
         self.role = role
-        self.parent_addr = parent
+        self.parent_addr = config.connect
         self.address = address
         self.info = dict(info or {})
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_timeout_s = config.connect_timeout_s
         self.peers: dict[NodeId, str] = {}  # edge id -> Edge service address, from the parent's Ready
         self.welcome: pb.Welcome | None = None
         self.run_id = ""
@@ -158,8 +164,8 @@ class ChildSession:
         self.store: NodeStore | None = None  # this node's saved states (keep_state)
         self.meter: ByteMeter | None = None  # this node's byte meter, relabelled on a roll-back
         self._ctx: NodeContext | None = None
-        self.task_lock: Any = None  # a client host's: one task handler at a time in the process (shared Workspace)
-        self.own_connection = False  # a client host's: a TCP connection per session, not one shared by its ids
+        self.task_lock = task_lock
+        self.own_connection = own_connection
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
@@ -202,7 +208,7 @@ class ChildSession:
             channel.close()
             if rejoin:
                 raise _Retry("no gRPC handshake") from None
-            if self.security is not None and self.security.mode != "insecure":
+            if not self.security.plaintext:
                 raise JoinError(f"{self.node}: no TLS handshake with {self.parent_addr} within "
                                 f"{HANDSHAKE_TIMEOUT_S:g}s: the parent refused this node's certificate (another CA, "
                                 f"expired) or presented one this node does not trust or that does not name "
@@ -340,9 +346,10 @@ class ChildSession:
               before_task: Callable[[int | None, float], None] | None = None) -> ExitCode:
         """Serve the parent until its Bye (``on_bye(finished)`` runs first, e.g. an edge's own shutdown; then
         this node answers Bye) or until the parent is lost for good. Returns the process's exit code."""
-        proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, report=report,
-                              before_task=before_task, peers=self.peers, task_lock=self.task_lock,
-                              after_task=self._saved if self.store is not None else None)
+        hooks = TaskHooks(before_task=before_task, after_task=self._saved if self.store is not None else None,
+                          report=report)
+        proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, hooks=hooks,
+                              peers=self.peers, task_lock=self.task_lock)
         self.protocol = proto
         asms: dict[int, MessageAssembler] = {}
         tick = self.transport.keepalive_s

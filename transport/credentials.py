@@ -63,6 +63,11 @@ class Security:
     def insecure(cls, node_id: str) -> Security:
         return cls("insecure", node_id)
 
+    @property
+    def plaintext(self) -> bool:
+        """No transport security: plaintext links, peers taken at their word (``insecure`` mode)."""
+        return self.mode == "insecure"
+
     @classmethod
     def load(cls, node_id: str, tls_dir: str | os.PathLike | None = None,
              token_file: str | os.PathLike | None = None) -> Security:
@@ -106,11 +111,29 @@ class Security:
 
     def describe(self) -> str:
         """One line for logs: the mode and where the material came from (never secrets)."""
-        if self.mode == "insecure":
+        if self.plaintext:
             return "insecure (plaintext, no peer authentication)"
         if self.mode == "tls":
             return f"mutual TLS ({self.tls_dir})"
         return f"tokens ({self.token_file}) over TLS ({self.tls_dir})"
+
+
+PLAINTEXT = Security.insecure("")
+"""The Security of a node given no ``--tls`` / ``--token``: plaintext links (the default wherever one is needed)."""
+
+
+@dataclass(frozen=True)
+class SecurityByNode:
+    """Each node's :class:`Security` (a client host's ids): :meth:`of` always yields one, :data:`PLAINTEXT` for an
+    id it holds none for."""
+
+    by_node: Mapping[str, Security] = field(default_factory=dict)
+
+    def of(self, node_id: str) -> Security:
+        return self.by_node.get(node_id, PLAINTEXT)
+
+
+ALL_PLAINTEXT = SecurityByNode()  # every node plaintext
 
 
 def _load_cert(path: Path, pem: bytes) -> x509.Certificate:
@@ -143,7 +166,7 @@ def _check_own_cert(cert: x509.Certificate, ca: x509.Certificate, node_id: str, 
 def server_credentials(sec: Security) -> grpc.ServerCredentials:
     """TLS server credentials: mutual TLS (client certificate required, root = the CA) in ``tls`` mode,
     server-side TLS in ``token`` mode (tokens are then checked by :func:`server_interceptors`)."""
-    if sec.mode == "insecure":
+    if sec.plaintext:
         raise CredentialsError("insecure mode has no server credentials (use add_port, which listens in plaintext)")
     if not sec.cert_pem:
         raise CredentialsError(f"{sec.node_id} serves, so --tls {sec.tls_dir} must hold its own certificate and key "
@@ -154,7 +177,7 @@ def server_credentials(sec: Security) -> grpc.ServerCredentials:
 
 def add_port(server: grpc.Server, listen: str, sec: Security) -> int:
     """``server.add_secure_port`` or ``add_insecure_port`` as ``sec`` says; the bound port (0: failed)."""
-    if sec.mode == "insecure":
+    if sec.plaintext:
         return server.add_insecure_port(listen)
     return server.add_secure_port(listen, server_credentials(sec))
 
@@ -215,7 +238,7 @@ class _TokenAuth(grpc.AuthMetadataPlugin):
 def channel_credentials(sec: Security) -> grpc.ChannelCredentials:
     """``tls``: the CA as root plus this node's key and certificate (mutual TLS); ``token``: the CA as root
     and this node's token on every call (composite credentials)."""
-    if sec.mode == "insecure":
+    if sec.plaintext:
         raise CredentialsError("insecure mode has no channel credentials (use open_channel)")
     if sec.mode == "tls":
         return grpc.ssl_channel_credentials(root_certificates=sec.ca_pem, private_key=sec.key_pem,
@@ -228,7 +251,7 @@ def channel_credentials(sec: Security) -> grpc.ChannelCredentials:
 def channel_options(sec: Security, peer_id: str | None = None) -> list[tuple[str, Any]]:
     """Channel options for ``sec``: with ``peer_id``, the server must present that node's certificate
     (``grpc.ssl_target_name_override``; see the module docstring)."""
-    if sec.mode == "insecure" or peer_id is None:
+    if sec.plaintext or peer_id is None:
         return []
     return [("grpc.ssl_target_name_override", peer_id)]
 
@@ -237,7 +260,7 @@ def open_channel(target: str, sec: Security, options: Sequence[tuple[str, Any]] 
                  peer_id: str | None = None) -> grpc.Channel:
     """A channel to ``target`` with ``sec``'s credentials (plaintext in insecure mode)."""
     opts = [*options, *channel_options(sec, peer_id)]
-    if sec.mode == "insecure":
+    if sec.plaintext:
         return grpc.insecure_channel(target, options=opts)
     return grpc.secure_channel(target, channel_credentials(sec), options=opts)
 
@@ -267,7 +290,7 @@ def peer_identity(context: grpc.ServicerContext, sec: Security) -> str | None:
 
     Raises :class:`Unauthenticated` if the peer cannot be identified.
     """
-    if sec.mode == "insecure":
+    if sec.plaintext:
         return None
     if sec.mode == "token":
         return _token_identity(sec.tokens, context.invocation_metadata())
@@ -305,7 +328,7 @@ def must_refuse_insecure(listen_addr: str, sec: Security, insecure_flag: bool) -
 
     Listening beyond loopback without TLS or tokens needs ``--insecure``: anyone who can reach the port could
     join as any node, read the model and send poisoned updates."""
-    if sec.mode != "insecure" or insecure_flag or is_loopback(listen_addr):
+    if not sec.plaintext or insecure_flag or is_loopback(listen_addr):
         return None
     return (f"refusing to listen on {listen_addr} without TLS or tokens: anyone who can reach that address could "
             f"join as any node, receive the model and send poisoned updates. Give --tls DIR (from `fedhop certs "

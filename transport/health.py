@@ -20,6 +20,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from fedhop.transport.credentials import PLAINTEXT, Security, open_channel
+
 SERVICE = "fedhop.v1"
 _Status = health_pb2.HealthCheckResponse.ServingStatus
 
@@ -94,20 +96,18 @@ def serve_health(address: str) -> HealthServer:
     return HealthServer(server, h, port)
 
 
-def _channel(address: str, security: Any) -> grpc.Channel:
+def _channel(address: str, security: Security) -> grpc.Channel:
     """Plaintext, or with ``security``'s credentials (a :class:`~fedhop.transport.credentials.Security`: mutual
     TLS presents its node's certificate, token mode its node's token over TLS). Not transport.channels: that
     imports the tensor codec (torch), seconds a healthcheck cannot spare."""
-    if security is None or security.mode == "insecure":
+    if security.plaintext:
         return grpc.insecure_channel(address)
-    from fedhop.transport.credentials import open_channel
-
     return open_channel(address, security)
 
 
-def probe(address: str, timeout_s: float = 3.0, service: str = "", security: Any = None) -> ProbeResult:
+def probe(address: str, timeout_s: float = 3.0, service: str = "", security: Security = PLAINTEXT) -> ProbeResult:
     """Ask ``address`` once for its health (waiting up to ``timeout_s`` for the connection); ``security``: how
-    to reach a node whose links are TLS or tokens (None: plaintext)."""
+    to reach a node whose links are TLS or tokens (default: plaintext)."""
     with _channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
@@ -122,7 +122,7 @@ def probe(address: str, timeout_s: float = 3.0, service: str = "", security: Any
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 return ProbeResult(Probe.UNREACHABLE, f"{address} refused the probe's credentials ({e.details()})")
             reason = "no answer" if code == grpc.StatusCode.DEADLINE_EXCEEDED else code.name
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED and (security is None or security.mode == "insecure"):
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED and security.plaintext:
                 reason += "; if its links are TLS or tokens, give --tls DIR (and --token FILE) with --id"
             return ProbeResult(Probe.UNREACHABLE, f"{address} unreachable within {timeout_s:g}s ({reason})")
     name = _Status.Name(reply.status)
@@ -131,7 +131,7 @@ def probe(address: str, timeout_s: float = 3.0, service: str = "", security: Any
     return ProbeResult(Probe.NOT_SERVING, f"{address}: {name}")
 
 
-def wait_until_gone(address: str, timeout_s: float, security: Any = None) -> bool:
+def wait_until_gone(address: str, timeout_s: float, security: Security = PLAINTEXT) -> bool:
     """Block until the server at ``address`` stops serving (its process ended, or it said NOT_SERVING);
     True when it did within ``timeout_s``, False on timeout. Uses the ``Watch`` stream, so it wakes on the
     event itself, not on a poll."""

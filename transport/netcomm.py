@@ -25,6 +25,7 @@ from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.messages import on_host, to_device
+from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.reply_gate import ReplyGate
 from fedhop.transport.session import Call, ParentHub
@@ -34,7 +35,7 @@ class NetComm(BaseComm):
     """The networked Comm of one node (the PS or an edge)."""
 
     def __init__(self, node: NodeId, topology: Topology, missing: MissingLog, hub: ParentHub, spec: RunSpec,
-                 peers: Mapping[NodeId, str] | None = None, security: Any = None) -> None:
+                 peers: Mapping[NodeId, str] | None = None, security: Security = PLAINTEXT) -> None:
         super().__init__(node, topology, missing)
         self.hub = hub
         self.meter = hub.meter

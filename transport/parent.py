@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import grpc
 
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
-from fedhop.transport.credentials import Unauthenticated, peer_identity
+from fedhop.transport.credentials import Security, Unauthenticated, peer_identity
 from fedhop.transport.session import ChildLink, Frame
 
 log = logging.getLogger("fedhop.parent")
@@ -25,10 +25,7 @@ class SessionHost(Protocol):
     node: str
 
     @property
-    def security(self) -> Any: ...
-
-    @property
-    def secure(self) -> bool: ...
+    def security(self) -> Security: ...
 
     def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
              cancel: Any = None) -> ChildLink: ...
@@ -52,7 +49,7 @@ class ParentServicer:
 
     def Session(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
         identity, why = None, ""
-        if self.hub.secure:
+        if not self.hub.security.plaintext:
             try:
                 identity = peer_identity(context, self.hub.security)
             except Unauthenticated as e:

@@ -37,7 +37,7 @@ from fedhop.common.wire.messages import (
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import make_channel
-from fedhop.transport.credentials import Unauthenticated, peer_identity
+from fedhop.transport.credentials import PLAINTEXT, Security, Unauthenticated, peer_identity
 from fedhop.transport.inbound import Rejection, accept_request
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -52,7 +52,7 @@ class PeerClient:
     """Calls neighbour edges' ``Edge`` service for one node; counts both directions on its meter."""
 
     def __init__(self, node: NodeId, meter: ByteMeter, missing: MissingLog, transport: TransportSpec,
-                 peers: Mapping[NodeId, str], security: Any = None) -> None:
+                 peers: Mapping[NodeId, str], security: Security = PLAINTEXT) -> None:
         self.node = node
         self.meter = meter
         self.missing = missing
@@ -132,14 +132,22 @@ class PeerClient:
 class EdgeService:
     """``Edge.HandOff`` and ``Edge.Describe`` of one edge; refuses calls until the edge is in a run."""
 
-    def __init__(self, node_id: NodeId, security: Any = None) -> None:
+    def __init__(self, node_id: NodeId, security: Security = PLAINTEXT) -> None:
         self.node = node_id
         self.security = security  # with TLS or tokens, who calls is what its certificate or token proves
-        self.ctx: NodeContext | None = None
+        self.ctx: NodeContext | None = None  # set by serve(): until then every call is refused
         self.max_bytes: int | None = None
         self._budgets: dict[str, InflightBudget] = {}  # per sender: every hand-off stream it has open
         self._budget_lock = threading.Lock()
         self.on_received: Callable[[NodeContext, int], None] | None = None  # (ctx, round): save the node's state
+
+    def serve(self, ctx: NodeContext, on_received: Callable[[NodeContext, int], None] | None = None) -> None:
+        """The edge is in the run: take hand-offs into ``ctx`` (bundles capped by its spec's
+        ``transport.max_bundle_bytes``); ``on_received(ctx, round)`` is told of each before it is acknowledged
+        (to save the node's state)."""
+        self.max_bytes = ctx.spec.transport.max_bundle_bytes
+        self.on_received = on_received
+        self.ctx = ctx  # last: a call that sees the run sees its cap and its saver
 
     def register(self, server: grpc.Server) -> None:
         handlers = {
@@ -151,16 +159,12 @@ class EdgeService:
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fedhop.v1.Edge", handlers),))
 
-    @property
-    def secure(self) -> bool:
-        return self.security is not None and self.security.mode != "insecure"
-
     def _caller(self, context: grpc.ServicerContext) -> tuple[str, str]:
         """(who calls, the hand-off's slot); who calls is "" when it cannot be established. With TLS or
         tokens it comes from the certificate or token, never from the ``fedhop-node`` entry the caller writes."""
         md = dict(context.invocation_metadata())
         slot = str(md.get(SLOT_HEADER, ""))
-        if not self.secure:
+        if self.security.plaintext:
             return str(md.get(NODE_HEADER, "")), slot
         try:
             return str(peer_identity(context, self.security)), slot
@@ -237,7 +241,7 @@ class EdgeService:
         if ctx is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.node} is not in a run yet")
         assert ctx is not None
-        if self.secure:
+        if not self.security.plaintext:
             sender, _ = self._caller(context)
             why = self._stranger(sender, ctx)
             if why is not None:

@@ -30,10 +30,10 @@ def cmd_health(a: argparse.Namespace) -> int:
 
     if a.timeout <= 0:
         raise Fatal(ExitCode.USAGE, f"--timeout must be positive, got {a.timeout:g}")
-    security = None
-    if a.tls or a.token:
-        from fedhop.transport.credentials import Security
+    from fedhop.transport.credentials import PLAINTEXT, Security
 
+    security = PLAINTEXT
+    if a.tls or a.token:
         if not a.id:
             raise Fatal(ExitCode.USAGE, "--tls/--token need --id NODE: the node whose certificate or token the "
                                         "probe presents (e.g. the probed node's own id)")

@@ -12,9 +12,9 @@ import errno
 import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 from fedhop.common.exit_codes import ExitCode, Fatal
+from fedhop.transport.credentials import PLAINTEXT, Security
 
 SESSION_METHOD = "/fedhop.v1.Parent/Session"
 
@@ -60,7 +60,7 @@ def _tcp_error(host: str, port: int, timeout_s: float) -> str | None:
         return e.strerror or str(e)
 
 
-def _fedhop_error(addr: str, timeout_s: float, security: Any = None) -> str | None:
+def _fedhop_error(addr: str, timeout_s: float, security: Security = PLAINTEXT) -> str | None:
     """None when ``addr`` serves ``fedhop.v1.Parent``; otherwise what answers there instead.
 
     The probe opens a Session and closes it at once without a Hello: a fedhop parent ends such a session
@@ -74,7 +74,7 @@ def _fedhop_error(addr: str, timeout_s: float, security: Any = None) -> str | No
         try:
             grpc.channel_ready_future(ch).result(timeout=timeout_s)
         except grpc.FutureTimeoutError:
-            if security is not None and security.mode != "insecure":
+            if not security.plaintext:
                 return (f"no TLS handshake within {timeout_s:.0f}s: the parent refused this node's certificate "
                         f"(another CA, expired), or its own is not trusted here or does not name {addr}, or it "
                         f"does not speak TLS ({security.describe()})")
@@ -90,7 +90,8 @@ def _fedhop_error(addr: str, timeout_s: float, security: Any = None) -> str | No
     return None
 
 
-def wait_for_parent(addr: str, timeout_s: float, say: Callable[[str], None], security: Any = None) -> None:
+def wait_for_parent(addr: str, timeout_s: float, say: Callable[[str], None],
+                    security: Security = PLAINTEXT) -> None:
     """Return once ``addr`` is a reachable fedhop parent; retry refused connections until ``timeout_s``,
     saying each retry; raise ``UNREACHABLE`` with the last reason."""
     host, port = parse_address(addr, "--connect")

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedhop.cli.console import (
     HttpArgs,
@@ -27,6 +28,10 @@ from fedhop.cli.console import (
 )
 from fedhop.cli.errors import RunPlace, run_command, run_failures
 from fedhop.cli.security import SecurityArgs, add_security_args, security_for
+
+if TYPE_CHECKING:
+    from fedhop.transport.credentials import Security
+    from fedhop.transport.node_config import NodeConfig
 
 log = logging.getLogger("fedhop.cli")
 
@@ -67,6 +72,22 @@ def _role(name: str, body: Callable[[], int]) -> int:
     return exit_now(run_command(f"fedhop {name}", body))
 
 
+def node_config(a: argparse.Namespace, node_id: str, security: Security, *, listen: str | None = None,
+                advertise: str | None = None, data_path: str | None = None) -> NodeConfig:
+    """The child role's :class:`~fedhop.transport.node_config.NodeConfig` from its options (made once, here); an
+    invalid one is a usage error."""
+    from fedhop.common.exit_codes import ExitCode, Fatal
+    from fedhop.transport.node_config import NodeConfig, NodeConfigError
+
+    try:
+        return NodeConfig(node_id, a.connect, listen=listen, advertise=advertise, device=a.device,
+                          data_path=data_path, state_dir=Path(a.state_dir) if a.state_dir else None,
+                          connect_timeout_s=a.connect_timeout, linger_until=a.linger_until,
+                          linger_timeout_s=a.linger_timeout, security=security)
+    except NodeConfigError as e:
+        raise Fatal(ExitCode.USAGE, str(e)) from None
+
+
 def cmd_edge(a: argparse.Namespace) -> int:
     from fedhop.cli.netcheck import check_listen, wait_for_parent
     from fedhop.edge.node import run_edge
@@ -74,15 +95,13 @@ def cmd_edge(a: argparse.Namespace) -> int:
 
     log_to_stderr()
     sec_args = SecurityArgs.of(a)
-    state_dir = Path(a.state_dir) if a.state_dir else None
 
     def body() -> int:
         check_listen(a.listen)
-        security = security_for(sec_args, a.id, a.listen)
-        wait_for_parent(a.connect, a.connect_timeout, log.warning, security)
-        rc = run_edge(a.id, a.connect, a.listen, device=a.device, advertise=a.advertise,
-                      connect_timeout_s=a.connect_timeout, state_dir=state_dir, security=security)
-        return linger(a.id, rc, a.linger_until, a.linger_timeout, security)
+        cfg = node_config(a, a.id, security_for(sec_args, a.id, a.listen), listen=a.listen, advertise=a.advertise)
+        wait_for_parent(cfg.connect, cfg.connect_timeout_s, log.warning, cfg.security)
+        rc = run_edge(cfg)
+        return linger(cfg.node_id, rc, cfg.linger_until, cfg.linger_timeout_s, cfg.security)
 
     return _role("edge", body)
 
@@ -94,19 +113,17 @@ def cmd_client(a: argparse.Namespace) -> int:
 
     log_to_stderr()
     sec_args = SecurityArgs.of(a)
-    state_dir = Path(a.state_dir) if a.state_dir else None
 
     def body() -> int:
-        security = security_for(sec_args, a.id, None)
+        cfg = node_config(a, a.id, security_for(sec_args, a.id, None), data_path=a.data_path)
         health = None
         if a.health:
             from fedhop.transport.health import serve_health
 
             health = serve_health(a.health)
-        wait_for_parent(a.connect, a.connect_timeout, log.warning, security)
-        rc = run_client(a.id, a.connect, data_path=a.data_path, device=a.device,
-                        connect_timeout_s=a.connect_timeout, state_dir=state_dir, security=security)
-        rc = linger(a.id, rc, a.linger_until, a.linger_timeout, security)
+        wait_for_parent(cfg.connect, cfg.connect_timeout_s, log.warning, cfg.security)
+        rc = run_client(cfg)
+        rc = linger(cfg.node_id, rc, cfg.linger_until, cfg.linger_timeout_s, cfg.security)
         if health is not None:
             health.stop()
         return rc
@@ -130,19 +147,21 @@ def cmd_clients(a: argparse.Namespace) -> int:
     for h in logging.getLogger().handlers:
         h.addFilter(ClientPrefix(ids))
     sec_args = SecurityArgs.of(a)
-    state_dir = Path(a.state_dir) if a.state_dir else None
 
     def body() -> int:
-        security = {node: security_for(sec_args, node, None) for node in ids}  # every id's material, up front
+        from fedhop.transport.credentials import SecurityByNode
+
+        # every id's material, up front
+        security = SecurityByNode({node: security_for(sec_args, node, None) for node in ids})
+        cfg = node_config(a, f"{len(ids)} clients", security.of(ids[0]), data_path=a.data_path)
         health = None
         if a.health:
             from fedhop.transport.health import serve_health
 
             health = serve_health(a.health)
-        wait_for_parent(a.connect, a.connect_timeout, log.warning, security[ids[0]])
-        rc = run_clients(ids, a.connect, data_path=a.data_path, device=a.device,
-                         connect_timeout_s=a.connect_timeout, state_dir=state_dir, security=security)
-        rc = linger(f"{len(ids)} clients", rc, a.linger_until, a.linger_timeout)
+        wait_for_parent(cfg.connect, cfg.connect_timeout_s, log.warning, cfg.security)
+        rc = run_clients(ids, cfg, security)
+        rc = linger(cfg.node_id, rc, cfg.linger_until, cfg.linger_timeout_s)
         if health is not None:
             health.stop()
         return rc

@@ -36,6 +36,7 @@ def _sink_child(addr: str, plain_buffers: bool = False) -> int:
     """A client process that knows one extra task: take the bundle, say how many bytes it got."""
     from fedhop.client.main import run_client
     from fedhop.common.wire import codec
+    from fedhop.transport.node_config import NodeConfig
 
     if plain_buffers:
         codec._HUGE_BUFFER_BYTES = 1 << 62  # ablation: decode buffers from the ordinary allocator
@@ -55,7 +56,7 @@ def _sink_child(addr: str, plain_buffers: bool = False) -> int:
             source.update(n=n, w=torch.randn(n, generator=torch.Generator().manual_seed(0)))
         return Reply({"w": source["w"]}, {})
 
-    return run_client("client-0", addr, device="cpu")
+    return run_client(NodeConfig("client-0", addr, device="cpu"))
 
 
 def _tcp_child(port: int, nbytes: int, reps: int, fresh: bool) -> int:

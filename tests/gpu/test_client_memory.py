@@ -15,6 +15,7 @@ import torch
 from fedhop.client.main import run_client
 from fedhop.common.engine.workspace import Workspace
 from fedhop.launch import Processes, free_port
+from fedhop.transport.node_config import NodeConfig
 from tests.gpu.gpuutil import cuda_only, deterministic, gpu_spec
 
 pytestmark = cuda_only
@@ -38,7 +39,7 @@ def test_gpu_client_peak_memory_is_a_few_models(tmp_path: Path) -> None:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(0)
             before = torch.cuda.memory_allocated(0)
-            code = run_client("client-0", f"127.0.0.1:{port}", device="cuda:0", connect_timeout_s=120)
+            code = run_client(NodeConfig("client-0", f"127.0.0.1:{port}", device="cuda:0", connect_timeout_s=120))
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated(0) - before
             after = torch.cuda.memory_allocated(0) - before

@@ -30,6 +30,7 @@ from fedhop.common.wire.meter import ByteMeter
 from fedhop.launch import free_port
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
+from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.session import HubConfig, ParentHub
 from fedhop.v1 import fedhop_pb2 as pb
@@ -228,19 +229,19 @@ def test_parent_refuses_impostors_and_duplicates() -> None:
     sessions = []
     try:
         with pytest.raises(JoinError, match="'client-9' is not a child of"):
-            s = ChildSession("client-9", "client", addr, connect_timeout_s=10)
+            s = ChildSession(NodeConfig("client-9", addr, connect_timeout_s=10), "client")
             sessions.append(s)
             s.connect()
         with pytest.raises(JoinError, match="is a client in this run, but said Hello as edge"):
-            s = ChildSession("client-1", "edge", addr, connect_timeout_s=10)
+            s = ChildSession(NodeConfig("client-1", addr, connect_timeout_s=10), "edge")
             sessions.append(s)
             s.connect()
-        ok = ChildSession("client-0", "client", addr, connect_timeout_s=10)
+        ok = ChildSession(NodeConfig("client-0", addr, connect_timeout_s=10), "client")
         sessions.append(ok)
         w = ok.connect()
         assert w.node_id == "client-0" and w.parent_id == "ps" and w.spec == spec.model_dump_json()
         with pytest.raises(JoinError, match="duplicate Hello: client-0 is already connected"):
-            s = ChildSession("client-0", "client", addr, connect_timeout_s=10)
+            s = ChildSession(NodeConfig("client-0", addr, connect_timeout_s=10), "client")
             sessions.append(s)
             s.connect()
         # the first session is still fine: it can say Ready and be counted

@@ -18,6 +18,7 @@ from fedhop.common.wire.meter import ByteMeter
 from fedhop.launch import free_port
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
+from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.session import HubConfig, ParentHub
 from tests.integration.netutil import small_spec
@@ -125,7 +126,7 @@ def test_rejoin_to_a_parent_running_another_run_is_refused() -> None:
     serve_parent(hub, server)
     port = add_port(server, "127.0.0.1:0")
     server.start()
-    s = ChildSession("client-0", "client", f"127.0.0.1:{port}", connect_timeout_s=10)
+    s = ChildSession(NodeConfig("client-0", f"127.0.0.1:{port}", connect_timeout_s=10), "client")
     try:
         s.run_id = "run-a"  # this node was in run-a when its stream broke
         with pytest.raises(JoinError, match="client-0 re-joins run 'run-a', but ps now runs 'run-b'") as e:

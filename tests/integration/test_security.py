@@ -26,6 +26,7 @@ from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.certs import CA, CA_CERT, node_files, write_cert, write_key
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.credentials import CredentialsError, Security
+from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.tokens import load_tokens
 from tests.integration.netutil import Federation, launch_run, load_result, node_log, rows_by_key, small_spec
@@ -148,7 +149,7 @@ def test_peers_without_a_good_certificate_or_claiming_another_id_are_refused(tmp
         c1 = node_files(pki, "client-1")
         liar = Security("tls", "client-2", pki, None, (pki / CA_CERT).read_bytes(), c1.cert.read_bytes(),
                         c1.key.read_bytes())
-        session = ChildSession("client-2", "client", ps, connect_timeout_s=20, security=liar)
+        session = ChildSession(NodeConfig("client-2", ps, connect_timeout_s=20, security=liar), "client")
         with pytest.raises(JoinError, match="is client-1's, but it said Hello as 'client-2'"):
             session.connect()
         session.close()
@@ -172,7 +173,7 @@ def test_wrong_or_missing_token_is_refused(tmp_path: Path) -> None:
         ps = fed.addr["ps"]
         ca = (pki / CA_CERT).read_bytes()
         wrong = Security("token", "client-2", pki, tokens, ca, tokens={"client-2": "ab" * 32})
-        session = ChildSession("client-2", "client", ps, connect_timeout_s=20, security=wrong)
+        session = ChildSession(NodeConfig("client-2", ps, connect_timeout_s=20, security=wrong), "client")
         with pytest.raises(JoinError, match="UNAUTHENTICATED: wrong token"):
             session.connect()
         session.close()
@@ -244,7 +245,8 @@ INFLATING_CLIENT = textwrap.dedent("""
 
     api.TASKS["local.train"] = inflated
     from fedhop.client.main import run_client
-    sys.exit(run_client(sys.argv[1], sys.argv[2]))
+    from fedhop.transport.node_config import NodeConfig
+    sys.exit(run_client(NodeConfig(sys.argv[1], sys.argv[2])))
 """)
 
 

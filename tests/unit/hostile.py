@@ -12,6 +12,7 @@ from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.framing import parse_frame
 from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.session import CLOSE, QUIET, ChildLink, HubConfig, HubListener, ParentHub, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.specs import run_spec
@@ -25,7 +26,7 @@ def spec_for(clients: int = 3, edges: int = 0, algorithm: str = "fedavg", **tran
 
 
 @contextmanager
-def configured_hub(spec: RunSpec, security: Any = None,
+def configured_hub(spec: RunSpec, security: Security = PLAINTEXT,
                    listener: HubListener = QUIET) -> Iterator[tuple[ParentHub, Topology]]:
     topo = build_topology(spec.topology, spec.seed)
     hub = ParentHub(HubConfig(topo.server, spec, topo, RUN_ID, security=security), ByteMeter(), MissingLog(),

@@ -18,6 +18,7 @@ from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
 from fedhop.launch import client_groups, role_cmd
+from fedhop.transport.node_config import NodeConfig
 from tests.specs import DIGITS, run_spec
 
 
@@ -170,13 +171,17 @@ def test_help_of_the_host_and_launch_options() -> None:
 
 # -- the host's exit code --------------------------------------------------------------------------------------
 
+HOST = NodeConfig("a client host", "127.0.0.1:1")  # what the ids share (run_client is faked: never dialed)
+
+
 def _fake_clients(monkeypatch: pytest.MonkeyPatch, plan: dict[str, tuple[bool, int]],
                   hold: threading.Event) -> list[str]:
     """``run_client`` replaced: id -> (says Ready first, exit code); ids with code -1 stay in the run until
     ``hold`` is set. Returns the ids that said Ready."""
     said: list[str] = []
 
-    def fake(node: str, parent: str, *, on_ready: Any = None, host: Any = None, **_: Any) -> int:
+    def fake(config: NodeConfig, *, on_ready: Any = None, host: Any = None) -> int:
+        node = config.node_id
         assert isinstance(host, HostShare) and node in host.ids
         ready, code = plan[node]
         if ready:
@@ -196,7 +201,7 @@ def test_an_id_that_cannot_join_ends_the_host_at_once(monkeypatch: pytest.Monkey
     said = _fake_clients(monkeypatch, {"client-0": (True, -1), "client-1": (False, ExitCode.USER_CODE),
                                        "client-2": (True, -1)}, hold)
     try:
-        assert run_clients(["client-0", "client-1", "client-2"], "127.0.0.1:1") == ExitCode.USER_CODE
+        assert run_clients(["client-0", "client-1", "client-2"], HOST) == ExitCode.USER_CODE
         assert not hold.is_set()  # the others were still serving: the host did not wait for them
     finally:
         hold.set()
@@ -207,9 +212,9 @@ def test_once_in_the_run_the_host_waits_for_every_id_and_reports_the_first_failu
         monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_clients(monkeypatch, {"client-0": (True, 0), "client-1": (True, ExitCode.PARENT_LOST),
                                 "client-2": (True, ExitCode.RUN_NOT_FINISHED)}, threading.Event())
-    assert run_clients(["client-0", "client-1", "client-2"], "127.0.0.1:1") == ExitCode.PARENT_LOST
+    assert run_clients(["client-0", "client-1", "client-2"], HOST) == ExitCode.PARENT_LOST
 
 
 def test_a_host_whose_ids_all_finish_exits_0(monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_clients(monkeypatch, {f"client-{i}": (True, 0) for i in range(40)}, threading.Event())
-    assert run_clients([f"client-{i}" for i in range(40)], "127.0.0.1:1", join_slots=3) == ExitCode.OK
+    assert run_clients([f"client-{i}" for i in range(40)], HOST, join_slots=3) == ExitCode.OK

@@ -20,6 +20,7 @@ from fedhop.common.spec import SpecError, TransportSpec
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.framing import bundle_frames, parse_frame
 from fedhop.common.wire.messages import CALL_ID_BASE, HANDOFF, result_frame, task_frame
+from fedhop.transport.credentials import Security
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.peer import NODE_HEADER, SLOT_HEADER, EdgeService
 from fedhop.transport.session import hello_frame
@@ -68,7 +69,7 @@ def test_handshake_timeout_is_validated() -> None:
 
 def test_an_unauthenticated_peer_is_refused_at_once_and_not_told_why(caplog) -> None:
     caplog.set_level(logging.WARNING, "fedhop.session")
-    with configured_hub(spec_for(), security=SimpleNamespace(mode="tls")) as (hub, _):
+    with configured_hub(spec_for(), security=Security("tls", "ps")) as (hub, _):
         link = hub.open("ipv4:10.0.0.66:999", None, "no verified client certificate on the connection")
         frames, closed = drain(link)
         assert closed and not link.alive  # no Hello is waited for: no server thread stays with it
@@ -195,7 +196,7 @@ def edge_service(**transport) -> tuple[EdgeService, NodeContext]:
     ws = Workspace(spec, "cpu")
     svc = EdgeService("edge-0")
     ctx = NodeContext(node_id="edge-0", role="edge", ws=ws, comm=None)  # type: ignore[arg-type]
-    svc.ctx, svc.max_bytes = ctx, spec.transport.max_bundle_bytes
+    svc.serve(ctx)
     return svc, ctx
 
 

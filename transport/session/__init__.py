@@ -17,7 +17,7 @@ worker; the gRPC streams, dialing and re-joining are ``transport/child.py``'s, t
 """
 
 from fedhop.transport.session.calls import Call, CallTable
-from fedhop.transport.session.child_side import ChildProtocol, child_assembler, hello_frame
+from fedhop.transport.session.child_side import ChildProtocol, TaskHooks, child_assembler, hello_frame
 from fedhop.transport.session.config import QUIET, HubConfig, HubListener
 from fedhop.transport.session.hub import ParentHub
 from fedhop.transport.session.link import CLOSE, ROLE_NAMES, ROLES, ChildLink, Frame, Roster
@@ -25,5 +25,6 @@ from fedhop.transport.session.pending import RUN_WAIT_S, PendingHub
 
 __all__ = [
     "CLOSE", "QUIET", "ROLES", "ROLE_NAMES", "RUN_WAIT_S", "Call", "CallTable", "ChildLink", "ChildProtocol",
-    "Frame", "HubConfig", "HubListener", "ParentHub", "PendingHub", "Roster", "child_assembler", "hello_frame",
+    "Frame", "HubConfig", "HubListener", "ParentHub", "PendingHub", "Roster", "TaskHooks", "child_assembler",
+    "hello_frame",
 ]

@@ -45,7 +45,7 @@ def first_frame_refusal(frame: Frame) -> Refusal | None:
 def hello_refusal(config: HubConfig, link: ChildLink, hello: pb.Hello) -> Refusal | None:
     """Who the Hello says it is, against what the session proved (with TLS or tokens) and the run's topology."""
     node = hello.node_id
-    if config.secure:
+    if not config.security.plaintext:
         if link.identity is None:
             return Refusal(pb.ERROR_CODE_BAD_REQUEST, "unauthenticated peer", f": {link.unauthenticated}")
         if link.identity != node:

@@ -10,6 +10,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from fedhop.common import timing
@@ -36,6 +38,21 @@ from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.session")
 
+@dataclass(frozen=True)
+class TaskHooks:
+    """What a child node does around its tasks; each is optional. ``before_task(round, seconds left)``: before a
+    task runs (an edge's per-round reset); ``after_task(ctx)``: after it, before its result is sent (the node's
+    state is saved); ``report() -> (byte rows, missing entries)``: the node's meter and missing log, whose new
+    rows follow each answered task as a Report."""
+
+    before_task: Callable[[int | None, float], None] | None = None
+    after_task: Callable[[NodeContext], None] | None = None
+    report: Callable[[], tuple[list[dict], list[dict]]] | None = None
+
+
+NO_HOOKS = TaskHooks()
+
+
 class ChildProtocol:
     """What a child does with its parent's frames: tasks run one at a time, in arrival order, in a worker
     thread (handlers share the node's state and model template, and a task that arrives while a stale one
@@ -43,18 +60,14 @@ class ChildProtocol:
     meter and missing log gained (``report``), and Bye is answered with the rest."""
 
     def __init__(self, node: NodeId, ctx: NodeContext, send: Callable[[Iterable[pb.Frame | bytes]], None], *,
-                 chunk_bytes: int, report: Callable[[], tuple[list[dict], list[dict]]] | None = None,
-                 before_task: Callable[[int | None, float], None] | None = None,
-                 after_task: Callable[[NodeContext], None] | None = None,
-                 peers: dict[NodeId, str] | None = None, task_lock: Any = None) -> None:
+                 chunk_bytes: int, hooks: TaskHooks = NO_HOOKS, peers: dict[NodeId, str] | None = None,
+                 task_lock: AbstractContextManager | None = None) -> None:
         self.node = node
         timing.set_node(node)
         self.ctx = ctx
         self.send = send
         self.chunk_bytes = chunk_bytes
-        self.report = report
-        self.before_task = before_task
-        self.after_task = after_task
+        self.hooks = hooks
         self.peers = peers if peers is not None else {}  # edge id -> Edge address, from the parent's Ready
         self.task_lock = task_lock if task_lock is not None else contextlib.nullcontext()  # held while a handler runs
         self.started = threading.Event()
@@ -121,8 +134,8 @@ class ChildProtocol:
         if req.round is not None:
             ctx.round = req.round
         gate(f"{self.node}-{ctx.round}")  # test hook: hold this node mid-round (common/testhooks.py)
-        if self.before_task is not None:
-            self.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
+        if self.hooks.before_task is not None:
+            self.hooks.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
         try:
             timing.event("run", at=self.node, call=req.call_id, task=req.name)
             with self.task_lock:
@@ -132,8 +145,8 @@ class ChildProtocol:
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
                                     self.chunk_bytes)
         except NoAnswer:  # this node chose not to answer (e.g. not available this round): no Result at all
-            if self.after_task is not None:
-                self.after_task(ctx)
+            if self.hooks.after_task is not None:
+                self.hooks.after_task(ctx)
             self.send_report(ctx.round)
             return ctx.round
         except Exception as e:  # the handler failed: the parent sees this node as missing for this call
@@ -141,8 +154,8 @@ class ChildProtocol:
             self.send_report(ctx.round)
             self._fail(req.call_id, pb.ERROR_CODE_INTERNAL, f"{self.node}: {req.name} raised {type(e).__name__}: {e}")
             return ctx.round
-        if self.after_task is not None:  # the node's state after this task, saved before anyone hears of it
-            self.after_task(ctx)
+        if self.hooks.after_task is not None:  # the node's state after this task, saved before anyone hears of it
+            self.hooks.after_task(ctx)
         # the Report goes before the Result on the same stream: once the parent holds a round's results, it
         # holds their byte rows too, so its checkpoint of that round is complete
         self.send_report(ctx.round)
@@ -150,10 +163,10 @@ class ChildProtocol:
         return ctx.round
 
     def _unreported(self) -> tuple[list[dict], list[dict]]:
-        if self.report is None:
+        if self.hooks.report is None:
             return [], []
         try:
-            rows, missing = self.report()
+            rows, missing = self.hooks.report()
         except Exception:
             log.exception("%s: collecting the byte meter failed", self.node)
             return [], []

@@ -5,14 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from fedhop.common.engine.api import NodeId, Scalar
 from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec, TransportSpec
-
-if TYPE_CHECKING:
-    from fedhop.transport.credentials import Security
+from fedhop.transport.credentials import PLAINTEXT, Security
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,7 +23,7 @@ class HubConfig:
     topology: Topology
     run_id: str
     welcome_info: Mapping[str, Scalar] = field(default_factory=dict)  # sent in every Welcome (resume_round, ...)
-    security: Security | None = None  # None or insecure: Hellos are taken at their word
+    security: Security = PLAINTEXT  # plaintext: Hellos are taken at their word
 
     @property
     def transport(self) -> TransportSpec:
@@ -35,19 +33,10 @@ class HubConfig:
     def children(self) -> tuple[NodeId, ...]:
         return self.topology.children(self.node)
 
-    @property
-    def secure(self) -> bool:
-        return is_secure(self.security)
-
     @cached_property
     def spec_json(self) -> str:
         """The spec as every Welcome carries it."""
         return self.spec.model_dump_json()
-
-
-def is_secure(security: Security | None) -> bool:
-    """Whether peers must prove their node id (TLS or tokens), so a Hello is not taken at its word."""
-    return security is not None and security.mode != "insecure"
 
 
 class HubListener(Protocol):

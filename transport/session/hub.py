@@ -56,12 +56,8 @@ class ParentHub:
         self.liveness.start()
 
     @property
-    def security(self) -> Security | None:
+    def security(self) -> Security:
         return self.config.security
-
-    @property
-    def secure(self) -> bool:
-        return self.config.secure
 
     @property
     def children(self) -> tuple[NodeId, ...]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fedhop.common.engine.api import NodeId
 from fedhop.common.engine.base import Failure
 from fedhop.transport.session.calls import CallTable
-from fedhop.transport.session.config import HubConfig, HubListener, is_secure
+from fedhop.transport.session.config import HubConfig, HubListener
 from fedhop.transport.session.link import ChildLink, Roster
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedhop.session")
 
 
-def open_session(at: NodeId, security: Security | None, handshake_timeout_s: float, max_bytes: int | None,
+def open_session(at: NodeId, security: Security, handshake_timeout_s: float, max_bytes: int | None,
                  peer: str, identity: str | None = None, unauthenticated: str = "",
                  cancel: Callable[[], Any] | None = None) -> ChildLink:
     """A new session from ``peer`` to node ``at``; ``identity``: the node id its certificate or token proves
@@ -37,7 +37,7 @@ def open_session(at: NodeId, security: Security | None, handshake_timeout_s: flo
     peer that has not said Hello within ``handshake_timeout_s`` is disconnected."""
     link = ChildLink(peer, max_bytes, identity, unauthenticated)
     link.cancel = cancel
-    if is_secure(security) and identity is None:
+    if not security.plaintext and identity is None:
         log.warning("%s: rejected %s: unauthenticated peer: %s", at, peer, unauthenticated)
         link.end(pb.ERROR_CODE_BAD_REQUEST, "unauthenticated peer")
         return link

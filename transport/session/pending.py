@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedhop.common import timing
 from fedhop.common.engine.api import NodeId
 from fedhop.common.spec import TransportSpec
+from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.session.checks import Refusal, first_frame_refusal, reject
-from fedhop.transport.session.config import is_secure
 from fedhop.transport.session.hub import ParentHub
 from fedhop.transport.session.link import ChildLink, Frame
 from fedhop.transport.session.liveness import close_session, open_session
 from fedhop.v1 import fedhop_pb2 as pb
-
-if TYPE_CHECKING:
-    from fedhop.transport.credentials import Security
 
 RUN_WAIT_S = 600.0  # how long an early Hello waits for its parent to learn the run, unless told otherwise
 
@@ -29,17 +26,13 @@ RUN_WAIT_S = 600.0  # how long an early Hello waits for its parent to learn the 
 class PendingHub:
     """``node``'s session service until its hub is known (:meth:`serve`), then its hub's."""
 
-    def __init__(self, node: NodeId, security: Security | None = None, *, run_wait_s: float = RUN_WAIT_S) -> None:
+    def __init__(self, node: NodeId, security: Security = PLAINTEXT, *, run_wait_s: float = RUN_WAIT_S) -> None:
         self.node = node
         timing.set_node(node)
         self.security = security  # the hub's, once it serves
         self.run_wait_s = run_wait_s
         self._hub: ParentHub | None = None
         self._served = threading.Event()
-
-    @property
-    def secure(self) -> bool:
-        return is_secure(self.security)
 
     @property
     def hub(self) -> ParentHub | None:
