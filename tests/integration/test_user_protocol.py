@@ -1,7 +1,9 @@
 """A protocol from the user's own module (examples/server_momentum: FedAvg with server momentum, written against
 ``fedhop.api`` only) over real processes: ``fedhop launch`` ends with the model ``fedhop simulate`` ends with,
 bit for bit, and the same payload bytes on every link; killed between rounds and resumed with ``launch
---resume``, it restores the user's state (its momentum) from the checkpoints and ends with the same model."""
+--resume``, it restores the user's state (its momentum) from the checkpoints and ends with the same model. A node
+without the module, or with another version of it, leaves with USER_CODE; a user protocol through edges (an edge
+handler that scatters to its clients) is as bit-identical across engines as a flat one."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedhop.common.wire.control import CONTROL_KINDS
 from tests.waiting import exited, wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "server_momentum"
@@ -117,3 +120,79 @@ def test_a_node_without_the_protocol_module_or_with_another_version_leaves_with_
     finally:
         ps.kill()
         ps.wait(10)
+
+
+HIERARCHICAL = '''
+"""A two-level user protocol: each edge averages its clients' local models, the PS averages the edges'."""
+from dataclasses import dataclass
+
+from fedhop.api import Algorithm, Bundle, NodeContext, NoOptions, Reply, Scalar, local_sgd, task, weighted_mean
+
+
+@dataclass
+class State:
+    model: Bundle
+
+
+@task("fh_hier.client")
+def client(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
+    w, loss = local_sgd(ctx, params, steps=3, lr=0.05, batch_size=16)
+    return Reply(w, {"n": len(ctx.data)})
+
+
+@task("fh_hier.edge")
+def edge(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
+    replies = ctx.comm.scatter(ctx.children, "fh_hier.client", params, expect=params)
+    n = sum(int(r.scalars["n"]) for r in replies.values())
+    return Reply(weighted_mean((float(r.scalars["n"]), r.bundle) for r in replies.values()), {"n": n})
+
+
+def init(ctx: NodeContext) -> State:
+    return State(ctx.initial_params())
+
+
+def round_(ctx: NodeContext, s: State) -> State:
+    replies = ctx.comm.scatter(ctx.children, "fh_hier.edge", s.model, expect=s.model)
+    model = weighted_mean((float(r.scalars["n"]), r.bundle) for r in replies.values())
+    if ctx.should_eval():
+        ctx.report(**ctx.evaluate(model))
+    return State(model)
+
+
+ALGORITHM = Algorithm(name="hier", options=NoOptions, init=init, round=round_, needs_edges=True)
+'''
+
+HIER_SPEC = '''name = "fh-hier"
+rounds = 2
+seed = 5
+device = "cpu"
+[algorithm]
+name = "fh_hier:ALGORITHM"
+[topology]
+clients = 4
+edges = 2
+[data]
+dataset = "digits"
+[model]
+name = "mlp"
+hidden = [8]
+'''
+
+
+def test_a_hierarchical_user_protocol_through_edges_launch_equals_simulate(tmp_path: Path) -> None:
+    folder = tmp_path / "hier"
+    folder.mkdir()
+    (folder / "fh_hier.py").write_text(HIERARCHICAL)
+    (folder / "spec.toml").write_text(HIER_SPEC)
+    fedhop(["simulate", "spec.toml", "--out", str(tmp_path / "sim")], folder)
+    fedhop(["launch", "spec.toml", "--out", str(tmp_path / "net"), "--http", "off"], folder)
+    assert_same_model(tmp_path / "sim", tmp_path / "net")
+    sim, net = payload_per_link(tmp_path / "sim"), payload_per_link(tmp_path / "net")
+    control = {k: v for k, v in net.items() if k[2] in CONTROL_KINDS}  # edges report their meters to the PS
+    assert control and {k[:2] for k in control} == {("edge-0", "ps"), ("edge-1", "ps")}
+    assert all(payload == 0 for _, payload in control.values())
+    net = {k: v for k, v in net.items() if k not in control}
+    assert sim == net
+    assert {k[2] for k in net} == {"fh_hier.client", "fh_hier.edge"}
+    assert {k[:2] for k in net if k[2] == "fh_hier.edge"} == {("ps", "edge-0"), ("ps", "edge-1"), ("edge-0", "ps"),
+                                                             ("edge-1", "ps")}
