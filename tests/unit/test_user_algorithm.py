@@ -178,7 +178,7 @@ BAD_STATE = '''
 
 
 def test_a_state_that_cannot_be_saved_is_refused_before_round_1_naming_the_field(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     mod = user_module(tmp_path, monkeypatch, "fh_bad_state", BAD_STATE)
     spec = RunSpec.parse(spec_dict(f"{mod}:ALGORITHM", {}, clients=2, rounds=2, data=DIGITS))
     with pytest.raises(SpecError, match=r"algorithm\.name: fh_bad_state:ALGORITHM: the state init returns cannot be "
@@ -188,6 +188,15 @@ def test_a_state_that_cannot_be_saved_is_refused_before_round_1_naming_the_field
     with pytest.raises(StateError, match=r"state\.lock"):  # the engine's own check, before round 1
         InProcessEngine(spec).run(after_commit=rounds.append)
     assert rounds == []
+    path = tmp_path / "spec.toml"
+    path.write_text(spec.to_toml())
+    capsys.readouterr()
+    for command in ("simulate", "launch"):  # refused before anything starts: exit 2, one line, no traceback
+        out = tmp_path / f"run-{command}"
+        assert main([command, str(path), "--out", str(out), "--quiet"]) == 2
+        err = capsys.readouterr().err
+        assert "state.lock: a lock cannot be saved" in err and "Traceback" not in err
+        assert not out.exists()
 
 
 def test_a_state_class_outside_the_algorithm_package_is_refused_naming_it(
