@@ -176,9 +176,31 @@ MODELS: dict[str, ModelInfo] = {m.name: m for m in (
 )}
 
 
+# user algorithms named by reference ("package.module:NAME"), imported on first use; never listed with the
+# built-ins (`fedhop algorithms`)
+USER_ALGORITHMS: dict[str, AlgorithmInfo] = {}
+
+
+def user_algorithm(ref: str) -> AlgorithmInfo:
+    """The entry of the user algorithm ``ref`` (``"package.module:NAME"``, NAME a ``fedhop.api.Algorithm``):
+    its module is imported (a UserCodeError names ``algorithm.name`` when that fails or NAME is no algorithm)."""
+    info = USER_ALGORITHMS.get(ref)
+    if info is None:
+        from fedhop.common.user_code import load_algorithm
+
+        algo = load_algorithm(ref)
+        summary = algo.summary or f"user algorithm {ref}"
+        info = USER_ALGORITHMS[ref] = AlgorithmInfo(ref, ref.partition(":")[0], algo.options, algo.needs_edges,
+                                                    algo.check, summary)
+    return info
+
+
 def algorithm(name: str) -> AlgorithmInfo:
+    if ":" in name:
+        return user_algorithm(name)
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))} (or your own: "
+                         "'package.module:NAME', docs/protocols.md)")
     return ALGORITHMS[name]
 
 

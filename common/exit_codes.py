@@ -50,8 +50,8 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.RUN_NOT_FINISHED: "the parent ended the session but the run did not finish (e.g. the PS died)",
     ExitCode.LATE_JOIN_REFUSED: "the run had started and transport.late_join is \"refuse\"",
     ExitCode.RUN_MISMATCH: "the parent runs another run (another run_id), or --state-dir holds another run's state",
-    ExitCode.USER_CODE: "this node runs another version of the user code the spec names (model.name, model.loss, "
-                        "data.source, metrics) than the PS: its code digest differs",
+    ExitCode.USER_CODE: "this node runs another version of the user code the spec names (algorithm.name, "
+                        "model.name, model.loss, data.source, metrics) than the PS: its code digest differs",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the PS writes the results of the rounds done first",
 }
 

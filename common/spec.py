@@ -21,8 +21,23 @@ from fedhop.common import catalog
 from fedhop.common.data_spec import DataSpec
 from fedhop.common.model_spec import ModelSpec
 from fedhop.common.testbed_spec import TestbedSpec
-from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, metric_name
+from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, is_ref, metric_name
 from fedhop.common.validation import flat_errors
+
+
+def _algorithm(name: str) -> catalog.AlgorithmInfo | None:
+    """The catalogue entry of ``name``; None for a user algorithm (``package.module:NAME``) this process cannot
+    import. Such a spec is not refused here but by the checks that name the failure the way they do for every
+    user reference: :meth:`RunSpec.parse` (spec files, ``--set``: a SpecError, exit code 2) and a joining
+    node's code-digest check (``check_parent_code``: exit code USER_CODE), so a node that lacks the module
+    says so in one line instead of failing to read the spec its parent sent."""
+    if not is_ref(name):
+        return catalog.algorithm(name)
+    ref = check_ref(name, "algorithm.name", "NAME")  # a malformed reference is refused everywhere
+    try:
+        return catalog.user_algorithm(ref)
+    except UserCodeError:
+        return None
 
 
 class Strict(BaseModel):
@@ -35,7 +50,9 @@ class AlgorithmSpec(Strict):
 
     @model_validator(mode="after")
     def _known(self) -> AlgorithmSpec:
-        algo = catalog.algorithm(self.name)  # raises with the list of known names
+        algo = _algorithm(self.name)  # raises with the list of known names
+        if algo is None:
+            return self
         try:
             algo.options.model_validate(self.options)
         except ValidationError as e:
@@ -149,7 +166,9 @@ class RunSpec(Strict):
 
     @model_validator(mode="after")
     def _algorithm_fits_topology(self) -> RunSpec:
-        algo = catalog.algorithm(self.algorithm.name)
+        algo = _algorithm(self.algorithm.name)
+        if algo is None:
+            return self
         needs = algo.needs_edges
         if needs is True and self.topology.edges == 0:
             raise ValueError(f"algorithm {self.algorithm.name!r} needs edge servers: set topology.edges > 0")
@@ -196,6 +215,8 @@ class RunSpec(Strict):
         """A recorded participation trace has one column per client and (unless it wraps) a row per round."""
         from fedhop.common.options.participation import TraceParticipation
 
+        if _algorithm(self.algorithm.name) is None:
+            return self
         for key, value in self.options():
             if isinstance(value, TraceParticipation):
                 value.check_fits(f"algorithm.options.{key}", self.topology.clients, self.rounds)
@@ -226,6 +247,13 @@ class RunSpec(Strict):
     @classmethod
     def parse(cls, raw: dict[str, Any], source: str = "<spec>") -> RunSpec:
         """Validate ``raw`` and import the user code it names (a process that runs it must be able to)."""
+        algorithm = raw.get("algorithm")
+        name = algorithm.get("name") if isinstance(algorithm, dict) else None
+        if isinstance(name, str) and is_ref(name):  # its options model is needed to validate the spec
+            try:
+                catalog.user_algorithm(check_ref(name, "algorithm.name", "NAME"))
+            except UserCodeError as e:
+                raise SpecError(f"{source}: invalid run spec: {e}") from None
         try:
             spec = cls.model_validate(raw)
         except ValidationError as e:

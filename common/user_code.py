@@ -12,6 +12,8 @@ spec field           contract (see the module that calls it)
                      (``fedhop.common.data.source``)
 ``metrics[i]``       ``metric(outputs, y) -> float`` over the whole test set, reported under the
                      function's name every ``eval_every`` rounds
+``algorithm.name``   an ``fedhop.api.Algorithm`` record (not a function): the protocol's options model,
+                     its steps and its task handlers (``docs/protocols.md``)
 ===================  ================================================================================
 
 A reference is ``module.path:attribute`` (the attribute may be dotted: ``pkg.mod:Class.method``). Modules are
@@ -49,11 +51,12 @@ def is_ref(value: str) -> bool:
     return ":" in value
 
 
-def check_ref(value: str, field: str) -> str:
-    """``value`` if it is a well-formed reference, else a UserCodeError naming ``field``."""
+def check_ref(value: str, field: str, attribute: str = "function") -> str:
+    """``value`` if it is a well-formed reference, else a UserCodeError naming ``field`` (``attribute``: what the
+    reference's attribute is called in the message, e.g. ``NAME`` for an algorithm record)."""
     if not REF.fullmatch(value):
         where = f"{field}: " if field else ""
-        raise UserCodeError(f"{where}{value!r} is not a Python reference of the form 'package.module:function'")
+        raise UserCodeError(f"{where}{value!r} is not a Python reference of the form 'package.module:{attribute}'")
     return value
 
 
@@ -72,8 +75,8 @@ def _import(module: str, field: str) -> Any:
         raise UserCodeError(f"{field}: importing {module!r} failed: {type(e).__name__}: {e}") from None
 
 
-def load_callable(ref: str, field: str) -> Callable[..., Any]:
-    """Import ``module:attribute`` and return the attribute, which must be callable."""
+def load_object(ref: str, field: str) -> Any:
+    """Import ``module:attribute`` and return the attribute (any object)."""
     module, attr = check_ref(ref, field).split(":")
     obj: Any = _import(module, field)
     for part in attr.split("."):
@@ -81,6 +84,34 @@ def load_callable(ref: str, field: str) -> Callable[..., Any]:
             obj = getattr(obj, part)
         except AttributeError:
             raise UserCodeError(f"{field}: module {module!r} has no attribute {attr!r}") from None
+    return obj
+
+
+# what makes an object an algorithm record (fedhop.api.Algorithm); checked by shape, since this core module may
+# not import the engine that defines the class
+ALGORITHM_STEPS = ("init", "round", "final", "node_state")
+
+
+def load_algorithm(ref: str, field: str = "algorithm.name") -> Any:
+    """Import ``module:NAME`` and return it, which must be a ``fedhop.api.Algorithm`` record (a UserCodeError
+    names ``field`` otherwise)."""
+    from pydantic import BaseModel
+
+    obj = load_object(ref, field)
+    cls = type(obj)
+    if cls.__name__ != "Algorithm" or not all(callable(getattr(obj, s, None)) for s in ALGORITHM_STEPS):
+        kind = "class" if isinstance(obj, type) else cls.__name__
+        raise UserCodeError(f"{field}: {ref} is a {kind}, not a fedhop.api.Algorithm record "
+                            "(write NAME = Algorithm(name=..., options=..., init=..., round=...))")
+    if not (isinstance(obj.options, type) and issubclass(obj.options, BaseModel)):
+        raise UserCodeError(f"{field}: {ref}.options is {obj.options!r}, not a pydantic model class "
+                            "(use fedhop.api.NoOptions for an algorithm without options)")
+    return obj
+
+
+def load_callable(ref: str, field: str) -> Callable[..., Any]:
+    """Import ``module:attribute`` and return the attribute, which must be callable."""
+    obj = load_object(ref, field)
     if not callable(obj):
         raise UserCodeError(f"{field}: {ref} is a {type(obj).__name__}, not a function")
     return obj
@@ -94,6 +125,8 @@ def metric_name(ref: str) -> str:
 def references(spec: RunSpec) -> dict[str, str]:
     """Every user reference in ``spec``, keyed by the spec field that names it."""
     out: dict[str, str] = {}
+    if is_ref(spec.algorithm.name):
+        out["algorithm.name"] = spec.algorithm.name
     if is_ref(spec.model.name):
         out["model.name"] = spec.model.name
     if spec.model.loss is not None:
@@ -108,7 +141,10 @@ def references(spec: RunSpec) -> dict[str, str]:
 def check_imports(spec: RunSpec) -> None:
     """Import every reference of ``spec`` (a UserCodeError names the first that fails)."""
     for field, ref in references(spec).items():
-        load_callable(ref, field)
+        if field == "algorithm.name":
+            load_algorithm(ref, field)
+        else:
+            load_callable(ref, field)
 
 
 def code_digest(spec: RunSpec) -> str:
@@ -148,4 +184,5 @@ def check_same_code(own: str, reported: str, node: str) -> None:
     if own != reported:
         raise UserCodeError(f"{node} runs different user code than the parameter server (code digest "
                             f"{reported[:12] or 'none'} != {own[:12] or 'none'}): deploy the same version of the "
-                            "modules the spec names (model.name, model.loss, data.source, metrics) on every node")
+                            "modules the spec names (algorithm.name, model.name, model.loss, data.source, metrics) "
+                            "on every node")

@@ -273,14 +273,19 @@ def task(name: str, *, kinds: tuple[str, str] | None = None) -> Callable[[Handle
     ``kinds``: the meter kinds its request and its reply are counted under (default: both under ``name``),
     e.g. FOCUS's ``("pull", "push")``: the model goes down as a pull, the tracker comes up as a push."""
     def deco(fn: Handler) -> Handler:
-        if name in TASKS and TASKS[name] is not fn:
-            raise ValueError(f"task {name!r} registered twice")
+        old = TASKS.get(name)
+        if old is not None and old is not fn and _where(old) != _where(fn):  # a re-imported module may re-register
+            raise ValueError(f"task {name!r} registered twice ({_where(old)} and {_where(fn)})")
         TASKS[name] = fn
         if kinds is not None:
             MESSAGE_KINDS[name] = kinds
         return fn
 
     return deco
+
+
+def _where(fn: Handler) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
 
 
 def meter_kind(task_name: str, phase: str) -> str:
@@ -301,10 +306,37 @@ def load_algorithms() -> None:
 
 def get_algorithm(name: str) -> Algorithm:
     """The registered algorithm ``name``, its module imported by name on first use (as every algorithm module
-    is: the package imports them all)."""
+    is: the package imports them all). A user algorithm ``"package.module:NAME"`` is the record NAME of the
+    user's module (imported on first use, which registers its tasks), kept under the reference."""
+    if ":" in name:
+        return _user_algorithm(name)
     if name not in ALGORITHMS:
         importlib.import_module(catalog.algorithm(name).module)  # raises with the list of known names
     return ALGORITHMS[name]
+
+
+def _user_algorithm(ref: str) -> Algorithm:
+    from fedhop.common.engine import state_io
+    from fedhop.common.user_code import load_algorithm
+
+    algo = USER_ALGORITHMS.get(ref)
+    if algo is None:
+        found = load_algorithm(ref)
+        if not isinstance(found, Algorithm):
+            raise _not_an_algorithm(ref, found)
+        state_io.trust_module(ref.partition(":")[0])  # its state classes may be saved and restored
+        algo = USER_ALGORITHMS[ref] = found
+    return algo
+
+
+def _not_an_algorithm(ref: str, found: Any) -> ValueError:
+    from fedhop.common.user_code import UserCodeError
+
+    return UserCodeError(f"algorithm.name: {ref} is a {type(found).__module__}.{type(found).__qualname__}, not "
+                         "a fedhop.api.Algorithm record")
+
+
+USER_ALGORITHMS: dict[str, Algorithm] = {}  # user algorithms by reference; never in ALGORITHMS (the built-ins)
 
 
 def get_task(name: str) -> Handler:

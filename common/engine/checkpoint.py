@@ -22,6 +22,7 @@ from typing import Any
 
 import xxhash
 
+from fedhop.common.engine.api import get_algorithm
 from fedhop.common.engine.state_io import StateError, from_tree, to_tree
 from fedhop.common.wire.codec import BundleDecoder, CodecError, RawChunk, encode_views
 from fedhop.v1 import fedhop_pb2 as pb
@@ -92,11 +93,23 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
             if f.read(1):
                 raise CheckpointError("trailing bytes after the tensors")
         doc = json.loads(body)
+        _load_spec_algorithm(doc["meta"])
         return doc["meta"], from_tree(doc["tree"], tensors)
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint {path}: {e}") from None
     except (OSError, CodecError, StateError, ValueError, KeyError) as e:
         raise CheckpointError(f"checkpoint {path}: {type(e).__name__}: {e}") from None
+
+
+def _load_spec_algorithm(meta: Any) -> None:
+    """A checkpoint whose run names a user algorithm (``algorithm.name = "package.module:NAME"``) holds that
+    algorithm's state classes: import the algorithm first (which lets :mod:`state_io` restore them). A checkpoint
+    imports no module but the one its run's spec names, which resuming the run imports anyway."""
+    spec = meta.get("spec") if isinstance(meta, dict) else None
+    algorithm = spec.get("algorithm") if isinstance(spec, dict) else None
+    name = algorithm.get("name") if isinstance(algorithm, dict) else None
+    if isinstance(name, str) and ":" in name:
+        get_algorithm(name)
 
 
 def _read_u64(f: Any) -> int:

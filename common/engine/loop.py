@@ -24,7 +24,7 @@ from typing import Any
 from fedhop.common import timing
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
 from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.state_io import snapshot_state
+from fedhop.common.engine.state_io import check_savable, snapshot_state
 from fedhop.common.wire.bundle import Bundle
 
 log = logging.getLogger("fedhop.engine")
@@ -55,6 +55,7 @@ def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Com
     if state is None:
         t0 = 0
         state = ctx.state = algo.init(ctx)
+        check_savable(state, f"algorithm {algo.name!r}: the state init returned")  # before round 1, naming the field
         if algo.setup is not None:
             state = ctx.state = _timed(events, ctx, SETUP_ROUND,
                                        lambda: _attempt(algo, ctx, SETUP_ROUND, state, algo.setup, on_redo))

@@ -7,8 +7,9 @@ state value may be built from:
 * ``torch.Tensor`` (stored through the codec), ``numpy.ndarray`` (stored as a tensor), ``torch.Generator``
   (its byte state) and ``numpy.random.Generator`` (its bit generator's state, JSON);
 * ``dict`` (any scalar keys), ``list``, ``tuple``, ``set``;
-* dataclasses and pydantic models defined in a ``fedhop.`` module (restored by their import path; a checkpoint
-  never names code outside fedhop, so loading one runs no foreign code).
+* dataclasses and pydantic models defined in a ``fedhop.`` module, or in the package of a user algorithm the
+  run names (``algorithm.name = "package.module:NAME"``: :func:`trust_module`), restored by their import path;
+  a checkpoint names no other code, so loading one runs no code the run did not already import.
 
 :func:`to_tree` raises :class:`StateError` naming the path of anything else, so an algorithm that keeps a
 value the engine cannot save fails in its first round, not when the run is resumed.
@@ -27,6 +28,24 @@ import torch
 from pydantic import BaseModel
 
 ALLOWED_PREFIX = "fedhop."
+_TRUSTED: set[str] = set()  # packages of the user algorithms this process runs (trust_module)
+
+
+def trust_module(module: str) -> None:
+    """Let the state classes of user algorithm module ``module`` (and of the package that holds it) be saved
+    and restored: the run names that module, every node imports it and checks its code digest."""
+    _TRUSTED.add(module.rpartition(".")[0] or module)
+
+
+def trusted(module: str) -> bool:
+    """Whether classes of ``module`` may appear in a checkpoint."""
+    return module.startswith(ALLOWED_PREFIX) or any(module == p or module.startswith(p + ".") for p in _TRUSTED)
+
+
+def _not_savable_class(path: str, value: Any, what: str) -> StateError:
+    return StateError(f"{path}: {type(value).__name__} is a {what} of module {type(value).__module__!r}, which is "
+                      "neither fedhop's nor the package of the run's algorithm (algorithm.name); define the state "
+                      "classes in the algorithm's module or its package")
 
 
 class StateError(ValueError):
@@ -40,8 +59,9 @@ def _class_path(obj: Any) -> str:
 
 def _import_class(path: str) -> type:
     module, _, qual = path.partition(":")
-    if not module.startswith(ALLOWED_PREFIX):
-        raise StateError(f"checkpoint names class {path!r} outside {ALLOWED_PREFIX}*; refusing to import it")
+    if not trusted(module):
+        raise StateError(f"checkpoint names class {path!r} outside {ALLOWED_PREFIX}* and the run's algorithm "
+                         "package; refusing to import it")
     obj: Any = importlib.import_module(module)
     for part in qual.split("."):
         obj = getattr(obj, part, None)
@@ -73,12 +93,17 @@ def to_tree(value: Any, tensors: dict[str, torch.Tensor], path: str = "state") -
     if isinstance(value, np.random.Generator):
         return {"$npg": type(value.bit_generator).__name__, "s": value.bit_generator.state}
     if isinstance(value, BaseModel):
-        if not type(value).__module__.startswith(ALLOWED_PREFIX):
-            raise StateError(f"{path}: {type(value).__name__} is not a fedhop model; state must be data")
-        return {"$pm": _class_path(value), "v": value.model_dump(mode="json")}
+        module = type(value).__module__
+        if module.startswith(ALLOWED_PREFIX):
+            return {"$pm": _class_path(value), "v": value.model_dump(mode="json")}
+        if not trusted(module):
+            raise _not_savable_class(path, value, "pydantic model")
+        # a user model: field by field (its fields may be tensors), restored without validation
+        return {"$pf": _class_path(value),
+                "f": {k: to_tree(getattr(value, k), tensors, f"{path}.{k}") for k in type(value).model_fields}}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        if not type(value).__module__.startswith(ALLOWED_PREFIX):
-            raise StateError(f"{path}: {type(value).__name__} is not a fedhop dataclass")
+        if not trusted(type(value).__module__):
+            raise _not_savable_class(path, value, "dataclass")
         return {"$dc": _class_path(value),
                 "f": {f.name: to_tree(getattr(value, f.name), tensors, f"{path}.{f.name}")
                       for f in dataclasses.fields(value)}}
@@ -94,7 +119,16 @@ def to_tree(value: Any, tensors: dict[str, torch.Tensor], path: str = "state") -
     if isinstance(value, set | frozenset):
         return {"$s": [to_tree(v, tensors, f"{path}.item") for v in sorted(value)]}
     raise StateError(f"{path}: a {type(value).__name__} cannot be saved in a checkpoint (state must be tensors, "
-                     "scalars, containers, fedhop dataclasses or models)")
+                     "scalars, containers, and dataclasses or pydantic models of those)")
+
+
+def check_savable(value: Any, what: str) -> None:
+    """Raise a :class:`StateError` naming the field of ``value`` that a checkpoint cannot hold (``what``: whose
+    state it is, e.g. ``"algorithm 'pkg.mod:NAME': the parameter server's state"``)."""
+    try:
+        to_tree(value, {})
+    except StateError as e:
+        raise StateError(f"{what} cannot be saved in a checkpoint: {e}") from None
 
 
 def from_tree(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
@@ -122,6 +156,9 @@ def from_tree(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
         return np.random.Generator(bg)
     if "$pm" in tree:
         return _import_class(tree["$pm"]).model_validate(tree["v"])
+    if "$pf" in tree:
+        model = _import_class(tree["$pf"])
+        return model.model_construct(**{k: from_tree(v, tensors) for k, v in tree["f"].items()})  # type: ignore
     if "$dc" in tree:
         cls = _import_class(tree["$dc"])
         fields = {k: from_tree(v, tensors) for k, v in tree["f"].items()}

@@ -2,8 +2,8 @@
 
 Each command group is its own module (``run``: simulate, launch; ``reproduce``: reproduce, compare; ``spec``:
 spec, algorithms; ``deploy``: testbed, compose, compose-run, stack-run, health; ``roles``: server, edge,
-client, clients; ``identity``: certs, tokens); their handlers import what they run when called, so building
-the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``.
+client, clients; ``identity``: certs, tokens; ``new``: new protocol); their handlers import what they run
+when called, so building the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``.
 
 Exit codes: common/exit_codes.py (and the README).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedhop.cli import check, deploy, identity, reproduce, roles, run, spec
+from fedhop.cli import check, deploy, identity, new, reproduce, roles, run, spec
 from fedhop.cli.console import HelpFormatter
 from fedhop.cli.errors import run_command
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy.add_commands(sub)
     identity.add_commands(sub)
     check.add_commands(sub)
+    new.add_commands(sub, HelpFormatter)
     return p
 
 
