@@ -37,7 +37,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests --ignore=tests/testbed
+	$(PY) -m pytest tests --ignore=tests/testbed --ignore=tests/gpu
 
 # The inner loop: tests/unit, which opens no socket and starts no process (tests/conftest.py: the tiers).
 test-unit: $(STAMP)
