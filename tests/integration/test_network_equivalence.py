@@ -109,9 +109,11 @@ def _d(final: dict[str, torch.Tensor]) -> int:
 
 
 def _per_round(links: list[dict[str, Any]], kinds: set[str] | None = None) -> dict[int, int]:
+    """Payload bytes per round of the task traffic (``kinds``: of those kinds only); the network-only kinds,
+    which carry no payload (asserted in the test), are left out."""
     out: dict[int, int] = {}
     for r in links:
-        if kinds is None or r["kind"] in kinds:
+        if r["kind"] not in CONTROL_KINDS and (kinds is None or r["kind"] in kinds):
             out[r["round"]] = out.get(r["round"], 0) + r["payload_bytes"]
     return out
 
@@ -144,7 +146,7 @@ def _fedavg_flat(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunS
     d = _d(final)
     assert payload_bytes(final) == 4 * d
     assert _per_round(res["links"]) == {t: 2 * d * 4 * spec.topology.clients for t in range(1, spec.rounds + 1)}
-    for r in res["links"]:
+    for r in (r for r in res["links"] if r["kind"] not in CONTROL_KINDS):  # the task traffic
         assert r["payload_bytes"] == d * 4 * r["messages"]
         assert {r["src"], r["dst"]} & {"ps"}
     cumulative = [r["cum_payload_bytes"] for r in res["rounds"]]
@@ -211,7 +213,8 @@ def _focus_trace(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunS
     """The trace is replayed row by row: round r's participants are the clients marked 1 in row r."""
     _focus(res, final, spec)
     assert [rec["participants"] for rec in res["rounds"]] == [sum(row) for row in TRACE_ROWS]
-    pulled = [{r["dst"] for r in res["links"] if r["round"] == t and r["phase"] == "request"} for t in (1, 2)]
+    pulled = [{r["dst"] for r in res["links"] if r["round"] == t and r["phase"] == "request"
+               and r["kind"] not in CONTROL_KINDS} for t in (1, 2)]
     assert pulled == [{f"client-{i}" for i, x in enumerate(row) if x} for row in TRACE_ROWS]
 
 
