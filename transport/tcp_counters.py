@@ -103,6 +103,16 @@ def parse_grpc_peer(peer: str) -> Address | None:
         return None
 
 
+def resolve(target: str) -> list[Address]:
+    """The addresses a ``host:port`` dial target resolves to ([] where it does not)."""
+    host, _, port = target.rpartition(":")
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM)
+    except (OSError, ValueError):
+        return []
+    return sorted({(normalise_ip(str(sa[0])), int(sa[1])) for *_, sa in infos})
+
+
 def parse_tcp_info(buf: bytes) -> tuple[int, int, int, int, int] | None:
     """(bytes_acked, bytes_received, segs_out, segs_in, total_retrans) of a ``struct tcp_info``; None when the
     kernel's struct is too old to hold them."""
@@ -258,7 +268,10 @@ class WireProbe:
     the previous read as wire rows of the round that just ended (``ByteMeter.record_wire``).
 
     ``peers()`` names the remote addresses this node attributes (address -> node id); a parent gives its
-    children's addresses as gRPC saw them. One read per round, whatever the number of messages."""
+    children's addresses as gRPC saw them. ``dialed()`` (optional) names the nodes this node dials itself
+    (node id -> ``host:port``, an edge's neighbours for hand-offs): its connections to their listening address
+    are its own to read (the neighbour sees only an unnamed ephemeral port). One read per round, whatever the
+    number of messages."""
 
     def __init__(self, node: str, meter: ByteMeter, peers: Callable[[], Mapping[Address, str]],
                  counters: TcpCounters | None = None) -> None:
@@ -269,6 +282,18 @@ class WireProbe:
         self.round = -1  # the round whose traffic the next read is counted in
         self._last: dict[tuple[Address, Address], TcpInfo] = {}
         self._lock = threading.Lock()
+        self.dialed: Callable[[], Mapping[str, str]] | None = None
+        self._resolved: dict[str, list[Address]] = {}
+
+    def addresses(self) -> dict[Address, str]:
+        """Remote address -> node id: the children's (``peers()``) and the dialed nodes' (resolved once)."""
+        out = dict(self.peers())
+        for node, target in list((self.dialed() if self.dialed is not None else {}).items()):
+            if target not in self._resolved:
+                self._resolved[target] = resolve(target)
+            for a in self._resolved[target]:
+                out.setdefault(a, node)
+        return out
 
     def round_boundary(self, round_idx: int) -> None:
         """A call of ``round_idx``: when it is a later round than the current one, the current round's traffic
@@ -289,5 +314,5 @@ class WireProbe:
         infos = self.counters.read()
         if not infos:
             return
-        for d in attribute(self.node, infos, self.peers(), self._last):
+        for d in attribute(self.node, infos, self.addresses(), self._last):
             self.meter.record_wire(d.src, d.dst, self.round, d.wire_bytes, d.wire_segments, d.wire_retrans)

@@ -144,3 +144,16 @@ def test_wire_rows_travel_in_reports_and_merge() -> None:
     parent.merge(rows)
     assert parent.rows() == meter.rows()
     assert parent.relabel_from(0) == 2 and parent.rows()[1]["wire_bytes"] == 1000
+
+
+def test_probe_reads_the_connections_it_dialed_to_a_neighbour() -> None:
+    meter = ByteMeter()
+    child, neighbour = ("127.0.0.1", 41000), ("127.0.0.1", 6001)
+    reads = [[info(child, 1, 10, 20, local=("127.0.0.1", 6000)),
+              info(neighbour, 2, 5000, 40, local=("127.0.0.1", 42000))]]
+    probe = WireProbe("edge-0", meter, lambda: {child: "client-0"}, FakeCounters(reads))  # type: ignore[arg-type]
+    probe.dialed = lambda: {"edge-1": "127.0.0.1:6001", "edge-2": "no-such-host.invalid:1"}
+    probe.flush()
+    got = {(r["src"], r["dst"]): r["wire_bytes"] for r in meter.rows()}
+    assert got == {("edge-0", "edge-1"): 5000, ("edge-1", "edge-0"): 40, ("edge-0", "client-0"): 10,
+                   ("client-0", "edge-0"): 20}
