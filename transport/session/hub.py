@@ -92,6 +92,8 @@ class ParentHub:
 
     def on_frame(self, link: ChildLink, frame: Frame) -> bool:
         """Handle one frame from a child; False ends the session (a refused Hello)."""
+        if link.on_control is None:  # a session opened before this hub existed (an edge's PendingHub)
+            link.on_control = self._sent_control
         if link.node_id is None:
             if not link.alive:
                 return False
