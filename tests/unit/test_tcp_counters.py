@@ -157,3 +157,24 @@ def test_probe_reads_the_connections_it_dialed_to_a_neighbour() -> None:
     got = {(r["src"], r["dst"]): r["wire_bytes"] for r in meter.rows()}
     assert got == {("edge-0", "edge-1"): 5000, ("edge-1", "edge-0"): 40, ("edge-0", "client-0"): 10,
                    ("client-0", "edge-0"): 20}
+
+
+def test_a_kernel_without_sock_diag_is_named_once_and_reads_nothing(monkeypatch, caplog) -> None:
+    import fedhop.transport.tcp_counters as tc
+
+    calls = []
+
+    def refused() -> list[TcpInfo]:
+        calls.append(1)
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tc, "dump_tcp_sockets", refused)
+    counters = tc.TcpCounters("ps")
+    with caplog.at_level("WARNING", logger="fedhop.wire"):
+        assert counters.read() == [] and counters.read() == []
+    assert not counters.available and calls == [1]
+    lines = [r.getMessage() for r in caplog.records if r.name == "fedhop.wire"]
+    assert len(lines) == 1 and "sock_diag" in lines[0] and "no wire level" in lines[0]
+    meter = ByteMeter()
+    WireProbe("ps", meter, dict, counters).flush()
+    assert meter.rows() == []
