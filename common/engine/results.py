@@ -104,7 +104,12 @@ class RunResult:
 
 
 def totals(links: list[dict[str, Any]]) -> dict[str, int]:
-    return {k: sum(r[k] for r in links) for k in ("messages", "payload_bytes", "message_bytes")}
+    """Messages, payload and message bytes of every row; ``wire_bytes`` too where there is a wire level (the
+    networked engine's wire rows; as the live page's ``/api`` totals do)."""
+    out = {k: sum(r[k] for r in links) for k in ("messages", "payload_bytes", "message_bytes")}
+    if any("wire_bytes" in r for r in links):
+        out["wire_bytes"] = sum(r.get("wire_bytes", 0) for r in links)
+    return out
 
 
 def file_links(links: list[dict[str, Any]]) -> list[dict[str, Any]]:

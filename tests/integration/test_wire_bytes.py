@@ -5,6 +5,7 @@ and round, and payload <= message <= wire on every link that carries a model."""
 from __future__ import annotations
 
 import csv
+import json
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def sock_diag_works() -> bool:
 def test_launch_writes_wire_bytes_per_link_direction_and_round(tmp_path: Path) -> None:
     spec = small_spec("fedavg", clients=4, edges=2, rounds=2)
     out = launch_run(spec, tmp_path)
+    totals = json.loads((out / "results.json").read_text())["totals"]
     with (out / "links.csv").open() as f:
         reader = csv.DictReader(f)
         assert reader.fieldnames == LINKS_HEADER
@@ -61,3 +63,4 @@ def test_launch_writes_wire_bytes_per_link_direction_and_round(tmp_path: Path) -
     # no connection is counted twice: the wire level only names links of the tree (parent <-> child)
     tree = model_links | {(b, a) for a, b in model_links}
     assert set(level["wire"]) <= tree
+    assert totals["wire_bytes"] == sum(level["wire"].values()) >= totals["message_bytes"]
