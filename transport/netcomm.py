@@ -42,6 +42,7 @@ class NetComm(BaseComm):
         self.transport = spec.transport
         self.peers = peers if peers is not None else {}
         self.peer_client = PeerClient(node, hub.meter, missing, spec.transport, self.peers, security)
+        hub.wire.dialed = lambda: self.peers  # this node's hand-off connections are its to read (wire level)
         self.ctx: NodeContext | None = None
         self._begun: int | None = None  # the round begin_round last ran for
         self._budget_end: float | None = None  # monotonic time by which this node's parent wants its answer

@@ -1,5 +1,8 @@
 """Run results: per-round metrics with cumulative bytes, per-link byte table, who was missing.
 
+``links.csv`` has the three byte levels: ``payload_bytes`` and ``message_bytes`` per message kind, and the wire
+level in rows of kind ``wire`` (``wire_bytes``, ``wire_segments``, ``wire_retrans``; networked engine only).
+
 Rounds are numbered from 1 in every file of a run folder (``rounds.*``, ``links.csv``, ``missing.csv``,
 ``results.json``); in ``links.csv`` round 0 holds the messages of set-up and tear-down (e.g. collecting the
 final model). In memory, :attr:`RunResult.links` keeps the byte meter's driver rounds (0-based, -1 for set-up);
@@ -101,7 +104,12 @@ class RunResult:
 
 
 def totals(links: list[dict[str, Any]]) -> dict[str, int]:
-    return {k: sum(r[k] for r in links) for k in ("messages", "payload_bytes", "message_bytes")}
+    """Messages, payload and message bytes of every row; ``wire_bytes`` too where there is a wire level (the
+    networked engine's wire rows; as the live page's ``/api`` totals do)."""
+    out = {k: sum(r[k] for r in links) for k in ("messages", "payload_bytes", "message_bytes")}
+    if any("wire_bytes" in r for r in links):
+        out["wire_bytes"] = sum(r.get("wire_bytes", 0) for r in links)
+    return out
 
 
 def file_links(links: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -120,6 +128,12 @@ def attach_cumulative_bytes(records: list[dict[str, Any]], links: list[dict[str,
                     "cum_message_bytes": sum(r["message_bytes"] for r in sel)})
     return out
 
+
+# links.csv: one row per (src, dst, kind, phase, round). The wire columns are filled on the networked engine's
+# wire rows only (kind "wire", phase "tcp": the kernel's TCP counters of the link in that round, WIRE_KIND in
+# common/wire/meter.py); every other row leaves them empty, as does the in-process engine, which has no wire.
+LINKS_HEADER = ["src", "dst", "kind", "phase", "round", "messages", "payload_bytes", "message_bytes",
+                "wire_bytes", "wire_segments", "wire_retrans"]
 
 RUN_FILES = ("spec.toml", "results.json", "rounds.csv", "rounds.jsonl", "links.csv", "missing.csv", "model.pt",
              "plots.png")
@@ -154,8 +168,7 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     tmp.write_text(json.dumps(result.to_json(), indent=1))
     tmp.replace(folder / "results.json")
     _csv(folder / "rounds.csv", result.rounds)
-    _csv(folder / "links.csv", file_links(result.links),
-         ["src", "dst", "kind", "phase", "round", "messages", "payload_bytes", "message_bytes"])
+    _csv(folder / "links.csv", file_links(result.links), LINKS_HEADER)
     _csv(folder / "missing.csv", result.missing, ["round", "by", "node", "task", "reason"])
     if not result.interrupted:
         torch.save({k: v.cpu() for k, v in result.final.items()}, folder / "model.pt")

@@ -1,8 +1,11 @@
 """Byte meters: every message counted per link (src -> dst), per message kind and per phase.
 
-Two levels are counted here: ``payload`` (raw tensor bytes, what the papers count) and ``message``
-(serialized protobuf bytes on the gRPC stream). The third level, ``wire`` (kernel interface counters),
-is read by the testbed in ``deploy/``.
+Two levels are counted per message: ``payload`` (raw tensor bytes, what the papers count) and ``message``
+(serialized protobuf bytes on the gRPC stream). The third level, ``wire``, is the kernel's TCP counters of the
+link's connection, read by the networked engine once per round (``transport/tcp_counters.py``) and kept in rows
+of their own kind, :data:`WIRE_KIND` (phase :data:`WIRE_PHASE`, no messages, no payload or message bytes), since
+a connection's bytes belong to no single message kind. The in-process engine has no wire rows. (The testbeds in
+``deploy/`` also read interface counters, ``wire.csv``.)
 """
 
 from __future__ import annotations
@@ -10,6 +13,10 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
+
+WIRE_KIND = "wire"  # the kind of wire-level rows: a link's TCP counters in one round
+WIRE_PHASE = "tcp"
+WIRE_COUNTS = ("wire_bytes", "wire_segments", "wire_retrans")
 
 
 @dataclass(frozen=True, order=True)
@@ -26,6 +33,17 @@ class LinkCount:
     messages: int = 0
     payload_bytes: int = 0
     message_bytes: int = 0
+    wire_bytes: int = 0  # wire rows only (WIRE_KIND): TCP stream bytes delivered on the link
+    wire_segments: int = 0
+    wire_retrans: int = 0
+
+    def add(self, other: LinkCount) -> None:
+        self.messages += other.messages
+        self.payload_bytes += other.payload_bytes
+        self.message_bytes += other.message_bytes
+        self.wire_bytes += other.wire_bytes
+        self.wire_segments += other.wire_segments
+        self.wire_retrans += other.wire_retrans
 
 
 @dataclass
@@ -43,6 +61,14 @@ class ByteMeter:
             c.payload_bytes += payload
             c.message_bytes += message
 
+    def record_wire(self, src: str, dst: str, round: int, wire_bytes: int, segments: int, retrans: int) -> None:
+        """A wire-level row: what the kernel counted on the src -> dst connection(s) in ``round``."""
+        with self._lock:
+            c = self.counts[LinkKey(src, dst, WIRE_KIND, WIRE_PHASE, round)]
+            c.wire_bytes += wire_bytes
+            c.wire_segments += segments
+            c.wire_retrans += retrans
+
     def merge(self, rows: list[dict]) -> None:
         """Add rows produced by :meth:`rows` (e.g. a remote process's snapshot)."""
         with self._lock:
@@ -51,6 +77,9 @@ class ByteMeter:
                 c.messages += int(r["messages"])
                 c.payload_bytes += int(r["payload_bytes"])
                 c.message_bytes += int(r["message_bytes"])
+                c.wire_bytes += int(r.get("wire_bytes", 0))
+                c.wire_segments += int(r.get("wire_segments", 0))
+                c.wire_retrans += int(r.get("wire_retrans", 0))
 
     def relabel_from(self, round_idx: int, phase: str = "redo") -> int:
         """Count every row of round >= ``round_idx`` under ``phase`` instead (a node rolled back before that
@@ -59,20 +88,20 @@ class ByteMeter:
             moved = [k for k in self.counts if k.round >= round_idx and k.phase != phase]
             for k in moved:
                 c = self.counts.pop(k)
-                t = self.counts[LinkKey(k.src, k.dst, k.kind, phase, k.round)]
-                t.messages += c.messages
-                t.payload_bytes += c.payload_bytes
-                t.message_bytes += c.message_bytes
+                self.counts[LinkKey(k.src, k.dst, k.kind, phase, k.round)].add(c)
         return len(moved)
 
     def rows(self) -> list[dict]:
-        """One dict per (src, dst, kind, phase, round), sorted."""
+        """One dict per (src, dst, kind, phase, round), sorted; wire rows (:data:`WIRE_KIND`) also carry
+        ``wire_bytes``, ``wire_segments`` and ``wire_retrans``."""
         with self._lock:
             items = sorted(self.counts.items())
         return [
             {"src": k.src, "dst": k.dst, "kind": k.kind, "phase": k.phase, "round": k.round,
              "messages": c.messages,
-             "payload_bytes": c.payload_bytes, "message_bytes": c.message_bytes}
+             "payload_bytes": c.payload_bytes, "message_bytes": c.message_bytes,
+             **({"wire_bytes": c.wire_bytes, "wire_segments": c.wire_segments, "wire_retrans": c.wire_retrans}
+                if k.kind == WIRE_KIND else {})}
             for k, c in items
         ]
 
@@ -80,14 +109,12 @@ class ByteMeter:
         with self._lock:
             out = LinkCount()
             for c in self.counts.values():
-                out.messages += c.messages
-                out.payload_bytes += c.payload_bytes
-                out.message_bytes += c.message_bytes
+                out.add(c)
         return out
 
     def per_link(self, level: str = "payload_bytes") -> dict[tuple[str, str], int]:
         """Bytes per directed link (src, dst), summed over kinds and phases."""
         out: dict[tuple[str, str], int] = defaultdict(int)
         for r in self.rows():
-            out[(r["src"], r["dst"])] += r[level]
+            out[(r["src"], r["dst"])] += r.get(level, 0)
         return dict(out)

@@ -22,7 +22,8 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import payload_bytes
-from fedhop.common.wire.control import CONTROL_KINDS
+from fedhop.common.wire.control import BYE, CONTROL_KINDS, HELLO, READY, REPORT, SESSION_KINDS, WELCOME
+from fedhop.common.wire.meter import WIRE_KIND, WIRE_PHASE
 from tests.integration.netutil import launch_here, load_result, rows_by_key, small_spec
 
 BERN = {"kind": "bernoulli", "p": [0.9, 0.5, 0.2]}
@@ -108,9 +109,11 @@ def _d(final: dict[str, torch.Tensor]) -> int:
 
 
 def _per_round(links: list[dict[str, Any]], kinds: set[str] | None = None) -> dict[int, int]:
+    """Payload bytes per round of the task traffic (``kinds``: of those kinds only); the network-only kinds,
+    which carry no payload (asserted in the test), are left out."""
     out: dict[int, int] = {}
     for r in links:
-        if kinds is None or r["kind"] in kinds:
+        if r["kind"] not in CONTROL_KINDS and (kinds is None or r["kind"] in kinds):
             out[r["round"]] = out.get(r["round"], 0) + r["payload_bytes"]
     return out
 
@@ -143,7 +146,7 @@ def _fedavg_flat(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunS
     d = _d(final)
     assert payload_bytes(final) == 4 * d
     assert _per_round(res["links"]) == {t: 2 * d * 4 * spec.topology.clients for t in range(1, spec.rounds + 1)}
-    for r in res["links"]:
+    for r in (r for r in res["links"] if r["kind"] not in CONTROL_KINDS):  # the task traffic
         assert r["payload_bytes"] == d * 4 * r["messages"]
         assert {r["src"], r["dst"]} & {"ps"}
     cumulative = [r["cum_payload_bytes"] for r in res["rounds"]]
@@ -210,7 +213,8 @@ def _focus_trace(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunS
     """The trace is replayed row by row: round r's participants are the clients marked 1 in row r."""
     _focus(res, final, spec)
     assert [rec["participants"] for rec in res["rounds"]] == [sum(row) for row in TRACE_ROWS]
-    pulled = [{r["dst"] for r in res["links"] if r["round"] == t and r["phase"] == "request"} for t in (1, 2)]
+    pulled = [{r["dst"] for r in res["links"] if r["round"] == t and r["phase"] == "request"
+               and r["kind"] not in CONTROL_KINDS} for t in (1, 2)]
     assert pulled == [{f"client-{i}" for i, x in enumerate(row) if x} for row in TRACE_ROWS]
 
 
@@ -247,9 +251,16 @@ def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
         assert torch.equal(final[k], v), f"{case}: tensor {k} differs between engines"
     # (the run folder numbers rounds from 1, set-up 0; the in-memory meter rows from 0, set-up -1)
     # identical per-link tables: same keys (src, dst, kind, phase, round), same payload and message bytes.
-    # Reports (byte-meter rows sent up after each task) exist only over the network: their own kind, no payload.
-    control = [r for r in res["links"] if r["kind"] in CONTROL_KINDS]
-    assert all(r["payload_bytes"] == 0 and r["phase"] == "request" for r in control)
+    # Reports (byte-meter rows sent up after each task), the session's control frames and the wire level (the
+    # kernel's TCP counters) exist only over the network: their own kinds, no payload.
+    network_only = [r for r in res["links"] if r["kind"] in CONTROL_KINDS]
+    assert all(r["payload_bytes"] == 0 for r in network_only)
+    wire = [r for r in network_only if r["kind"] == WIRE_KIND]
+    assert all(r["phase"] == WIRE_PHASE and r["messages"] == 0 == r["message_bytes"] for r in wire)
+    assert all(r["phase"] == "request" for r in network_only if r["kind"] != WIRE_KIND)
+    session = {r["kind"] for r in network_only if r["kind"] in SESSION_KINDS.values()}
+    assert {HELLO, WELCOME, READY, BYE} <= session
+    control = [r for r in network_only if r["kind"] == REPORT]
     work = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
     net_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): r for r in work}
     ora_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"] + 1): r for r in oracle.links}

@@ -20,6 +20,7 @@ from fedhop.common import timing
 from fedhop.common.engine.api import NodeId, Scalar
 from fedhop.common.engine.base import Failure, MissingLog
 from fedhop.common.wire.bundle import Bundle
+from fedhop.common.wire.control import SESSION_KINDS
 from fedhop.common.wire.messages import FrameError
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.reply_gate import ReplyGate
@@ -29,6 +30,7 @@ from fedhop.transport.session.config import QUIET, HubConfig, HubListener
 from fedhop.transport.session.link import ChildLink, Frame, Roster, complain
 from fedhop.transport.session.liveness import Liveness
 from fedhop.transport.session.reports import Reports
+from fedhop.transport.tcp_counters import Address, TcpCounters, WireProbe, parse_grpc_peer
 from fedhop.v1 import fedhop_pb2 as pb
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ class ParentHub:
     admission, keep-alives and reports. Its keep-alives run from construction to :meth:`shutdown`."""
 
     def __init__(self, config: HubConfig, meter: ByteMeter, missing: MissingLog | None = None,
-                 listener: HubListener = QUIET) -> None:
+                 listener: HubListener = QUIET, counters: TcpCounters | None = None) -> None:
         self.config = config
         self.node = config.node
         timing.set_node(self.node)
@@ -53,7 +55,15 @@ class ParentHub:
         self.admission = Admission(config, self.roster, listener, self.calls.assembler)
         self.liveness = Liveness(config, self.roster, self.calls, listener)
         self.reports = Reports(self.node, meter, self.missing)
+        # the wire level: each child's connection is read here, by its parent (transport/tcp_counters.py)
+        self.wire = WireProbe(self.node, meter, self._child_addresses, counters)
         self.liveness.start()
+
+    def _child_addresses(self) -> dict[Address, NodeId]:
+        """Each child's address as gRPC saw it (the remote end of its connection) -> its node id."""
+        with self.roster.lock:
+            links = list(self.roster.links.values())
+        return {a: link.name for link in links if (a := parse_grpc_peer(link.peer)) is not None}
 
     @property
     def security(self) -> Security:
@@ -72,17 +82,30 @@ class ParentHub:
     def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
              cancel: Callable[[], Any] | None = None) -> ChildLink:
         """A new session from ``peer`` (:func:`~fedhop.transport.session.liveness.open_session`)."""
-        return self.liveness.open(peer, identity, unauthenticated, cancel)
+        link = self.liveness.open(peer, identity, unauthenticated, cancel)
+        link.on_control = self._sent_control
+        return link
+
+    def _sent_control(self, link: ChildLink, frame: pb.Frame) -> None:
+        if link.node_id is not None:  # refusals before a Hello are no child's traffic
+            self.reports.control(self.node, link.node_id, frame, self.wire.round)
 
     def on_frame(self, link: ChildLink, frame: Frame) -> bool:
         """Handle one frame from a child; False ends the session (a refused Hello)."""
+        if link.on_control is None:  # a session opened before this hub existed (an edge's PendingHub)
+            link.on_control = self._sent_control
         if link.node_id is None:
             if not link.alive:
                 return False
             link.hello_seen.set()
-            return self.admission.hello(link, frame)
+            admitted = self.admission.hello(link, frame)
+            if admitted and link.node_id is not None and isinstance(frame, pb.Frame):
+                self.reports.control(link.node_id, self.node, frame, self.wire.round)
+            return admitted
         if isinstance(frame, pb.Frame):
             body = frame.WhichOneof("body")
+            if body in SESSION_KINDS and link.node_id is not None:
+                self.reports.control(link.node_id, self.node, frame, self.wire.round)
             if body is None:
                 return True  # keep-alive
             if body == "hello":
@@ -137,14 +160,17 @@ class ParentHub:
 
     def shutdown(self, timeout_s: float, *, finished: bool, reason: str = "run finished") -> None:
         """Bye (saying whether the run ``finished``) to every child; wait for their Bye, whose meter rows and
-        missing entries are merged into this node's meter and missing log; then close the streams."""
+        missing entries are merged into this node's meter and missing log; then close the streams. The
+        children's connections are read one last time first (the wire level)."""
+        self.wire.flush()
         self.reports.collect(self.roster.alive(), timeout_s, finished=finished, reason=reason)
         self.liveness.stop()
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
              deadline_s: float, gate: ReplyGate | None = None) -> Call | Failure:
-        """Push one Task to a child (``CallTable.call``)."""
+        """Push one Task to a child (``CallTable.call``); the first call of a round reads the wire level."""
+        self.wire.round_boundary(round_idx)
         return self.calls.call(target, task, bundle, args, round_idx, deadline_s, gate)
 
     def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from fedhop.common.engine.api import NodeId
 from fedhop.common.wire.codec import CodecError
+from fedhop.common.wire.control import SESSION_KINDS
 from fedhop.common.wire.framing import BadFrame, ChunkFrame, frame_size
 from fedhop.common.wire.messages import MessageAssembler, error_frame
 from fedhop.v1 import fedhop_pb2 as pb
@@ -48,12 +49,17 @@ class ChildLink:
         self.missed_round: int | None = None  # the last round counted in ``missed``
         self.heard_round = -1  # the latest round of a call this child replied to in full (late replies included)
         self.dropped = ""  # why the parent closed this session for silence ("" while it did not)
+        self.on_control: Callable[[ChildLink, pb.Frame], None] | None = None  # meters the control frames sent
 
     @property
     def name(self) -> str:
         return self.node_id or f"unidentified peer {self.peer}"
 
     def send(self, frames: Iterable[pb.Frame | bytes], on_sent: Callable[[int], None] | None = None) -> None:
+        if self.on_control is not None and isinstance(frames, list):
+            for f in frames:
+                if isinstance(f, pb.Frame) and f.WhichOneof("body") in SESSION_KINDS:
+                    self.on_control(self, f)
         self._q.put((frames, on_sent))
 
     def idle(self) -> bool:

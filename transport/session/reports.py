@@ -11,7 +11,7 @@ import time
 
 from fedhop.common.engine.api import NodeId
 from fedhop.common.engine.base import MissingLog
-from fedhop.common.wire.control import REPORT, bye_frame, meter_rows_from_pb, missing_from_pb
+from fedhop.common.wire.control import REPORT, bye_frame, meter_rows_from_pb, missing_from_pb, session_kind
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.session.link import ChildLink
 from fedhop.v1 import fedhop_pb2 as pb
@@ -33,6 +33,13 @@ class Reports:
         self.meter.merge(rows)
         self.missing.entries.extend(missing_from_pb(frame.report.missing))
         self.meter.record(link.name, self.node, REPORT, "request", 0, frame.ByteSize(), int(frame.report.round))
+
+    def control(self, src: NodeId, dst: NodeId, frame: pb.Frame, round_idx: int) -> None:
+        """A session control frame (Hello, Welcome, Ready, Bye, keep-alive) between this node and a child,
+        either way: metered under its control kind, no payload (``SESSION_KINDS``)."""
+        kind = session_kind(frame)
+        if kind is not None:
+            self.meter.record(src, dst, kind, "request", 0, frame.ByteSize(), round_idx)
 
     def bye(self, link: ChildLink, frame: pb.Frame) -> None:
         """A child's Bye: what it had not reported yet is merged; the session may close."""

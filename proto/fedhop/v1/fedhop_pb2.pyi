@@ -241,7 +241,7 @@ class Error(_message.Message):
     def __init__(self, code: _Optional[_Union[ErrorCode, str]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class MeterRow(_message.Message):
-    __slots__ = ("src", "dst", "kind", "phase", "messages", "payload_bytes", "message_bytes", "round")
+    __slots__ = ("src", "dst", "kind", "phase", "messages", "payload_bytes", "message_bytes", "round", "wire_bytes", "wire_segments", "wire_retrans")
     SRC_FIELD_NUMBER: _ClassVar[int]
     DST_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,9 @@ class MeterRow(_message.Message):
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_RETRANS_FIELD_NUMBER: _ClassVar[int]
     src: str
     dst: str
     kind: str
@@ -258,7 +261,10 @@ class MeterRow(_message.Message):
     payload_bytes: int
     message_bytes: int
     round: int
-    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., kind: _Optional[str] = ..., phase: _Optional[str] = ..., messages: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., message_bytes: _Optional[int] = ..., round: _Optional[int] = ...) -> None: ...
+    wire_bytes: int
+    wire_segments: int
+    wire_retrans: int
+    def __init__(self, src: _Optional[str] = ..., dst: _Optional[str] = ..., kind: _Optional[str] = ..., phase: _Optional[str] = ..., messages: _Optional[int] = ..., payload_bytes: _Optional[int] = ..., message_bytes: _Optional[int] = ..., round: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., wire_segments: _Optional[int] = ..., wire_retrans: _Optional[int] = ...) -> None: ...
 
 class MissingEntry(_message.Message):
     __slots__ = ("round", "by", "node", "task", "reason")
