@@ -154,28 +154,31 @@ def slowest(rows: Iterable[Mapping[str, Any]]) -> Slowest:
     return Slowest(link, links[link] if link else 0.0, node, nodes[node] if node else 0.0)
 
 
-def per_round(rows: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, float]]:
-    """Seconds per round and phase, summed over nodes and links (derived rows; the set-up step excluded)."""
+def per_round(rows: Iterable[Mapping[str, Any]], first: int = 0) -> dict[int, dict[str, float]]:
+    """Seconds per round and phase, summed over nodes and links, for the rounds >= ``first`` (derived rows:
+    0 skips the set-up step; rows read from ``timeline.csv`` are 1-based: pass 1)."""
     out: dict[int, dict[str, float]] = {}
     for r in rows:
         rnd = int(r["round"])
-        if rnd >= 0 and r["phase"] in PHASES:
+        if rnd >= first and r["phase"] in PHASES:
             d = out.setdefault(rnd, dict.fromkeys(PHASES, 0.0))
             d[r["phase"]] += float(r["seconds"])
     return dict(sorted(out.items()))
 
 
 def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
-    """``timeline.csv``: round (0-based, -1 = set-up), node, peer, phase, seconds."""
+    """``timeline.csv`` from derived rows: round (as in every file of the run folder, 1-based; 0 = set-up and
+    tear-down), node, peer, phase, seconds."""
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in rows:
-            w.writerow({"round": r["round"], "node": r["node"], "peer": r.get("peer", ""), "phase": r["phase"],
+            w.writerow({"round": int(r["round"]) + 1, "node": r["node"], "peer": r.get("peer", ""), "phase": r["phase"],
                         "seconds": f"{float(r['seconds']):.6f}"})
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:
+    """``timeline.csv``'s rows (the file's 1-based rounds)."""
     with path.open(newline="") as f:
         return [{"round": int(r["round"]), "node": r["node"], "peer": r["peer"], "phase": r["phase"],
                  "seconds": float(r["seconds"])} for r in csv.DictReader(f)]

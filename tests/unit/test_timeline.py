@@ -115,7 +115,8 @@ def test_csv_round_trip(tmp_path: Path) -> None:
     rows = derive(raw((0, "ps", "e0", "rtt", 0.125), (0, "c0", "", "busy", 2.5), (-1, "ps", "", "round", 1.0)))
     write_csv(tmp_path / "timeline.csv", rows)
     assert (tmp_path / "timeline.csv").read_text().splitlines()[0] == "round,node,peer,phase,seconds"
-    assert read_csv(tmp_path / "timeline.csv") == rows
+    # the file's rounds are 1-based, as in rounds.csv and links.csv (0: the set-up step)
+    assert read_csv(tmp_path / "timeline.csv") == [{**r, "round": r["round"] + 1} for r in rows]
 
 
 def test_report_and_bye_frames_carry_the_rows() -> None:
