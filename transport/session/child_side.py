@@ -182,12 +182,13 @@ class ChildProtocol:
         return self.cursor.delta(rows, missing)
 
     def send_report(self, round_idx: int) -> None:
-        """Report what the meter and missing log gained since the last report (nothing when nothing did)."""
+        """Report what the meter and missing log gained since the last report (nothing when nothing did), with the
+        timing rows (common/timeline.py) added since. A node without a byte meter (a client) sends no Reports:
+        its timing rows travel in its Bye, so frames and their counts per link stay as they were."""
         with self._report_lock:
             rows, missing = self._unreported()
-            times = timeline.recorder(self.node).unreported()
-            if rows or missing or times:
-                self.send([report_frame(rows, missing, round_idx, times)])
+            if rows or missing:  # timing rows ride along; alone they wait for the next Report or the Bye
+                self.send([report_frame(rows, missing, round_idx, timeline.recorder(self.node).unreported())])
 
     def stop(self) -> None:
         """Let the task in progress finish (it may still answer), then stop the worker."""
