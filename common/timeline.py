@@ -37,39 +37,50 @@ Key = tuple[int, str, str, str]  # (round, node, peer, phase)
 
 class Timeline:
     """One node's timing rows (its own, and those its children reported), summed per (round, node, peer,
-    phase); thread-safe. :meth:`unreported` gives what was added since its last call (a Report's share)."""
+    phase); thread-safe. :meth:`unreported` gives what was added since its last call (a Report's share).
 
-    def __init__(self) -> None:
+    ``keep``: keep every round's sums for :meth:`rows` (the PS, the in-process engine: they report to no
+    one); a child's timeline (``keep=False``) holds only what it has not reported yet (:meth:`unreported`), so
+    a long run grows neither."""
+
+    def __init__(self, keep: bool = True) -> None:
+        self.keep = keep
         self._lock = threading.Lock()
-        self._sums: defaultdict[Key, float] = defaultdict(float)
-        self._sent: dict[Key, float] = {}
+        self._rounds: dict[int, defaultdict[tuple[str, str, str], float]] = {}
+        self._pending: defaultdict[Key, float] = defaultdict(float)
 
     def add(self, round_idx: int, node: str, phase: str, seconds: float, peer: str = "") -> None:
+        seconds = max(0.0, seconds)
         with self._lock:
-            self._sums[(int(round_idx), node, peer, phase)] += max(0.0, seconds)
+            self._add(int(round_idx), node, peer, phase, seconds)
+
+    def _add(self, rnd: int, node: str, peer: str, phase: str, seconds: float) -> None:
+        if self.keep:
+            self._rounds.setdefault(rnd, defaultdict(float))[(node, peer, phase)] += seconds
+        else:
+            self._pending[(rnd, node, peer, phase)] += seconds
 
     def merge(self, rows: Iterable[Mapping[str, Any]]) -> None:
         """Add rows (e.g. a child's Report) to this timeline."""
         with self._lock:
             for r in rows:
-                self._sums[(int(r["round"]), str(r["node"]), str(r.get("peer", "")), str(r["phase"]))] += \
-                    float(r["seconds"])
+                self._add(int(r["round"]), str(r["node"]), str(r.get("peer", "")), str(r["phase"]),
+                          float(r["seconds"]))
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self, round_idx: int | None = None) -> list[dict[str, Any]]:
+        """Every row kept (``keep``), or those of round ``round_idx``."""
         with self._lock:
-            items = sorted(self._sums.items())
-        return [_row(k, v) for k, v in items]
+            rounds = sorted(self._rounds) if round_idx is None else [round_idx]
+            items = [((rnd, *k), v) for rnd in rounds for k, v in self._rounds.get(rnd, {}).items()]
+        return [_row(k, v) for k, v in sorted(items)]  # type: ignore[arg-type]
 
     def unreported(self) -> list[dict[str, Any]]:
-        """The rows (as differences) added since the last call; marks them as sent."""
-        out = []
+        """The rows (as increments) added since the last call (a child's timeline, ``keep=False``)."""
+        if self.keep:
+            raise ValueError("a timeline that keeps its rows reports to no one: use rows()")
         with self._lock:
-            for k, v in sorted(self._sums.items()):
-                before = self._sent.get(k, 0.0)
-                if v != before:
-                    out.append(_row(k, v - before))
-                    self._sent[k] = v
-        return out
+            pending, self._pending = self._pending, defaultdict(float)
+        return [_row(k, v) for k, v in sorted(pending.items())]
 
 
 def _row(k: Key, seconds: float) -> dict[str, Any]:
@@ -82,18 +93,19 @@ _registry_lock = threading.Lock()
 
 
 def recorder(node: str) -> Timeline:
-    """Node ``node``'s timeline in this process (made on first use)."""
+    """Node ``node``'s timeline in this process (made on first use: a child's, keeping only what it has not
+    reported; the PS's Run makes its own with :func:`reset`)."""
     with _registry_lock:
         t = _registry.get(node)
         if t is None:
-            t = _registry[node] = Timeline()
+            t = _registry[node] = Timeline(keep=False)
         return t
 
 
-def reset(node: str) -> Timeline:
-    """A fresh timeline for ``node`` (a new run of a node id this process served before)."""
+def reset(node: str, keep: bool = True) -> Timeline:
+    """A fresh timeline for ``node`` (the PS's, for a new run: it keeps every row)."""
     with _registry_lock:
-        t = _registry[node] = Timeline()
+        t = _registry[node] = Timeline(keep)
         return t
 
 

@@ -198,7 +198,7 @@ class Run:
 
     def round_timeline(self, t: int) -> list[dict[str, Any]]:
         """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`)."""
-        return timelines.derive(r for r in self.timeline.rows() if r["round"] == t)
+        return timelines.derive(self.timeline.rows(t))
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _round_time(self, kind: str, data: dict[str, Any]) -> None:

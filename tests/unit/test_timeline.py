@@ -22,28 +22,39 @@ def by_key(rows: list[dict]) -> dict[tuple[int, str, str, str], float]:
     return {(r["round"], r["node"], r["peer"], r["phase"]): r["seconds"] for r in rows}
 
 
-def test_timeline_sums_per_key_and_reports_only_what_is_new() -> None:
+def test_timeline_sums_per_key_and_round() -> None:
     t = Timeline()
     t.add(0, "c0", "busy", 1.0)
     t.add(0, "c0", "busy", 0.5)
     t.add(0, "e0", "rtt", 2.0, peer="c0")
     t.add(0, "c0", "busy", -3.0)  # a clock difference below 0 counts as 0
-    assert by_key(t.rows()) == {(0, "c0", "", "busy"): 1.5, (0, "e0", "c0", "rtt"): 2.0}
+    t.add(1, "c0", "busy", 4.0)
+    assert by_key(t.rows()) == {(0, "c0", "", "busy"): 1.5, (0, "e0", "c0", "rtt"): 2.0, (1, "c0", "", "busy"): 4.0}
+    assert by_key(t.rows(1)) == {(1, "c0", "", "busy"): 4.0} and t.rows(7) == []
+    with pytest.raises(ValueError, match="reports to no one"):
+        t.unreported()
+
+
+def test_a_childs_timeline_reports_only_what_is_new_and_keeps_nothing() -> None:
+    t = Timeline(keep=False)
+    t.add(0, "c0", "busy", 1.0)
+    t.add(0, "c0", "busy", 0.5)
+    t.add(0, "e0", "rtt", 2.0, peer="c0")
     assert by_key(t.unreported()) == {(0, "c0", "", "busy"): 1.5, (0, "e0", "c0", "rtt"): 2.0}
-    assert t.unreported() == []
+    assert t.unreported() == [] and t.rows() == []
     t.add(0, "c0", "busy", 0.25)
     t.add(1, "c0", "busy", 1.0)
     assert by_key(t.unreported()) == {(0, "c0", "", "busy"): 0.25, (1, "c0", "", "busy"): 1.0}
 
 
 def test_merging_reports_rebuilds_the_childs_timeline() -> None:
-    child, parent = Timeline(), Timeline()
+    child, parent = Timeline(keep=False), Timeline()
     child.add(0, "c0", "busy", 1.0)
     parent.merge(child.unreported())
     child.add(0, "c0", "busy", 2.0)
     child.add(1, "c0", "served", 0.5)
     parent.merge(child.unreported())
-    assert by_key(parent.rows()) == by_key(child.rows()) == {(0, "c0", "", "busy"): 3.0, (1, "c0", "", "served"): 0.5}
+    assert by_key(parent.rows()) == {(0, "c0", "", "busy"): 3.0, (1, "c0", "", "served"): 0.5}
 
 
 def test_concurrent_adds_lose_nothing() -> None:
@@ -131,6 +142,6 @@ def test_report_and_bye_frames_carry_the_rows() -> None:
 def test_a_node_timeline_is_per_process_and_reset_per_run() -> None:
     a = timeline.recorder("unit-node")
     a.add(0, "unit-node", "busy", 1.0)
-    assert timeline.recorder("unit-node") is a
-    b = timeline.reset("unit-node")
-    assert b is not a and timeline.recorder("unit-node") is b and b.rows() == []
+    assert timeline.recorder("unit-node") is a and not a.keep  # a child's: it reports what it measures
+    b = timeline.reset("unit-node")  # the PS's, for a new run: keeps every row
+    assert b is not a and timeline.recorder("unit-node") is b and b.rows() == [] and b.keep
