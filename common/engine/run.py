@@ -105,7 +105,6 @@ class Run:
         self.recorder: RoundRecorder | None = None  # made when the rounds start (its clock is the driver's)
         # every node's timing rows: the PS's own and what its children reported (a fresh one for this run)
         self.timeline = timeline if timeline is not None else timelines.reset(topology.server)
-        self.events.subscribe(self._round_time)
 
     # -- the run's life ------------------------------------------------------------------------------------
     def start(self, resumed_at: int = 0) -> None:
@@ -139,6 +138,7 @@ class Run:
         self._ctx = ctx
         self.recorder = ctx.reporter = RoundRecorder(records=self._records, journal=self._journal)
         t0 = time.perf_counter()
+        unsubscribe = self.events.subscribe(self._round_time)  # while this run's rounds go (events may be shared)
         try:
             final, _ = drive(algo, ctx, start or Start(), self.commit, events=self.events)
         except (KeyboardInterrupt, RoundFailed) as e:
@@ -152,6 +152,8 @@ class Run:
         except BaseException as e:
             self._failed(t0, e)
             raise
+        finally:
+            unsubscribe()
         return Outcome(final, time.perf_counter() - t0)
 
     def commit(self, t: int, state: Any) -> None:

@@ -174,3 +174,15 @@ def test_unwritable_checkpoint_is_logged_and_the_run_goes_on(tmp_path: Path, cap
         result = InProcessEngine(s).run(checkpoints=blocker / "ckpt")
     assert len(result.rounds) == 2
     assert any("the checkpoint of round 1 could not be written" in r.message for r in caplog.records)
+
+
+def test_runs_sharing_one_event_stream_time_only_their_own_rounds() -> None:
+    """A reproduction makes several runs on one RunEvents: each Run's timeline has its own rounds only."""
+    events, got = RunEvents(), Recorder()
+    events.subscribe(got)
+    first = InProcessEngine(spec(rounds=2)).run(events=events)
+    second = InProcessEngine(spec(rounds=2)).run(events=events)
+    for result in (first, second):
+        assert sorted(r["round"] for r in result.timeline if r["phase"] == "round") == [0, 1]
+    durations = [d["duration_s"] for d in got.of("round_ended")]
+    assert [r["seconds"] for r in second.timeline if r["phase"] == "round"] == pytest.approx(durations[2:])
