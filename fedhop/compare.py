@@ -8,6 +8,9 @@ meter rows) and writes into ``--out``:
   wall-clock at which accuracy first reached the target; total payload bytes per link class (client<->edge,
   edge<->edge, edge<->PS, client<->PS).
 
+``--timeline`` also writes ``timeline.png``: per run, each round's time by phase (compute, encode, transfer,
+wait: the seconds of ``timeline.csv`` summed over nodes and links, stacked) beside the PS's round duration.
+
 ``--metric NAME`` compares another per-round metric instead of accuracy (``loss``, or one a run reports, e.g.
 focus-fig4's ``rel_err``); its target is reached at or below it (``--goal min``, the default for every metric
 but accuracy) or at or above it (``--goal max``); ``--log-y`` draws it on a log scale.
@@ -185,11 +188,53 @@ def plot(runs: list[Run], target: float, path: Path, metric: Metric = ACCURACY, 
     plt.close(fig)
 
 
+def plot_timeline(folders: list[Path], labels: list[str], path: Path) -> list[str]:
+    """``timeline.png``: one panel per run, each round's seconds per phase (summed over nodes and links,
+    stacked bars) and the PS's round duration (a line). Returns the labels of runs without ``timeline.csv``
+    (written by an older fedhop), whose panels say so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fedhop.common.timeline import PHASES, per_round, read_csv
+
+    fig, axes = plt.subplots(1, len(folders), figsize=(5 * len(folders), 4), squeeze=False)
+    lacking = []
+    for ax, folder, label in zip(axes[0], folders, labels, strict=True):
+        ax.set_title(label, fontsize=9)
+        f = folder / "timeline.csv"
+        if not f.is_file():
+            lacking.append(label)
+            ax.text(0.5, 0.5, "no timeline.csv", ha="center", va="center", transform=ax.transAxes)
+            continue
+        rows = read_csv(f)
+        by_round = per_round(rows, first=1)
+        xs = list(by_round)
+        bottom = [0.0] * len(xs)
+        for phase in PHASES:
+            ys = [by_round[t][phase] for t in xs]
+            ax.bar(xs, ys, bottom=bottom, label=phase)
+            bottom = [b + y for b, y in zip(bottom, ys, strict=True)]
+        dur = {r["round"]: r["seconds"] for r in rows if r["phase"] == "round" and r["round"] >= 1}
+        ax.plot(sorted(dur), [dur[t] for t in sorted(dur)], color="black", marker=".", label="round (PS)")
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("seconds (summed over nodes and links)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("where each round's time went (timeline.csv)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return lacking
+
+
 def compare(folders: list[Path], out: Path, target: float | None = None, metric: Metric = ACCURACY,
-            labels: list[str] | None = None, title: str = "") -> str:
+            labels: list[str] | None = None, title: str = "", timeline: bool = False) -> str:
     """Write compare.png, table.md and table.csv into ``out``; returns the markdown table. ``target``: of
     ``metric`` (default: the worst final value among the runs, so every run reaches it); ``labels``: the runs'
-    names in the figure and table (default: the folder names)."""
+    names in the figure and table (default: the folder names); ``timeline``: also ``timeline.png``
+    (:func:`plot_timeline`)."""
     runs = [load_run(f) for f in folders]
     names = labels if labels is not None else _labels(folders)
     if len(names) != len(runs):
@@ -212,4 +257,6 @@ def compare(folders: list[Path], out: Path, target: float | None = None, metric:
         w.writeheader()
         w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in rows)
     plot(runs, target, out / "compare.png", metric, title)
+    if timeline:
+        plot_timeline(list(folders), names, out / "timeline.png")
     return md

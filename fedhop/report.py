@@ -86,3 +86,19 @@ def route(rounds: Iterable[Mapping[str, Any]], limit: int = 30) -> str | None:
         body = ["  " + " -> ".join(f"{v} (r{t})" for t, v in steps[:limit])]
     more = f"\n  ... {len(steps) - limit} more rounds (rounds.csv, column {key!r})" if len(steps) > limit else ""
     return f"route: {ROUTE_KEYS[key]}\n" + "\n".join(body) + more
+
+
+def slowest_line(timeline_rows: Iterable[Mapping[str, Any]]) -> str | None:
+    """The run's slowest link (most transfer seconds) and slowest node (most compute seconds), from
+    ``timeline.csv``'s rows (:attr:`RunResult.timeline`), as one line; None without timing rows."""
+    from fedhop.common.timeline import slowest
+
+    s = slowest(timeline_rows)
+    if s.link is None and s.node is None:
+        return None
+    parts = []
+    if s.link is not None:
+        parts.append(f"slowest link {s.link[0]} -> {s.link[1]} ({s.link_s:.3f}s transfer in all)")
+    if s.node is not None:
+        parts.append(f"slowest node {s.node} ({s.node_s:.3f}s compute in all)")
+    return "; ".join(parts) + " (timeline.csv has each round)"

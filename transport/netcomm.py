@@ -171,7 +171,11 @@ class NetComm(BaseComm):
     # -- edge -> edge -------------------------------------------------------------------------------------------
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:
         self._check_peer(to)
-        self.peer_client.hand_off(to, slot, bundle, dict(scalars or {}), self.current_round())
+        began = time.perf_counter()
+        try:
+            self.peer_client.hand_off(to, slot, bundle, dict(scalars or {}), self.current_round())
+        finally:
+            self.clock().add(self.current_round(), self.node, "transfer", time.perf_counter() - began, peer=to)
 
     def describe(self, peers: list[NodeId]) -> dict[NodeId, dict[str, Scalar]]:
         out: dict[NodeId, dict[str, Scalar]] = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -9,7 +10,7 @@ from typing import Any
 
 import torch
 
-from fedhop.common import timing
+from fedhop.common import timeline, timing
 from fedhop.common.engine.api import NodeId, Reply, Scalar
 from fedhop.common.engine.size_claims import size_claim_error
 from fedhop.common.topology import Topology
@@ -72,6 +73,11 @@ class BaseComm(ABC):
         self.ctx: Any = None  # the NodeContext this Comm serves (set by the engine)
         self.last_ok: dict[NodeId, int] = {}  # round of each child's last usable reply (saved with the state)
         self._sent = self._ok = 0
+        self.own_clock: timeline.Timeline | None = None  # where its waits are timed (None: its node's, here)
+
+    def clock(self) -> timeline.Timeline:
+        """The timeline this node's waits go to (common/timeline.py)."""
+        return self.own_clock if self.own_clock is not None else timeline.recorder(self.node)
 
     def begin_round(self, round_idx: int) -> None:
         """Called by the round loop before round ``round_idx``; resets the round's counts. Networked engines
@@ -149,6 +155,7 @@ class BaseComm(ABC):
                 self.unanswered(t, rnd, r.reason)
 
         timing.event("scatter", at=self.node, task=task)
+        began = time.perf_counter()
         if fold is None:
             raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, quorum)
             for t in targets:
@@ -156,6 +163,7 @@ class BaseComm(ABC):
         else:
             self._exchange_settling(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, settle)
         out = {t: out[t] for t in targets if t in out}
+        self.clock().add(self.current_round(), self.node, "wait", time.perf_counter() - began)
         timing.event("scatter_end", at=self.node)
         self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed
         self._ok += len(out)

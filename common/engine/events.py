@@ -12,10 +12,14 @@ RunStatus (``server/web/status.py``), /metrics and the reproductions' bars subsc
                                                       {} when it reported nothing)
     links         {"rows"}                         (meter rows so far: src, dst, kind, phase, round, bytes)
     missing       {"entry"}                        (one missing-log entry)
+    round_timeline {"round", "rows"}               (after the round's commit: where its time went, the rows of
+                                                      timeline.csv for that round: round, node, peer, phase,
+                                                      seconds; common/timeline.py)
     run_finished  {"ok", "wall_s", "error"}
 
 ``links`` and ``missing`` follow every round's commit and come once more before ``run_finished`` (the
-algorithm's ``final`` and the children's last meter rows may add to them). The in-process engine's nodes join
+algorithm's ``final`` and the children's last meter rows may add to them); ``round_timeline`` follows them after
+each round's commit. The in-process engine's nodes join
 and are ready right after ``run_started``.
 
 Listeners are called synchronously in the emitting thread and must be quick; an exception in a listener is
@@ -33,7 +37,7 @@ log = logging.getLogger("fedhop.events")
 
 Listener = Callable[[str, dict[str, Any]], None]
 KINDS = ("run_started", "node_joined", "node_ready", "node_lost", "round_started", "round_ended", "links",
-         "missing", "run_finished")
+         "missing", "round_timeline", "run_finished")
 
 
 class RunEvents:

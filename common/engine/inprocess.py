@@ -6,12 +6,14 @@ ever aliases another's tensors, and counted on the same byte meter the networked
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from fedhop.common import timeline
 from fedhop.common.engine.api import (
     NoAnswer,
     NodeContext,
@@ -53,6 +55,7 @@ class InProcessEngine:
         self.ws = Workspace(spec, device)
         self.meter = ByteMeter()
         self.missing = MissingLog()
+        self.timeline = timeline.Timeline()  # every node's timing (common/timeline.py): one process, one timeline
         self.faults = faults or FaultPlan()
         topo = self.ws.topology
         self.client_sizes = self.ws.client_sizes()
@@ -95,7 +98,7 @@ class InProcessEngine:
         run = Run(self.spec, self.ws.topology, engine="inprocess", meter=self.meter, missing=self.missing,
                   events=events, run_id=run_id, records=records, journal=journal, store=store,
                   snapshots=lambda: {n: snapshot(c) for n, c in self.nodes.items() if n != ps.node_id},
-                  after_commit=after_commit)
+                  after_commit=after_commit, timeline=self.timeline)
         run.start(resumed_at=start.next_round)
         self._join(run)
         return run.finish(run.drive(self.algo, ps, start))
@@ -132,6 +135,7 @@ class _LocalComm(BaseComm):
     def __init__(self, engine: InProcessEngine, node: NodeId) -> None:
         super().__init__(node, engine.ws.topology, engine.missing)
         self.engine = engine
+        self.own_clock = engine.timeline
 
     def current_round(self) -> int:
         return self.engine.round
@@ -163,20 +167,32 @@ class _LocalComm(BaseComm):
         if self.engine.faults.dead(t, task, self.engine.round):
             self.engine.send(self.node, t, task, "request", bundle, args)
             return Failure("no reply before the deadline (node down)")
+        clock, rnd = self.engine.timeline, self.engine.round
+        began = time.perf_counter()
         received = self.engine.send(self.node, t, task, "request", bundle, args)
+        sent_at = time.perf_counter()  # the same points as over the network (transport/session/calls.py)
+        clock.add(rnd, self.node, "encode_req", sent_at - began)
         ctx = self.engine.nodes[t]
-        ctx.round = self.engine.round
+        ctx.round = rnd
         reason = check_bundle(received)
         if reason is not None:
             return Failure(f"{t} rejected the request: {reason}")
+        arrived = time.perf_counter()
         try:
             reply = handler(ctx, received, dict(args))
         except NoAnswer:
             return Failure("did not answer", silent=True)
         except Exception as e:  # a failing node is a missing node, as over the network
             return Failure(f"{type(e).__name__}: {e}")
+        finally:
+            clock.add(rnd, t, "busy", time.perf_counter() - arrived)
         del received
+        encoding = time.perf_counter()
         back = self.engine.send(t, self.node, task, "reply", reply.bundle, reply.scalars)
+        done = time.perf_counter()
+        clock.add(rnd, t, "encode", done - encoding)
+        clock.add(rnd, t, "served", done - arrived)
+        clock.add(rnd, self.node, "rtt", done - sent_at, peer=t)
         return Reply(back, dict(reply.scalars))
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: dict[str, Scalar] | None = None) -> None:
@@ -185,6 +201,13 @@ class _LocalComm(BaseComm):
             reason = f"hand-off {self.node} -> {to} failed: {to} is down"
             self.missing.add(self.engine.round, self.node, to, "handoff", reason)
             raise HandOffError(reason)
+        began = time.perf_counter()
+        try:
+            self._hand_off(to, slot, bundle, scalars)
+        finally:
+            self.clock().add(self.engine.round, self.node, "transfer", time.perf_counter() - began, peer=to)
+
+    def _hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: dict[str, Scalar] | None) -> None:
         received = self.engine.send(self.node, to, "handoff", "request", bundle, dict(scalars or {}))
         reason = check_bundle(received)
         if reason is not None:

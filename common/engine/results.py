@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fedhop.common import timeline as timelines
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
 
@@ -82,6 +83,7 @@ class RunResult:
     final: Bundle
     wall_s: float  # the driver's time: from round 1's start to the final model
     interrupted: bool = False  # stopped (Ctrl-C) before the last round: the rounds done, no final model
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # timeline.csv's rows (common/timeline.py)
 
     def payload_by_link(self, kinds: set[str] | None = None) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
@@ -161,7 +163,8 @@ def prepare_run_folder(folder: Path, force: bool = False) -> Path:
 
 
 def write_run_folder(result: RunResult, folder: Path) -> Path:
-    """results.json, rounds.csv, links.csv, missing.csv, model.pt (not for an interrupted run) and plots.png."""
+    """results.json, rounds.csv, links.csv, missing.csv, timeline.csv, model.pt (not for an interrupted run) and
+    plots.png."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spec.toml").write_text(result.spec.to_toml())
     tmp = folder / "results.json.tmp"
@@ -170,6 +173,7 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     _csv(folder / "rounds.csv", result.rounds)
     _csv(folder / "links.csv", file_links(result.links), LINKS_HEADER)
     _csv(folder / "missing.csv", result.missing, ["round", "by", "node", "task", "reason"])
+    timelines.write_csv(folder / "timeline.csv", result.timeline)
     if not result.interrupted:
         torch.save({k: v.cpu() for k, v in result.final.items()}, folder / "model.pt")
     plot_rounds(result.rounds, folder / "plots.png", title=f"{result.spec.name}: {result.spec.algorithm.name}")

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhop.common import timeline as timelines
 from fedhop.common.engine.api import Algorithm, NodeContext, NodeId
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.checkpoint import CheckpointStore
@@ -85,7 +86,8 @@ class Run:
                  records: Sequence[dict[str, Any]] = (), journal: Path | None = None,
                  store: CheckpointStore | None = None,
                  snapshots: Callable[[], dict[NodeId, NodeSnapshot]] | None = None,
-                 after_commit: Callable[[int], None] | None = None) -> None:
+                 after_commit: Callable[[int], None] | None = None,
+                 timeline: timelines.Timeline | None = None) -> None:
         self.spec = spec
         self.topology = topology
         self.engine = engine
@@ -101,6 +103,8 @@ class Run:
         self._sent_missing = len(missing.entries)  # a resumed run's entries came with its checkpoint
         self._ctx: NodeContext | None = None
         self.recorder: RoundRecorder | None = None  # made when the rounds start (its clock is the driver's)
+        # every node's timing rows: the PS's own and what its children reported (a fresh one for this run)
+        self.timeline = timeline if timeline is not None else timelines.reset(topology.server)
 
     # -- the run's life ------------------------------------------------------------------------------------
     def start(self, resumed_at: int = 0) -> None:
@@ -134,6 +138,7 @@ class Run:
         self._ctx = ctx
         self.recorder = ctx.reporter = RoundRecorder(records=self._records, journal=self._journal)
         t0 = time.perf_counter()
+        unsubscribe = self.events.subscribe(self._round_time)  # while this run's rounds go (events may be shared)
         try:
             final, _ = drive(algo, ctx, start or Start(), self.commit, events=self.events)
         except (KeyboardInterrupt, RoundFailed) as e:
@@ -147,6 +152,8 @@ class Run:
         except BaseException as e:
             self._failed(t0, e)
             raise
+        finally:
+            unsubscribe()
         return Outcome(final, time.perf_counter() - t0)
 
     def commit(self, t: int, state: Any) -> None:
@@ -168,6 +175,7 @@ class Run:
                           "without it (last checkpoint: %s)", t + 1, store.folder, e.strerror or e,
                           f"round {last}" if last else "none")
         self._progress()
+        self.events.emit("round_timeline", round=t, rows=self.round_timeline(t))
         if self._after_commit is not None:
             self._after_commit(t)
 
@@ -184,12 +192,24 @@ class Run:
             entries.sort(key=lambda e: (e["round"], order.get(e["by"], -1), order.get(e["node"], -1)))
         result = RunResult(spec=self.spec, engine=self.engine,
                            rounds=attach_cumulative_bytes(recorder.records, links), links=links, missing=entries,
-                           final=clone(outcome.final), wall_s=outcome.wall_s, interrupted=not outcome.finished)
+                           final=clone(outcome.final), wall_s=outcome.wall_s, interrupted=not outcome.finished,
+                           timeline=timelines.derive(self.timeline.rows()))
         self.events.emit("run_finished", ok=outcome.finished, wall_s=outcome.wall_s,
                          error=str(outcome.failed) if outcome.failed is not None else None)
         return result
 
+    def round_timeline(self, t: int) -> list[dict[str, Any]]:
+        """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`)."""
+        return timelines.derive(self.timeline.rows(t))
+
     # -- helpers -------------------------------------------------------------------------------------------
+    def _round_time(self, kind: str, data: dict[str, Any]) -> None:
+        """The PS's share of the timeline: each round's duration (its step, waits inside)."""
+        if kind == "round_ended":
+            ps = self.topology.server
+            self.timeline.add(data["round"], ps, "round", data["duration_s"])
+            self.timeline.add(data["round"], ps, "busy", data["duration_s"])
+
     def _progress(self) -> list[dict[str, Any]]:
         """``links`` (every meter row so far) and one ``missing`` per entry not sent yet; returns the rows."""
         rows = self.meter.rows()

@@ -49,6 +49,18 @@ def meter_rows_from_pb(rows: object) -> list[dict]:
             for r in rows]  # type: ignore[attr-defined]
 
 
+def timeline_to_pb(rows: list[dict], target: object) -> None:
+    """Timing rows (fedhop.common.timeline) into a Report's or Bye's ``timeline`` field."""
+    for r in rows:
+        target.add(round=int(r["round"]), node=r["node"], peer=r.get("peer", ""),  # type: ignore[attr-defined]
+                   phase=r["phase"], seconds=float(r["seconds"]))
+
+
+def timeline_from_pb(rows: object) -> list[dict]:
+    return [{"round": int(r.round), "node": r.node, "peer": r.peer, "phase": r.phase,
+             "seconds": float(r.seconds)} for r in rows]  # type: ignore[attr-defined]
+
+
 def missing_to_pb(entries: list[dict], target: object) -> None:
     for e in entries:
         target.add(round=int(e["round"]), by=e["by"], node=e["node"], task=e["task"],  # type: ignore[attr-defined]
@@ -87,19 +99,22 @@ class ReportCursor:
         return out, list(new_missing)
 
 
-def report_frame(rows: list[dict], missing: list[dict], round_idx: int) -> pb.Frame:
+def report_frame(rows: list[dict], missing: list[dict], round_idx: int,
+                 timeline: list[dict] | None = None) -> pb.Frame:
     f = pb.Frame()
     f.report.round = round_idx
     meter_rows_to_pb(rows, f.report.meter)
     missing_to_pb(missing, f.report.missing)
+    timeline_to_pb(timeline or [], f.report.timeline)
     return f
 
 
 def bye_frame(reason: str, *, finished: bool, rows: list[dict] | None = None,
-              missing: list[dict] | None = None) -> pb.Frame:
+              missing: list[dict] | None = None, timeline: list[dict] | None = None) -> pb.Frame:
     f = pb.Frame()
     f.bye.reason = reason
     f.bye.finished = finished
     meter_rows_to_pb(rows or [], f.bye.meter)
     missing_to_pb(missing or [], f.bye.missing)
+    timeline_to_pb(timeline or [], f.bye.timeline)
     return f

@@ -211,10 +211,11 @@ class ReproduceProgress:
 
 
 def print_summary(result: RunResult, out: Path, total_s: float | None = None, details: bool = True) -> None:
-    """The run's one summary line (training time beside the whole command's wall-clock), then the per-link
-    table, largest links first, and the model's route for edge-walk algorithms."""
+    """The run's one summary line (training time beside the whole command's wall-clock), the slowest link and
+    node (timeline.csv), then the per-link table, largest links first, and the model's route for edge-walk
+    algorithms."""
     from fedhop.common.engine.results import totals
-    from fedhop.report import link_table, route
+    from fedhop.report import link_table, route, slowest_line
 
     last = result.rounds[-1] if result.rounds else {}
     t = totals(result.links)
@@ -226,6 +227,9 @@ def print_summary(result: RunResult, out: Path, total_s: float | None = None, de
           f"training wall-clock {result.wall_s:.1f}s{whole}")
     if result.missing:
         print(f"missing: {len(result.missing)} calls, e.g. {result.missing[0]}")
+    slow = slowest_line(result.timeline)
+    if slow:
+        print(slow)
     if details and result.links:
         print("\nbytes per link (all kinds, phases and rounds; links.csv has each):")
         print(link_table(result.links))

@@ -45,9 +45,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
     out = Path(a.out) if a.out else default_compare_out()
     metric = Metric(a.metric, a.goal or "", a.log_y)
-    table = compare([Path(r) for r in a.runs], out, a.target_accuracy, metric)
+    table = compare([Path(r) for r in a.runs], out, a.target_accuracy, metric, timeline=a.timeline)
     print(table)
-    print(f"\nfigure, table.md and table.csv in {out}")
+    print(f"\nfigure{'s' if a.timeline else ''}, table.md and table.csv in {out}")
     return 0
 
 
@@ -81,4 +81,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="reached at or above the target (max) or at or below it (min); default: max for "
                    "accuracy, min for any other metric")
     s.add_argument("--log-y", action="store_true", help="draw the metric on a log scale")
+    s.add_argument("--timeline", action="store_true",
+                   help="also timeline.png: each run's time per round by phase (compute, encode, transfer, wait)")
     s.set_defaults(fn=cmd_compare)

@@ -7,6 +7,8 @@ Routes:
     /api/links        bytes per link and per (link, kind, phase), totals; ?rows=1 adds the raw meter rows
     /api/topology     PS, edges, clients, edge graph, node states, the model's route so far
     /api/missing      the missing log
+    /api/timeline     where each round's time went: compute / encode / wait per node, transfer per link
+                      (timeline.csv's rows so far), the slowest link and node; ?since=N: rounds >= N (0-based)
     /api/events       server-sent events: one JSON message per change (see feed.py)
     /metrics          Prometheus exposition format
 
@@ -166,6 +168,13 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
             return JSONResponse({"error": str(e)}, status_code=400)
         return JSONResponse({"missing": status.missing(n)})
 
+    async def api_timeline(request: Request) -> Response:
+        try:
+            n = since(request) if "since" in request.query_params else -1
+        except ValueError as e:
+            return JSONResponse({"error": str(e)}, status_code=400)
+        return JSONResponse(status.timeline(n))
+
     async def metrics(request: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -201,6 +210,7 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         Route("/api/links", api_links),
         Route("/api/topology", api_topology),
         Route("/api/missing", api_missing),
+        Route("/api/timeline", api_timeline),
         Route("/api/events", events),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(packages=[("fedhop.server.web", "static")]), name="static"),

@@ -63,6 +63,7 @@ class _State:
     route: list[RouteStep] = field(default_factory=list)
     links: list[dict[str, Any]] = field(default_factory=list)
     missing: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # timeline.csv's rows so far (round_timeline)
     links_version: int = 0  # bumped by every links event
     nodes_version: int = 0  # bumped when the topology or a node's state changes
 
@@ -168,6 +169,10 @@ class RunStatus:
     def _on_missing(self, s: _State, d: dict[str, Any]) -> None:
         s.missing.append(dict(d["entry"]))
 
+    def _on_round_timeline(self, s: _State, d: dict[str, Any]) -> None:
+        t = int(d["round"])  # a redone or resumed round replaces what an earlier try said of it
+        s.timeline = [r for r in s.timeline if int(r["round"]) != t] + [dict(r) for r in d["rows"]]
+
     def _on_run_finished(self, s: _State, d: dict[str, Any]) -> None:
         s.phase = "finished" if d.get("ok", True) else "failed"
         s.error = d.get("error") or None
@@ -181,6 +186,19 @@ class RunStatus:
         return (s.finished if s.finished is not None else self._clock()) - s.started
 
     # -- reads (each a consistent snapshot) ---------------------------------------------------------------------
+    def timeline(self, since: int = -1) -> dict[str, Any]:
+        """Where each round's time went (``timeline.csv``'s rows: round, node, peer, phase, seconds) for the
+        rounds >= ``since`` (-1: the set-up step too), and the slowest link and node so far."""
+        from fedhop.common.timeline import slowest
+
+        with self._lock:
+            rows = [dict(r) for r in self._s.timeline if int(r["round"]) >= since]
+        slow = slowest(rows)
+        return {"rows": rows,
+                "slowest_link": {"src": slow.link[0], "dst": slow.link[1], "transfer_s": slow.link_s}
+                if slow.link else None,
+                "slowest_node": {"node": slow.node, "compute_s": slow.node_s} if slow.node else None}
+
     def status(self) -> dict[str, Any]:
         """Run id, spec, phase, round, elapsed, ETA, nodes, the last reported metrics."""
         with self._lock:

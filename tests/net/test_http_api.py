@@ -262,6 +262,25 @@ def test_topology_and_missing_endpoints_match_the_run(served_run: tuple[RunResul
     assert get(url, "api/missing").json()["missing"] == result.missing
 
 
+def test_timeline_endpoint_has_every_round_node_and_hand_off(served_run: tuple[RunResult, str]) -> None:
+    result, url = served_run
+    got = get(url, "api/timeline").json()
+    rows = got["rows"]
+    final = {(r["round"], r["node"], r["peer"], r["phase"]) for r in result.timeline}
+    assert {(r["round"], r["node"], r["peer"], r["phase"]) for r in rows} <= final
+    assert {r["round"] for r in rows if r["phase"] == "round"} == {0, 1, 2, 3}
+    ref = build_topology(result.spec.topology, result.spec.seed)
+    computed = {r["node"] for r in rows if r["phase"] == "compute"}
+    assert set(ref.edges) <= computed and "ps" in computed
+    # Fed-CHS hands the model from edge to edge: those hand-offs are timed links between edges
+    assert any(r["node"] in ref.edges and r["peer"] in ref.edges for r in rows if r["phase"] == "transfer")
+    assert all(r["seconds"] >= 0 for r in rows)
+    assert got["slowest_node"]["node"] in computed and got["slowest_link"]["transfer_s"] >= 0
+    later = get(url, "api/timeline?since=2").json()["rows"]
+    assert later == [r for r in rows if r["round"] >= 2] and later
+    assert get(url, "api/timeline?since=x").status_code == 400
+
+
 def test_metrics_endpoint_parses_and_matches_the_run(served_run: tuple[RunResult, str]) -> None:
     result, url = served_run
     resp = get(url, "metrics")
@@ -403,7 +422,7 @@ def test_token_is_checked_on_every_route() -> None:
     try:
         with httpx.Client(base_url=base) as c:
             for path in ("/", "/api/status", "/api/rounds", "/api/links", "/api/topology", "/api/missing",
-                         "/api/events", "/metrics", "/static/app.js"):
+                         "/api/timeline", "/api/events", "/metrics", "/static/app.js"):
                 assert c.get(path).status_code == 401, path
                 wrong = c.get(path, headers={"Authorization": "Bearer " + TOKEN[:-1] + "x"})
                 assert wrong.status_code == 401 and wrong.headers["www-authenticate"].startswith("Bearer"), path

@@ -217,6 +217,7 @@ def test_reproduce_progress_follows_every_run_and_round(tmp_path):
         for i in range(2):
             run_spec(spec, tmp_path / f"run-{i}")
     assert bar.runs == 2 and bar.bar.total == 3 and bar.bar.n == 3 and bar.training
-    assert seen == 2 * [("run_started", None), ("round_started", 0), ("round_ended", 0), ("round_started", 1),
-                        ("round_ended", 1), ("round_started", 2), ("round_ended", 2)]
+    assert seen == 2 * [("run_started", None), ("round_started", 0), ("round_ended", 0), ("round_timeline", 0),
+                        ("round_started", 1), ("round_ended", 1), ("round_timeline", 1),
+                        ("round_started", 2), ("round_ended", 2), ("round_timeline", 2)]
     bar.close()

@@ -127,3 +127,26 @@ def test_another_metric_is_reached_at_or_below_its_target(runs, tmp_path):
     assert int(_table(tmp_path / "max")["flat"]["round_to_target"]) == losses[0][0]
     # a metric no run reports: a usage error naming it
     assert main(["compare", str(runs["flat"]), "--out", str(tmp_path / "none"), "--metric", "f1"]) == 2
+
+
+def test_timeline_option_draws_time_per_round_by_phase(runs, tmp_path):
+    out = tmp_path / "cmp"
+    assert main(["compare", str(runs["flat"]), str(runs["walk"]), "--out", str(out), "--timeline"]) == 0
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["compare", str(runs["flat"]), "--out", str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "timeline.png").exists()
+    # the phases summed per round, as drawn, from each run's own timeline.csv
+    from fedhop.common.timeline import PHASES, per_round, read_csv
+
+    walk = per_round(read_csv(runs["walk"] / "timeline.csv"), first=1)
+    assert sorted(walk) == [1, 2, 3, 4] and all(set(v) == set(PHASES) for v in walk.values())
+    assert all(v["compute"] > 0 and v["transfer"] > 0 for v in walk.values())
+
+
+def test_timeline_of_a_run_without_timeline_csv_says_so(runs, tmp_path):
+    from fedhop.compare import plot_timeline
+
+    old = tmp_path / "old"
+    old.mkdir()
+    lacking = plot_timeline([runs["flat"], old], ["flat", "old"], tmp_path / "t.png")
+    assert lacking == ["old"] and (tmp_path / "t.png").is_file()

@@ -69,12 +69,27 @@ def test_inprocess_run_emits_the_lifecycle_in_order() -> None:
 
     # every round: started, ended, then the commit's links (no fault: no missing entries); then the end
     rounds = got.kinds()[9:]
-    assert rounds == ["round_started", "round_ended", "links"] * 3 + ["links", "run_finished"]
+    assert rounds == ["round_started", "round_ended", "links", "round_timeline"] * 3 + ["links", "run_finished"]
     assert [d["round"] for d in got.of("round_started")] == [0, 1, 2]
     ended = got.of("round_ended")
     assert [d["round"] for d in ended] == [0, 1, 2] and all(d["duration_s"] > 0 for d in ended)
     assert [untimed(d["record"]) for d in ended] == [untimed(r) for r in result.rounds]
     assert got.of("links")[-1]["rows"] == result.links
+    # each round's timeline: every node computed, the PS waited, every link carried, within the round's time
+    timed = got.of("round_timeline")
+    assert [d["round"] for d in timed] == [0, 1, 2]
+    for d, end in zip(timed, ended, strict=True):
+        rows = d["rows"]
+        assert {r["node"] for r in rows if r["phase"] == "compute"} == set(started["nodes"])
+        assert {(r["node"], r["peer"]) for r in rows if r["phase"] == "transfer"} == {
+            ("ps", "edge-0"), ("ps", "edge-1"), ("edge-0", "client-0"), ("edge-0", "client-1"),
+            ("edge-1", "client-2"), ("edge-1", "client-3")}
+        assert all(r["round"] == d["round"] and r["seconds"] >= 0 for r in rows)
+        for node in started["nodes"]:  # a node's own phases add up to at most the round (transfer is in wait)
+            own = sum(r["seconds"] for r in rows if r["node"] == node and r["phase"] in ("compute", "encode", "wait"))
+            assert own <= end["duration_s"] + 1e-6, (node, own, end["duration_s"])
+        assert all(r["seconds"] <= end["duration_s"] + 1e-6 for r in rows if r["phase"] == "transfer")
+    assert result.timeline == [r for d in timed for r in d["rows"]]
     assert got.of("run_finished") == [{"ok": True, "wall_s": result.wall_s, "error": None}]
     assert set(got.kinds()) <= set(KINDS)
 
@@ -159,3 +174,15 @@ def test_unwritable_checkpoint_is_logged_and_the_run_goes_on(tmp_path: Path, cap
         result = InProcessEngine(s).run(checkpoints=blocker / "ckpt")
     assert len(result.rounds) == 2
     assert any("the checkpoint of round 1 could not be written" in r.message for r in caplog.records)
+
+
+def test_runs_sharing_one_event_stream_time_only_their_own_rounds() -> None:
+    """A reproduction makes several runs on one RunEvents: each Run's timeline has its own rounds only."""
+    events, got = RunEvents(), Recorder()
+    events.subscribe(got)
+    first = InProcessEngine(spec(rounds=2)).run(events=events)
+    second = InProcessEngine(spec(rounds=2)).run(events=events)
+    for result in (first, second):
+        assert sorted(r["round"] for r in result.timeline if r["phase"] == "round") == [0, 1]
+    durations = [d["duration_s"] for d in got.of("round_ended")]
+    assert [r["seconds"] for r in second.timeline if r["phase"] == "round"] == pytest.approx(durations[2:])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedhop.common import timing
+from fedhop.common import timeline, timing
 from fedhop.common.engine.api import NodeId, Reply, Scalar, meter_kind
 from fedhop.common.engine.base import Failure
 from fedhop.common.wire.budget import InflightBudget
@@ -48,6 +48,7 @@ class Call:
     answered: threading.Event = field(default_factory=threading.Event)  # its Result frame arrived
     gate: ReplyGate | None = None  # a folding scatter's admission of replies (reply_gate.py)
     on_finish: Callable[[], None] | None = None  # called once the result is in (a caller waiting on several)
+    sent_at: float = 0.0  # time.perf_counter() when its request was encoded and handed to the link
 
     def finish(self, result: Reply | Failure) -> None:
         if self.result is None:
@@ -90,11 +91,14 @@ class CallTable:
             return Failure(f"{target} joined late and is admitted at the next round")
         cid = next(self._ids)
         head = task_frame(cid, task, args, deadline_s=deadline_s, has_bundle=bool(bundle), round_idx=round_idx)
+        began = time.perf_counter()
         try:
             frames = message_frames(head, bundle, self.config.transport.chunk_bytes)
         except CodecError as e:
             return Failure(f"cannot send the bundle: {e}")
-        call = Call(cid, target, task, round_idx, gate=gate)
+        sent_at = time.perf_counter()
+        timeline.recorder(self.node).add(round_idx, self.node, "encode_req", sent_at - began)
+        call = Call(cid, target, task, round_idx, gate=gate, sent_at=sent_at)
         timing.event("call", at=self.node, call=cid, child=target, task=task, round=round_idx)
         if gate is not None:
             gate.add(cid)
@@ -190,6 +194,9 @@ class CallTable:
         self.meter.record(info.node, self.node, meter_kind(info.task, "reply"), "reply", msg.payload_bytes,
                           msg.message_bytes, info.round)
         timing.event("reply", at=self.node, call=msg.call_id, child=info.node)
+        if info.sent_at:  # the round trip; less the child's own time (its Report), the messages' transfer
+            timeline.recorder(self.node).add(info.round, self.node, "rtt", time.perf_counter() - info.sent_at,
+                                             peer=info.node)
         if late is not None:
             log.info("%s: late reply from %s to %s (round %d) dropped", self.node, info.node, info.task,
                      info.round + 1)

@@ -14,7 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-from fedhop.common import timing
+from fedhop.common import timeline, timing
 from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, get_task
 from fedhop.common.spec import TransportSpec
 from fedhop.common.testhooks import gate
@@ -136,14 +136,21 @@ class ChildProtocol:
         gate(f"{self.node}-{ctx.round}")  # test hook: hold this node mid-round (common/testhooks.py)
         if self.hooks.before_task is not None:
             self.hooks.before_task(req.round, req.deadline_s - (time.monotonic() - received) if req.deadline_s else 0.0)
+        clock = timeline.recorder(self.node)
         try:
             timing.event("run", at=self.node, call=req.call_id, task=req.name)
             with self.task_lock:
-                reply = handler(ctx, req.bundle, dict(req.args))
+                began = time.perf_counter()
+                try:
+                    reply = handler(ctx, req.bundle, dict(req.args))
+                finally:
+                    clock.add(ctx.round, self.node, "busy", time.perf_counter() - began)
             timing.event("ran", at=self.node, call=req.call_id)
+            began = time.perf_counter()
             out = on_host(reply.bundle)
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
                                     self.chunk_bytes)
+            clock.add(ctx.round, self.node, "encode", time.perf_counter() - began)
         except NoAnswer:  # this node chose not to answer (e.g. not available this round): no Result at all
             if self.hooks.after_task is not None:
                 self.hooks.after_task(ctx)
@@ -156,6 +163,8 @@ class ChildProtocol:
             return ctx.round
         if self.hooks.after_task is not None:  # the node's state after this task, saved before anyone hears of it
             self.hooks.after_task(ctx)
+        # from the task's arrival to its result ready to send: the parent's round trip less this is transfer
+        clock.add(ctx.round, self.node, "served", time.monotonic() - received)
         # the Report goes before the Result on the same stream: once the parent holds a round's results, it
         # holds their byte rows too, so its checkpoint of that round is complete
         self.send_report(ctx.round)
@@ -173,11 +182,13 @@ class ChildProtocol:
         return self.cursor.delta(rows, missing)
 
     def send_report(self, round_idx: int) -> None:
-        """Report what the meter and missing log gained since the last report (nothing when nothing did)."""
+        """Report what the meter and missing log gained since the last report (nothing when nothing did), with the
+        timing rows (common/timeline.py) added since. A node without a byte meter (a client) sends no Reports:
+        its timing rows travel in its Bye, so frames and their counts per link stay as they were."""
         with self._report_lock:
             rows, missing = self._unreported()
-            if rows or missing:
-                self.send([report_frame(rows, missing, round_idx)])
+            if rows or missing:  # timing rows ride along; alone they wait for the next Report or the Bye
+                self.send([report_frame(rows, missing, round_idx, timeline.recorder(self.node).unreported())])
 
     def stop(self) -> None:
         """Let the task in progress finish (it may still answer), then stop the worker."""
@@ -189,7 +200,8 @@ class ChildProtocol:
         """This child's Bye: what it has not reported yet."""
         with self._report_lock:
             rows, missing = self._unreported()
-            return bye_frame("bye", finished=True, rows=rows, missing=missing)
+            return bye_frame("bye", finished=True, rows=rows, missing=missing,
+                             timeline=timeline.recorder(self.node).unreported())
 
 
 def child_assembler(transport: TransportSpec) -> MessageAssembler:

@@ -1,4 +1,4 @@
-"""Reports: what a parent hub's children counted, merged into its byte meter and missing log.
+"""Reports: what a parent hub's children counted, merged into its byte meter, missing log and timeline.
 
 A child sends a Report (meter rows and missing entries since its last one) before each Result, so that a
 parent holding a round's results holds their byte rows too; at the end, its Bye carries what it has not
@@ -9,9 +9,17 @@ from __future__ import annotations
 import logging
 import time
 
+from fedhop.common import timeline
 from fedhop.common.engine.api import NodeId
 from fedhop.common.engine.base import MissingLog
-from fedhop.common.wire.control import REPORT, bye_frame, meter_rows_from_pb, missing_from_pb, session_kind
+from fedhop.common.wire.control import (
+    REPORT,
+    bye_frame,
+    meter_rows_from_pb,
+    missing_from_pb,
+    session_kind,
+    timeline_from_pb,
+)
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.session.link import ChildLink
 from fedhop.v1 import fedhop_pb2 as pb
@@ -32,6 +40,7 @@ class Reports:
         rows = meter_rows_from_pb(frame.report.meter)
         self.meter.merge(rows)
         self.missing.entries.extend(missing_from_pb(frame.report.missing))
+        timeline.recorder(self.node).merge(timeline_from_pb(frame.report.timeline))
         self.meter.record(link.name, self.node, REPORT, "request", 0, frame.ByteSize(), int(frame.report.round))
 
     def control(self, src: NodeId, dst: NodeId, frame: pb.Frame, round_idx: int) -> None:
@@ -45,6 +54,7 @@ class Reports:
         """A child's Bye: what it had not reported yet is merged; the session may close."""
         self.meter.merge(meter_rows_from_pb(frame.bye.meter))
         self.missing.entries.extend(missing_from_pb(frame.bye.missing))
+        timeline.recorder(self.node).merge(timeline_from_pb(frame.bye.timeline))
         link.bye.set()
 
     def collect(self, links: list[ChildLink], timeout_s: float, *, finished: bool, reason: str) -> None:

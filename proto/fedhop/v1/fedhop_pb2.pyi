@@ -281,26 +281,44 @@ class MissingEntry(_message.Message):
     def __init__(self, round: _Optional[int] = ..., by: _Optional[str] = ..., node: _Optional[str] = ..., task: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("meter", "missing", "round")
+    __slots__ = ("meter", "missing", "round", "timeline")
     METER_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     meter: _containers.RepeatedCompositeFieldContainer[MeterRow]
     missing: _containers.RepeatedCompositeFieldContainer[MissingEntry]
     round: int
-    def __init__(self, meter: _Optional[_Iterable[_Union[MeterRow, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[MissingEntry, _Mapping]]] = ..., round: _Optional[int] = ...) -> None: ...
+    timeline: _containers.RepeatedCompositeFieldContainer[TimelineRow]
+    def __init__(self, meter: _Optional[_Iterable[_Union[MeterRow, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[MissingEntry, _Mapping]]] = ..., round: _Optional[int] = ..., timeline: _Optional[_Iterable[_Union[TimelineRow, _Mapping]]] = ...) -> None: ...
+
+class TimelineRow(_message.Message):
+    __slots__ = ("round", "node", "peer", "phase", "seconds")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    node: str
+    peer: str
+    phase: str
+    seconds: float
+    def __init__(self, round: _Optional[int] = ..., node: _Optional[str] = ..., peer: _Optional[str] = ..., phase: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class Bye(_message.Message):
-    __slots__ = ("reason", "meter", "missing", "finished")
+    __slots__ = ("reason", "meter", "missing", "finished", "timeline")
     REASON_FIELD_NUMBER: _ClassVar[int]
     METER_FIELD_NUMBER: _ClassVar[int]
     MISSING_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     reason: str
     meter: _containers.RepeatedCompositeFieldContainer[MeterRow]
     missing: _containers.RepeatedCompositeFieldContainer[MissingEntry]
     finished: bool
-    def __init__(self, reason: _Optional[str] = ..., meter: _Optional[_Iterable[_Union[MeterRow, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[MissingEntry, _Mapping]]] = ..., finished: _Optional[bool] = ...) -> None: ...
+    timeline: _containers.RepeatedCompositeFieldContainer[TimelineRow]
+    def __init__(self, reason: _Optional[str] = ..., meter: _Optional[_Iterable[_Union[MeterRow, _Mapping]]] = ..., missing: _Optional[_Iterable[_Union[MissingEntry, _Mapping]]] = ..., finished: _Optional[bool] = ..., timeline: _Optional[_Iterable[_Union[TimelineRow, _Mapping]]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("ok", "error", "payload_bytes", "message_bytes")
