@@ -161,9 +161,10 @@ class ParentHub:
     def shutdown(self, timeout_s: float, *, finished: bool, reason: str = "run finished") -> None:
         """Bye (saying whether the run ``finished``) to every child; wait for their Bye, whose meter rows and
         missing entries are merged into this node's meter and missing log; then close the streams. The
-        children's connections are read one last time first (the wire level)."""
+        children's connections are read before the Byes and once more after them (the wire level)."""
         self.wire.flush()
         self.reports.collect(self.roster.alive(), timeout_s, finished=finished, reason=reason)
+        self.wire.flush()  # the Byes (with the children's last meter and timeline rows), on connections still open
         self.liveness.stop()
 
     # -- calls ----------------------------------------------------------------------------------------------------
