@@ -26,7 +26,6 @@ from fedhop.common.testbed_spec import LinkDelays, LinkRates, TestbedSpec
 from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, metric_name
 from fedhop.common.validation import flat_errors
 
-
 log = logging.getLogger("fedhop.spec")
 _DEPRECATIONS_LOGGED: set[str] = set()
 

@@ -75,6 +75,9 @@ class ChildProtocol:
         self._report_lock = threading.Lock()
         self._tasks: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._stopping = threading.Event()
+        # the node's compute speed from the run's [network] profile (1.0: as fast as this host)
+        self.compute = ctx.spec.network_profile().compute(node)
 
     def on_frame(self, frame: Frame, asm: MessageAssembler) -> pb.Bye | None:
         """Handle one frame of the parent's stream; returns the parent's Bye when it comes."""
@@ -139,7 +142,10 @@ class ChildProtocol:
         try:
             timing.event("run", at=self.node, call=req.call_id, task=req.name)
             with self.task_lock:
+                t0 = time.monotonic()
                 reply = handler(ctx, req.bundle, dict(req.args))
+                handler_s = time.monotonic() - t0
+            self._slow_down(handler_s)  # outside the lock: other clients of a host may compute meanwhile
             timing.event("ran", at=self.node, call=req.call_id)
             out = on_host(reply.bundle)
             frames = message_frames(result_frame(req.call_id, reply.scalars, has_bundle=bool(out)), out,
@@ -162,6 +168,15 @@ class ChildProtocol:
         self.send(frames)
         return ctx.round
 
+    def _slow_down(self, handler_s: float) -> None:
+        """Emulate a node ``compute`` times as fast as this host: after a handler that took ``handler_s``,
+        wait out the difference to ``handler_s / compute`` (the result is unchanged, only later). Each task's
+        times are a timing event ``compute`` (``handler_s``, ``slowed_s``)."""
+        extra = handler_s * (1.0 / self.compute - 1.0) if self.compute < 1.0 else 0.0
+        timing.event("compute", at=self.node, handler_s=handler_s, slowed_s=extra, factor=self.compute)
+        if extra > 0:
+            self._stopping.wait(extra)
+
     def _unreported(self) -> tuple[list[dict], list[dict]]:
         if self.hooks.report is None:
             return [], []
@@ -181,6 +196,7 @@ class ChildProtocol:
 
     def stop(self) -> None:
         """Let the task in progress finish (it may still answer), then stop the worker."""
+        self._stopping.set()
         if self._worker is not None:
             self._tasks.put(CLOSE)
             self._worker.join(timeout=5)
