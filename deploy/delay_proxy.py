@@ -13,8 +13,8 @@ What it models: a fixed one-way latency added per direction to every byte of a c
 answered at once sees its round-trip time grow by twice the delay, and each message arrives ``delay`` later.
 What it does not model: the kernel's TCP sees the proxy, not the far end, so congestion control, slow start
 and the bandwidth-delay product do not feel the delay (a window-limited bulk transfer is not slowed by it);
-no loss or reordering (loss is a packet filter rule, deploy/loss.py); and the proxy buffers up to a few MiB per direction, so the sender's flow
-control is decoupled from the receiver by that much.
+no loss or reordering (loss is a packet filter rule, deploy/loss.py); and the proxy buffers up to a few MiB
+per direction, so the sender's flow control is decoupled from the receiver by that much.
 """
 
 from __future__ import annotations

@@ -4,8 +4,10 @@ Each direction is shaped on its own: the direction a -> b limited to R Mbit/s ge
 (ceil R) in two places:
 
 - on a's ``eth0`` (egress a -> anyone), matching ``ip dst b``: where it leaves its sender;
-- on b's bridge port (egress bridge -> b), matching ``ip src a``: where it enters its receiver. Traffic matching no class (ARP, unshaped peers) goes to a default class that
-is effectively unlimited. A node with no shaped link gets no qdisc at all.
+- on b's bridge port (egress bridge -> b), matching ``ip src a``: where it enters its receiver.
+
+Traffic matching no class (ARP, unshaped peers) goes to a default class that is effectively
+unlimited. A node with no shaped link gets no qdisc at all.
 """
 
 from __future__ import annotations

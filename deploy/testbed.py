@@ -2,15 +2,17 @@
 
 One namespace per process (PS, each edge, each client) with its own address on a bridge (deploy/netns.py);
 the run's ``[network]`` profile (common/network_spec.py): per-direction rate with tc htb (deploy/shaping.py),
-delay and jitter with a proxy (deploy/delay_proxy.py), loss with an nftables rule (deploy/loss.py); the roles started with their own commands (``fedhop server|edge|client``) through
-``ip netns exec``; wire bytes per link from nftables counters (deploy/kernel_bytes.py). Everything created is
-removed at the end, also on failure, Ctrl-C or SIGTERM. :class:`Testbed` implements the testbed contract
-(deploy/contract.py: start / wait / wire / stop).
+delay and jitter with a proxy (deploy/delay_proxy.py), loss with an nftables rule (deploy/loss.py); the roles
+started with their own commands (``fedhop server|edge|client``) through ``ip netns exec``; wire bytes per link
+from nftables counters (deploy/kernel_bytes.py). Everything created is removed at the end, also on failure,
+Ctrl-C or SIGTERM. :class:`Testbed` implements the testbed contract (deploy/contract.py: start / wait / wire /
+stop).
 
 Run folder (the PS's files plus): ``wire.csv`` (kernel counters per directed link), ``link_bytes.csv``
 (payload, message and wire per link, with ratios), ``round_times.csv`` (when each round's record reached the
 PS's journal), ``testbed.json`` (namespaces, addresses, link shapes, pids), ``tc.json`` (htb statistics per shaped
-link and direction), ``loss.json`` (packets dropped per lossy direction), ``tcp.csv`` (TCP segments and retransmissions per node) and ``logs/``.
+link and direction), ``loss.json`` (packets dropped per lossy direction), ``tcp.csv`` (TCP segments and
+retransmissions per node) and ``logs/``.
 """
 
 from __future__ import annotations
@@ -347,7 +349,8 @@ class Testbed:
         self._write_plan()
         if not self.quiet:
             print(f"fedhop testbed: {len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
-                  f"{len(self.shapes)} rate-limited link directions, {len(self.losses)} lossy, wire counters: {self.counters.backend}, links: "
+                  f"{len(self.shapes)} rate-limited link directions, {len(self.losses)} lossy, "
+                  f"wire counters: {self.counters.backend}, links: "
                   f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}",
                   file=sys.stderr)
             if self.http:

@@ -63,15 +63,16 @@ def test_a_quarter_speed_client_takes_four_times_as_long_with_the_same_model(
     slow_handler, slow_waited, slow_spans = _task_times(events, SLOW)
     assert fast_handler and slow_handler, f"no compute events: {sorted({e.get('at') for e in events})}"
     assert all(w == 0 for w in fast_waited)  # the unshaped client waits for nothing
-    for h, w in zip(slow_handler, slow_waited):
+    for h, w in zip(slow_handler, slow_waited, strict=True):
         assert w == pytest.approx(3 * h)  # 1 / 0.25 - 1 times its own handler time
     # each task took handler / 0.25 from start to end (the wait is real: the node's own clock says so)
     assert len(slow_spans) == len(slow_handler)
-    assert all(span >= 0.95 * 4 * h for span, h in zip(slow_spans, slow_handler)), (slow_spans, slow_handler)
+    assert all(span >= 0.95 * 4 * h for span, h in zip(slow_spans, slow_handler, strict=True)), slow_spans
     # ~4x the same client's handler time on the same job unshaped (tolerance for a loaded 2-core machine)
     plain_handler, plain_waited, _ = _task_times(plain_events, SLOW)
     assert plain_handler and all(w == 0 for w in plain_waited)
-    ratio = statistics.median(h + w for h, w in zip(slow_handler, slow_waited)) / statistics.median(plain_handler)
+    slow_total = [h + w for h, w in zip(slow_handler, slow_waited, strict=True)]
+    ratio = statistics.median(slow_total) / statistics.median(plain_handler)
     print(f"per-task time of {SLOW}: compute 0.25 / unshaped = {ratio:.2f} (handler s: slow {slow_handler}, "
           f"unshaped {plain_handler}, client-0 {fast_handler})")
     assert ratio > 2.5, (slow_handler, plain_handler)
