@@ -180,6 +180,15 @@ class RunSpec(Strict):
                     f"{to_toml_hint(self.network)}")
         return self
 
+    @model_validator(mode="after")
+    def _network_nodes_exist(self) -> RunSpec:
+        """A ``[network.nodes.<id>]`` override names a node of this topology (every deployment ignores others)."""
+        if self.network is not None:
+            t = self.topology
+            nodes = ["ps", *(f"edge-{m}" for m in range(t.edges)), *(f"client-{i}" for i in range(t.clients))]
+            self.network.check_nodes(nodes)
+        return self
+
     def network_profile(self) -> NetworkSpec:
         """The ``[network]`` table, or the empty profile (nothing shaped, every node at full speed)."""
         return self.network if self.network is not None else NetworkSpec()
