@@ -10,6 +10,7 @@ dataset, model) are looked up in :mod:`fedhop.common.catalog`, whose torch-free 
 
 from __future__ import annotations
 
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -20,9 +21,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from fedhop.common import catalog
 from fedhop.common.data_spec import DataSpec
 from fedhop.common.model_spec import ModelSpec
-from fedhop.common.testbed_spec import TestbedSpec
+from fedhop.common.network_spec import NetworkSpec, from_testbed, to_toml_hint
+from fedhop.common.testbed_spec import LinkDelays, LinkRates, TestbedSpec
 from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, is_ref, metric_name
 from fedhop.common.validation import flat_errors
+
+log = logging.getLogger("fedhop.spec")
+_DEPRECATIONS_LOGGED: set[str] = set()
+
+
+def _deprecated(message: str) -> None:
+    """Log ``message`` once per process (a spec is parsed again by every node that joins)."""
+    if message not in _DEPRECATIONS_LOGGED:
+        _DEPRECATIONS_LOGGED.add(message)
+        log.warning(message)
 
 
 def _algorithm(name: str) -> catalog.AlgorithmInfo | None:
@@ -162,7 +174,41 @@ class RunSpec(Strict):
                                "metric(outputs, y) -> float on the test set, reported under the function's name "
                                "every eval_every rounds")
     transport: TransportSpec = Field(default_factory=TransportSpec)
-    testbed: TestbedSpec | None = Field(None, description="link shaping of `fedhop testbed up` (network namespaces)")
+    testbed: TestbedSpec | None = Field(None, description="the namespace testbed's own settings (subnet, MTU, ...)")
+    network: NetworkSpec | None = Field(None, description="the network profile (rate, delay, jitter, loss per link; "
+                                        "compute speed per node), applied by the testbeds (docs/network.md)")
+
+    @model_validator(mode="after")
+    def _network_from_old_testbed_keys(self) -> RunSpec:
+        """The deprecated ``[testbed.mbit]`` / ``[testbed.delay_ms]`` / ``[testbed.nodes]`` become ``[network]``."""
+        tb = self.testbed
+        if tb is None:
+            return self
+        mbit, delay = tb.mbit.model_dump(exclude_none=True), tb.delay_ms.model_dump(exclude_none=True)
+        nodes = {n: o.model_dump(exclude_none=True) for n, o in tb.nodes.items()}
+        if not (mbit or delay or nodes):
+            return self
+        if self.network is not None:
+            raise ValueError("both [network] and the deprecated [testbed.mbit] / [testbed.delay_ms] / "
+                             "[testbed.nodes] are given: move the testbed keys into [network]")
+        self.network = from_testbed(mbit, delay, nodes)
+        self.testbed = tb.model_copy(update={"mbit": LinkRates(), "delay_ms": LinkDelays(), "nodes": {}})
+        _deprecated(f"[testbed.mbit] / [testbed.delay_ms] / [testbed.nodes] are deprecated; write instead: "
+                    f"{to_toml_hint(self.network)}")
+        return self
+
+    @model_validator(mode="after")
+    def _network_nodes_exist(self) -> RunSpec:
+        """A ``[network.nodes.<id>]`` override names a node of this topology (every deployment ignores others)."""
+        if self.network is not None:
+            t = self.topology
+            nodes = ["ps", *(f"edge-{m}" for m in range(t.edges)), *(f"client-{i}" for i in range(t.clients))]
+            self.network.check_nodes(nodes)
+        return self
+
+    def network_profile(self) -> NetworkSpec:
+        """The ``[network]`` table, or the empty profile (nothing shaped, every node at full speed)."""
+        return self.network if self.network is not None else NetworkSpec()
 
     @model_validator(mode="after")
     def _algorithm_fits_topology(self) -> RunSpec:

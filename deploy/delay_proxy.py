@@ -3,14 +3,18 @@
 It runs inside a listening node's namespace (the PS or an edge), on the node's testbed address, and forwards
 every connection to the node's gRPC server on 127.0.0.1. Each chunk read from either side is written to the
 other ``delay_ms`` after it was read, the delay chosen by the connecting peer's address; a peer not listed is
-forwarded without delay.
+forwarded without delay. Each direction has its own delay and jitter: ``peer -> node`` (what the connecting peer
+sends) and ``node -> peer``. With jitter ``j``, each chunk is held ``delay + u`` with ``u`` uniform in
+``[-j, +j]`` from a random generator seeded by ``--seed``, the peer and the direction (so two runs draw the
+same sequence per connection order); a chunk never overtakes the one before it (a TCP stream stays in order),
+so a late chunk also holds back those behind it.
 
 What it models: a fixed one-way latency added per direction to every byte of a connection, so a request
 answered at once sees its round-trip time grow by twice the delay, and each message arrives ``delay`` later.
 What it does not model: the kernel's TCP sees the proxy, not the far end, so congestion control, slow start
 and the bandwidth-delay product do not feel the delay (a window-limited bulk transfer is not slowed by it);
-no jitter, loss or reordering; and the proxy buffers up to a few MiB per direction, so the sender's flow
-control is decoupled from the receiver by that much.
+no loss or reordering (loss is a packet filter rule, deploy/loss.py); and the proxy buffers up to a few MiB
+per direction, so the sender's flow control is decoupled from the receiver by that much.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
 import socket
 import sys
+from dataclasses import dataclass
 
 CHUNK = 64 << 10
 QUEUE_CHUNKS = 64  # at most ~4 MiB in flight per direction
@@ -29,13 +35,53 @@ QUEUE_CHUNKS = 64  # at most ~4 MiB in flight per direction
 log = logging.getLogger("fedhop.delay_proxy")
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float) -> None:
+@dataclass(frozen=True)
+class Hold:
+    """How long one direction holds each chunk: ``delay_ms`` +- uniform ``jitter_ms``."""
+
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.delay_ms:g}" + (f"~{self.jitter_ms:g}" if self.jitter_ms else "")
+
+
+@dataclass(frozen=True)
+class PeerDelay:
+    """The two directions of the links of one peer address: ``inbound`` peer -> node, ``outbound`` node -> peer."""
+
+    inbound: Hold
+    outbound: Hold
+
+    def __str__(self) -> str:
+        return str(self.inbound) if self.inbound == self.outbound else f"{self.inbound},{self.outbound}"
+
+
+def next_due(prev_due: float, now: float, hold: Hold, rng: random.Random) -> float:
+    """When a chunk read at ``now`` (seconds) is written: ``now`` + delay + jitter, never before the chunk
+    ahead of it (due at ``prev_due``): the stream keeps its order."""
+    jitter = rng.uniform(-hold.jitter_ms, hold.jitter_ms) if hold.jitter_ms else 0.0
+    return max(prev_due, now + max(0.0, hold.delay_ms + jitter) / 1000.0)
+
+
+def due_times(arrivals: list[float], hold: Hold, rng: random.Random) -> list[float]:
+    """:func:`next_due` of each chunk read at ``arrivals``, in order."""
+    out: list[float] = []
+    for t in arrivals:
+        out.append(next_due(out[-1] if out else float("-inf"), t, hold, rng))
+    return out
+
+
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hold: Hold,
+                rng: random.Random) -> None:
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
 
     async def read() -> None:
+        due = float("-inf")
         while data := await reader.read(CHUNK):
-            await q.put((loop.time() + delay_s, data))
+            due = next_due(due, loop.time(), hold, rng)
+            await q.put((due, data))
         await q.put(None)
 
     async def write() -> None:
@@ -54,9 +100,12 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 
 
 async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, target: tuple[str, int],
-                  delays: dict[str, float]) -> None:
+                  delays: dict[str, PeerDelay], seed: int, counter: list[int]) -> None:
     peer = client_w.get_extra_info("peername")[0]
-    delay_s = delays.get(peer, 0.0) / 1000.0
+    pd = delays.get(peer, PeerDelay(Hold(), Hold()))
+    counter[0] += 1
+    base = f"{seed}:{peer}:{counter[0]}"
+    rng_in, rng_out = random.Random(base + ":in"), random.Random(base + ":out")
     try:
         server_r, server_w = await asyncio.open_connection(*target)
     except OSError as e:
@@ -64,21 +113,27 @@ async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
         client_w.close()
         return
     try:
-        await asyncio.gather(_pump(client_r, server_w, delay_s), _pump(server_r, client_w, delay_s))
+        await asyncio.gather(_pump(client_r, server_w, pd.inbound, rng_in),
+                             _pump(server_r, client_w, pd.outbound, rng_out))
     finally:
         for w in (client_w, server_w):
             w.close()
 
 
-async def serve(listen: tuple[str, int] | socket.socket, target: tuple[str, int], delays: dict[str, float]) -> None:
+async def serve(listen: tuple[str, int] | socket.socket, target: tuple[str, int],
+                delays: dict[str, PeerDelay] | dict[str, float], seed: int = 0) -> None:
     """Forward connections accepted on ``listen`` (an address, or a listening socket, which may belong to
-    another network namespace than this process) to ``target``."""
-    handle = functools.partial(_handle, target=target, delays=delays)
+    another network namespace than this process) to ``target``; ``delays`` maps a peer address to its
+    :class:`PeerDelay` (or to one delay in ms, both directions, no jitter)."""
+    table = {a: d if isinstance(d, PeerDelay) else PeerDelay(Hold(float(d)), Hold(float(d)))
+             for a, d in delays.items()}
+    handle = functools.partial(_handle, target=target, delays=table, seed=seed, counter=[0])
     if isinstance(listen, socket.socket):
         server = await asyncio.start_server(handle, sock=listen)
     else:
         server = await asyncio.start_server(handle, *listen)
-    log.info("delay proxy %s -> %s:%d, delays %s", server.sockets[0].getsockname(), *target, delays)
+    log.info("delay proxy %s -> %s:%d, delays %s", server.sockets[0].getsockname(), *target,
+             {a: str(d) for a, d in table.items()})
     async with server:
         await server.serve_forever()
 
@@ -90,15 +145,27 @@ def _hostport(s: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _delay(s: str) -> tuple[str, float]:
-    addr, _, ms = s.partition("=")
+def _hold(text: str, whole: str) -> Hold:
+    ms, _, jitter = text.partition("~")
     try:
-        value = float(ms)
+        hold = Hold(float(ms), float(jitter or 0))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ADDRESS=MS, got {s!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"delay must be >= 0 ms, got {s!r}")
-    return addr, value
+        raise argparse.ArgumentTypeError(f"expected ADDRESS=MS[~JITTER][,MS[~JITTER]], got {whole!r}") from None
+    if hold.delay_ms < 0:
+        raise argparse.ArgumentTypeError(f"delay must be >= 0 ms, got {whole!r}")
+    if hold.jitter_ms < 0:
+        raise argparse.ArgumentTypeError(f"jitter must be >= 0 ms, got {whole!r}")
+    if hold.jitter_ms > hold.delay_ms:
+        raise argparse.ArgumentTypeError(f"jitter must not exceed the delay, got {whole!r}")
+    return hold
+
+
+def _delay(s: str) -> tuple[str, PeerDelay]:
+    """``ADDRESS=MS[~JITTER][,MS[~JITTER]]``: the first peer -> node, the second (default: the same) node -> peer."""
+    addr, _, rest = s.partition("=")
+    inbound, _, outbound = rest.partition(",")
+    hin = _hold(inbound, s)
+    return addr, PeerDelay(hin, _hold(outbound, s) if outbound else hin)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,12 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--listen-fd", type=int, metavar="FD",
                        help="accept on this inherited listening socket (e.g. one made in another network namespace)")
     p.add_argument("--target", type=_hostport, required=True, help="HOST:PORT to forward them to")
-    p.add_argument("--delay", type=_delay, action="append", default=[], help="PEER_ADDRESS=MS (repeatable)")
+    p.add_argument("--delay", type=_delay, action="append", default=[],
+                   help="PEER_ADDRESS=MS[~JITTER][,MS[~JITTER]] (repeatable): peer -> node, then node -> peer")
+    p.add_argument("--seed", type=int, default=0, help="seed of the jitter's random draws")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
         listen = socket.socket(fileno=a.listen_fd) if a.listen_fd is not None else a.listen
-        asyncio.run(serve(listen, a.target, dict(a.delay)))
+        asyncio.run(serve(listen, a.target, dict(a.delay), a.seed))
     return 0
 
 

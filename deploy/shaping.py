@@ -1,13 +1,13 @@
 """Per-link bandwidth with ``tc`` htb on the testbed's veths.
 
-A link a <-> b limited to R Mbit/s gets one htb class of rate R (ceil R) in each direction:
+Each direction is shaped on its own: the direction a -> b limited to R Mbit/s gets one htb class of rate R
+(ceil R) in two places:
 
-- on a's ``eth0`` (egress a -> anyone), matching ``ip dst b``: limits a -> b;
-- on a's bridge port (egress bridge -> a), matching ``ip src b``: limits b -> a.
+- on a's ``eth0`` (egress a -> anyone), matching ``ip dst b``: where it leaves its sender;
+- on b's bridge port (egress bridge -> b), matching ``ip src a``: where it enters its receiver.
 
-b's side gets the mirror classes, so each direction is limited where it leaves its sender and again where it
-enters its receiver (both at R). Traffic matching no class (ARP, unshaped peers) goes to a default class that
-is effectively unlimited. A node with no shaped link gets no qdisc at all.
+Traffic matching no class (ARP, unshaped peers) goes to a default class that is effectively
+unlimited. A node with no shaped link gets no qdisc at all.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ DEFAULT_CLASS = 0xFFFF
 
 @dataclass(frozen=True)
 class LinkShape:
+    """The direction ``a`` -> ``b`` limited to ``mbit``."""
+
     a: str
     b: str
     mbit: float
@@ -60,11 +62,12 @@ def _devices(net: Network, shapes: list[LinkShape]) -> list[tuple[str, str, str,
     """(node, namespace, device, match, [(peer node, peer address, Mbit/s)]) for every device to shape."""
     out = []
     for node in net.nodes.values():
-        peers = [(p, net.nodes[p].address, s.mbit) for s in shapes if node.node in (s.a, s.b)
-                 for p in [s.b if s.a == node.node else s.a]]
-        if peers:
-            out.append((node.node, node.ns, node.dev, "dst", peers))
-            out.append((node.node, net.bridge_ns, node.bridge_port, "src", peers))
+        sends = [(s.b, net.nodes[s.b].address, s.mbit) for s in shapes if s.a == node.node]
+        receives = [(s.a, net.nodes[s.a].address, s.mbit) for s in shapes if s.b == node.node]
+        if sends:
+            out.append((node.node, node.ns, node.dev, "dst", sends))
+        if receives:
+            out.append((node.node, net.bridge_ns, node.bridge_port, "src", receives))
     return out
 
 

@@ -1,16 +1,18 @@
 """``fedhop testbed up``: a whole federation across network namespaces, with shaped links and kernel byte counts.
 
 One namespace per process (PS, each edge, each client) with its own address on a bridge (deploy/netns.py);
-per-link bandwidth with tc htb (deploy/shaping.py) and, when asked, per-link delay with a proxy
-(deploy/delay_proxy.py); the roles started with their own commands (``fedhop server|edge|client``) through
-``ip netns exec``; wire bytes per link from nftables counters (deploy/kernel_bytes.py). Everything created is
-removed at the end, also on failure, Ctrl-C or SIGTERM. :class:`Testbed` implements the testbed contract
-(deploy/contract.py: start / wait / wire / stop).
+the run's ``[network]`` profile (common/network_spec.py): per-direction rate with tc htb (deploy/shaping.py),
+delay and jitter with a proxy (deploy/delay_proxy.py), loss with an nftables rule (deploy/loss.py); the roles
+started with their own commands (``fedhop server|edge|client``) through ``ip netns exec``; wire bytes per link
+from nftables counters (deploy/kernel_bytes.py). Everything created is removed at the end, also on failure,
+Ctrl-C or SIGTERM. :class:`Testbed` implements the testbed contract (deploy/contract.py: start / wait / wire /
+stop).
 
 Run folder (the PS's files plus): ``wire.csv`` (kernel counters per directed link), ``link_bytes.csv``
 (payload, message and wire per link, with ratios), ``round_times.csv`` (when each round's record reached the
 PS's journal), ``testbed.json`` (namespaces, addresses, link shapes, pids), ``tc.json`` (htb statistics per shaped
-link and direction), ``tcp.csv`` (TCP segments and retransmissions per node) and ``logs/``.
+link and direction), ``loss.json`` (packets dropped per lossy direction), ``tcp.csv`` (TCP segments and
+retransmissions per node) and ``logs/``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from fedhop.common.engine.topology import Topology, build_topology
+from fedhop.common.network_spec import NetworkSpec, Shape, directed_shape
 from fedhop.common.spec import RunSpec
-from fedhop.common.testbed_spec import TestbedSpec, link_class, link_delay, link_rate
-from fedhop.deploy import contract, kernel_bytes, link_table, shaping, testbed_http, testbed_tls
+from fedhop.common.testbed_spec import TestbedSpec, link_class
+from fedhop.deploy import contract, kernel_bytes, link_table, loss, shaping, testbed_http, testbed_tls
 from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, link_security
 from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
@@ -56,23 +59,39 @@ class Interrupted(BaseException):  # noqa: N818  (like KeyboardInterrupt: not an
 
 @dataclass(frozen=True)
 class Link:
-    """An undirected link of the run and its shape."""
+    """A link of the run and the shape of each direction (``ab``: a -> b, ``ba``: b -> a)."""
 
     a: str
     b: str
     cls: str
-    mbit: float | None
-    delay_ms: float
+    ab: Shape
+    ba: Shape
+
+    @property
+    def mbit(self) -> float | None:
+        """The rate of a -> b (of both directions where the profile is symmetric)."""
+        return self.ab.mbit
+
+    @property
+    def delay_ms(self) -> float:
+        """The one-way delay of a -> b (of both directions where the profile is symmetric)."""
+        return self.ab.delay_ms
+
+    def directions(self) -> list[tuple[str, str, Shape]]:
+        return [(self.a, self.b, self.ab), (self.b, self.a, self.ba)]
 
 
-def run_links(topo: Topology, tb: TestbedSpec) -> list[Link]:
-    """Every pair of nodes that talk: parent-child and neighbour edges."""
+def run_links(topo: Topology, net: NetworkSpec) -> list[Link]:
+    """Every pair of nodes that talk: parent-child and neighbour edges, shaped by the profile ``net``."""
     pairs = [(topo.parent[n], n) for n in (*topo.edges, *topo.clients)]
     pairs += [(a, b) for a in topo.edges for b in topo.neighbours[a] if topo.sort([a, b])[0] == a]
     out = []
     for a, b in pairs:
         cls = link_class(topo.role(a), topo.role(b))
-        out.append(Link(a, b, cls, link_rate(tb, cls, a, b), link_delay(tb, cls, a, b)))
+        try:
+            out.append(Link(a, b, cls, directed_shape(net, cls, a, b), directed_shape(net, cls, b, a)))
+        except ValueError as e:
+            raise TestbedError(str(e)) from None
     return out
 
 
@@ -150,13 +169,14 @@ class Testbed:
         self.spec_path = spec_path
         self.spec = RunSpec.load(spec_path)  # SpecError names the field
         self.tb = self.spec.testbed or TestbedSpec()
+        self.profile = self.spec.network_profile()
         self.topo = build_topology(self.spec.topology, self.spec.seed)
         self.order = self.topo.all_nodes()
         try:
-            self.tb.check_nodes(self.topo.all_nodes())
+            self.profile.check_nodes(self.topo.all_nodes())
         except ValueError as e:
             raise TestbedError(str(e)) from None
-        self.links = run_links(self.topo, self.tb)
+        self.links = run_links(self.topo, self.profile)
         self.out = out
         self.device = device
         self.timeout_s = timeout_s
@@ -173,6 +193,7 @@ class Testbed:
         self.counters = kernel_bytes.NamespaceCounters(self.net, peers_of(self.links))
         self.children = Processes(out / "logs")
         self.shapes: list[shaping.LinkShape] = []
+        self.losses: list[loss.LinkLoss] = []
         self.clock = RoundClock(out / "rounds.jsonl")
         self._tearing_down = False
         # last: binds the host's port (a taken one fails here, before anything is created)
@@ -203,12 +224,18 @@ class Testbed:
                                             str(fd), "--target", inner], pass_fds=(fd,))
         return ["--http", inner], ({"FEDHOP_HTTP_TOKEN": self.http.token} if self.http.token else {})
 
-    def _delays_into(self, node: str) -> dict[str, float]:
-        """Peer address -> one-way delay (ms) of the links into ``node``'s server."""
+    def _delays_into(self, node: str) -> dict[str, str]:
+        """Peer address -> the proxy's ``--delay`` value (``IN[~JITTER],OUT[~JITTER]`` in ms: peer -> node, then
+        node -> peer) of the delayed links into ``node``'s server."""
         out = {}
         for lk in self.links:
-            if lk.delay_ms and node in (lk.a, lk.b):
-                out[self.net.nodes[lk.b if lk.a == node else lk.a].address] = lk.delay_ms
+            if node not in (lk.a, lk.b):
+                continue
+            into, outof = (lk.ba, lk.ab) if lk.a == node else (lk.ab, lk.ba)
+            if into.delay_ms or outof.delay_ms:
+                peer = lk.b if lk.a == node else lk.a
+                out[self.net.nodes[peer].address] = (f"{into.delay_ms:g}~{into.jitter_ms:g},"
+                                                     f"{outof.delay_ms:g}~{outof.jitter_ms:g}")
         return out
 
     def _serve_addr(self, node: str) -> tuple[str, str]:
@@ -220,7 +247,8 @@ class Testbed:
         listen = f"127.0.0.1:{self.plan.node(node).port}"
         args = [sys.executable, "-m", "fedhop.deploy.delay_proxy", "--listen", public, "--target", listen]
         for addr, ms in sorted(delays.items()):
-            args += ["--delay", f"{addr}={ms:g}"]
+            args += ["--delay", f"{addr}={ms}"]
+        args += ["--seed", str(self.spec.seed)]
         self._start(f"proxy-{node}", self.net.nodes[node].ns, args)
         return listen, public
 
@@ -309,14 +337,20 @@ class Testbed:
         elif self.tls is not None:
             self.tls_dir = Path(self.tls).resolve()
         self.net.create()
-        self.shapes = [shaping.LinkShape(lk.a, lk.b, lk.mbit) for lk in self.links if lk.mbit is not None]
+        self.shapes = [shaping.LinkShape(a, b, s.mbit) for lk in self.links for a, b, s in lk.directions()
+                       if s.mbit is not None]
         shaping.apply_shaping(self.net, self.shapes)
+        self.losses = [loss.LinkLoss(a, b, s.loss) for lk in self.links for a, b, s in lk.directions() if s.loss]
+        if self.losses and not kernel_bytes.nft_available():
+            raise TestbedError("a [network] loss needs nftables (apt-get install -y nftables)")
+        loss.apply_loss(self.net, self.losses)
         self.counters.install()
         self.start_roles()
         self._write_plan()
         if not self.quiet:
             print(f"fedhop testbed: {len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
-                  f"{len(self.shapes)} shaped links, wire counters: {self.counters.backend}, links: "
+                  f"{len(self.shapes)} rate-limited link directions, {len(self.losses)} lossy, "
+                  f"wire counters: {self.counters.backend}, links: "
                   f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}",
                   file=sys.stderr)
             if self.http:
@@ -358,6 +392,8 @@ class Testbed:
             if retrans:
                 notes.append(f"TCP retransmitted segments (counted in wire bytes): {retrans}")
             (self.out / "tc.json").write_text(json.dumps(shaping.class_stats(self.net, self.shapes), indent=1))
+            if self.losses:
+                (self.out / "loss.json").write_text(json.dumps(loss.drop_counts(self.net, self.losses), indent=1))
             if levels is None:
                 notes.append(f"the PS wrote no links.csv (exit code {rc}): no per-link table")
             return TestbedResult(rc=rc, out=self.out, levels=levels or [], rounds=rounds, notes=notes)

@@ -41,9 +41,9 @@ def test_bad_table_names_the_field(table: dict, field: str) -> None:
 
 def test_override_of_an_absent_node_fails_before_anything_starts(tmp_path) -> None:
     path = tmp_path / "s.toml"
-    path.write_text(spec_with({"nodes": {"edge-7": {"mbit": 1}}}).to_toml())
-    with pytest.raises(TestbedError, match=r"testbed\.nodes: \['edge-7'\] are not nodes of this run"):
-        Testbed(path, tmp_path / "out")
+    path.write_text(RunSpec.parse(BASE).to_toml() + '\n[testbed.nodes.edge-7]\nmbit = 1\n')
+    with pytest.raises(SpecError, match=r"network\.nodes: \['edge-7'\] are not nodes of this run"):
+        Testbed(path, tmp_path / "out")  # the spec is refused as it is read, for every deployment
     assert not (tmp_path / "out").exists()
 
 
@@ -53,9 +53,10 @@ def test_link_classes_and_overrides() -> None:
     assert link_class("client", "server") == "client_ps"
     with pytest.raises(ValueError, match="no link class"):
         link_class("client", "client")
-    tb = TestbedSpec.model_validate({"mbit": {"client_edge": 100, "edge_edge": 10},
-                                     "delay_ms": {"edge_ps": 7},
-                                     "nodes": {"client-1": {"mbit": 300}, "edge-0": {"mbit": 50, "delay_ms": 2}}})
+    old = {"mbit": {"client_edge": 100, "edge_edge": 10}, "delay_ms": {"edge_ps": 7},
+           "nodes": {"client-1": {"mbit": 300}, "edge-0": {"mbit": 50, "delay_ms": 2}}}
+    TestbedSpec.model_validate(old)  # the deprecated keys still validate
+    tb = spec_with(old).network  # ... and become the [network] profile
     topo = build_topology(TopologySpec(clients=4, edges=2, edge_graph="ring"), 0)
     links = {(lk.a, lk.b): lk for lk in run_links(topo, tb)}
     assert set(links) == {("ps", "edge-0"), ("ps", "edge-1"), ("edge-0", "client-0"), ("edge-0", "client-1"),
@@ -82,7 +83,11 @@ def test_network_plan_names_and_addresses() -> None:
 
 def test_htb_commands_limit_both_directions() -> None:
     net = plan_network([("ps", "server"), ("edge-0", "edge"), ("edge-1", "edge")], "10.9.0.0/24", tag="fhx")
-    cmds = shaping.plan_shaping(net, [shaping.LinkShape("edge-0", "edge-1", 10.0)])
+    one_way = shaping.plan_shaping(net, [shaping.LinkShape("edge-0", "edge-1", 10.0)])
+    assert {(ns, c[4]) for ns, c in one_way if c[:3] == ["tc", "filter", "add"]} == {("fhx-edge-0", "eth0"),
+                                                                                     ("fhx-br", "v2")}
+    cmds = shaping.plan_shaping(net, [shaping.LinkShape("edge-0", "edge-1", 10.0),
+                                      shaping.LinkShape("edge-1", "edge-0", 10.0)])
     text = [(ns, " ".join(c)) for ns, c in cmds]
     classes = [t for ns, t in text if " class add " in t and "10000kbit" in t]
     assert len(classes) == 4  # each end's eth0 (egress) and bridge port (ingress)

@@ -75,6 +75,9 @@ class ChildProtocol:
         self._report_lock = threading.Lock()
         self._tasks: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._stopping = threading.Event()
+        # the node's compute speed from the run's [network] profile (1.0: as fast as this host)
+        self.compute = ctx.spec.network_profile().compute(node)
 
     def on_frame(self, frame: Frame, asm: MessageAssembler) -> pb.Bye | None:
         """Handle one frame of the parent's stream; returns the parent's Bye when it comes."""
@@ -144,7 +147,11 @@ class ChildProtocol:
                 try:
                     reply = handler(ctx, req.bundle, dict(req.args))
                 finally:
-                    clock.add(ctx.round, self.node, "busy", time.perf_counter() - began)
+                    handler_s = time.perf_counter() - began
+                    clock.add(ctx.round, self.node, "busy", handler_s)
+            slowed_s = self._slow_down(handler_s)  # outside the lock: other clients of a host may compute meanwhile
+            if slowed_s:
+                clock.add(ctx.round, self.node, "busy", slowed_s)  # emulated compute is compute in the timeline
             timing.event("ran", at=self.node, call=req.call_id)
             began = time.perf_counter()
             out = on_host(reply.bundle)
@@ -171,6 +178,18 @@ class ChildProtocol:
         self.send(frames)
         return ctx.round
 
+    def _slow_down(self, handler_s: float) -> float:
+        """Emulate a node ``compute`` times as fast as this host: after a handler that took ``handler_s``,
+        wait out the difference to ``handler_s / compute`` (the result is unchanged, only later). Each task's
+        times are a timing event ``compute`` (``handler_s``, ``slowed_s``). Returns the seconds waited."""
+        extra = handler_s * (1.0 / self.compute - 1.0) if self.compute < 1.0 else 0.0
+        timing.event("compute", at=self.node, handler_s=handler_s, slowed_s=extra, factor=self.compute)
+        if extra > 0:
+            t0 = time.perf_counter()
+            self._stopping.wait(extra)
+            return time.perf_counter() - t0
+        return 0.0
+
     def _unreported(self) -> tuple[list[dict], list[dict]]:
         if self.hooks.report is None:
             return [], []
@@ -192,6 +211,7 @@ class ChildProtocol:
 
     def stop(self) -> None:
         """Let the task in progress finish (it may still answer), then stop the worker."""
+        self._stopping.set()
         if self._worker is not None:
             self._tasks.put(CLOSE)
             self._worker.join(timeout=5)
