@@ -35,7 +35,7 @@ from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.network_spec import NetworkSpec, Shape, directed_shape
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class
-from fedhop.deploy import contract, kernel_bytes, link_table, loss, shaping, testbed_http, testbed_tls
+from fedhop.deploy import contract, kernel_bytes, loss, shaping, testbed_http, testbed_tls
 from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, link_security
 from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
@@ -413,53 +413,23 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], header: list[str]) -> Non
         w.writerows(rows)
 
 
-def cmd_up(spec: str, out: str | None, device: str | None, timeout_s: float | None, quiet: bool,
-           tls: str | None = None, http: str | None = None, http_token: str | None = None) -> int:
-    """``fedhop testbed up``: exit code 0 on a finished run, the PS's code when it failed, 2 for a bad spec or
-    host, 3 when the testbed could not be built, 130 on SIGINT/SIGTERM."""
+def open_testbed(spec_path: Path, out: Path | None, *, device: str | None = None, timeout_s: float | None = None,
+                 quiet: bool = False, tls: str | None = None, http: str | None = None,
+                 http_token: str | None = None) -> Testbed:
+    """A planned testbed for ``spec_path`` (nothing created yet): the host checked first, the run folder
+    ``out`` or ``runs/<time>-<name>-testbed``. Raises :class:`TestbedError` (host, links, certificates) or the
+    spec's ``SpecError``."""
     from fedhop.run_folders import default_out
 
-    try:
-        check_host()
-    except TestbedError as e:
-        print(f"fedhop testbed: {e}", file=sys.stderr)
-        return 2
-    path = Path(spec)
-    try:
-        bed = Testbed(path, Path(out) if out else default_out(RunSpec.load(path).name, "testbed"), device=device,
-                      timeout_s=timeout_s, quiet=quiet, tls=tls, http=http, http_token=http_token)
-    except TestbedError as e:
-        print(f"fedhop testbed: {e}", file=sys.stderr)
-        return 2
-    try:
-        res = bed.run()
-    except Interrupted as e:
-        print(f"fedhop testbed: interrupted ({e}); every process, namespace and link was removed "
-              f"(logs in {bed.out / 'logs'})", file=sys.stderr)
-        return 130
-    except TestbedError as e:
-        print(f"fedhop testbed: {e}\n(everything it created was removed; logs in {bed.out / 'logs'})",
-              file=sys.stderr)
-        return 3
-    if res.levels:
-        print(link_table.format_table(res.levels))
-    for n in res.notes:
-        print(f"note: {n}")
-    if res.rc != 0:
-        print(f"fedhop testbed: the PS exited with code {res.rc} (logs in {res.out / 'logs'})", file=sys.stderr)
-    print(f"results in {res.out}")
-    return res.rc
+    check_host()
+    return Testbed(spec_path, out if out is not None else default_out(RunSpec.load(spec_path).name, "testbed"),
+                   device=device, timeout_s=timeout_s, quiet=quiet, tls=tls, http=http, http_token=http_token)
 
 
-def cmd_clean() -> int:
-    """``fedhop testbed clean``: remove what testbeds whose owner died left behind."""
+def clean() -> list[str]:
+    """Remove what testbeds whose owner died left behind; the namespaces removed. Raises :class:`TestbedError`
+    when the host cannot run a testbed (not root, tools missing)."""
     from fedhop.deploy.netns import clean_stale
 
-    try:
-        check_host()
-    except TestbedError as e:
-        print(f"fedhop testbed: {e}", file=sys.stderr)
-        return 2
-    removed = clean_stale()
-    print(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
-    return 0
+    check_host()
+    return clean_stale()

@@ -13,16 +13,33 @@ from fedhop.common.exit_codes import ExitCode, Fatal
 
 
 def cmd_testbed_up(a: argparse.Namespace) -> int:
-    from fedhop.deploy.testbed import cmd_up
+    """``fedhop testbed up``: 0 on a finished run, the PS's code when it failed; a bad spec or host: USAGE (2), a
+    testbed that could not be built: STARTUP (3), SIGINT/SIGTERM: INTERRUPTED (130) (errors.py)."""
+    from fedhop.cli.errors import testbed_failures
+    from fedhop.deploy.link_table import format_table
+    from fedhop.deploy.testbed import open_testbed
 
-    return cmd_up(a.spec, a.out, a.device, a.timeout, a.quiet, tls=a.tls,
-                  http=None if a.http == "off" else a.http, http_token=a.http_token)
+    bed = open_testbed(Path(a.spec), Path(a.out) if a.out else None, device=a.device, timeout_s=a.timeout,
+                       quiet=a.quiet, tls=a.tls, http=None if a.http == "off" else a.http, http_token=a.http_token)
+    with testbed_failures(bed.out / "logs"):
+        res = bed.run()
+    if res.levels:
+        print(format_table(res.levels))
+    for n in res.notes:
+        print(f"note: {n}")
+    if res.rc != 0:
+        print(f"fedhop testbed: the PS exited with code {res.rc} (logs in {res.out / 'logs'})", file=sys.stderr)
+    print(f"results in {res.out}")
+    return res.rc
 
 
 def cmd_testbed_clean(a: argparse.Namespace) -> int:
-    from fedhop.deploy.testbed import cmd_clean
+    """``fedhop testbed clean``: remove what testbeds whose owner died left behind."""
+    from fedhop.deploy.testbed import clean
 
-    return cmd_clean()
+    removed = clean()
+    print(f"removed {len(removed)} namespaces" + (f": {' '.join(removed)}" if removed else ""))
+    return 0
 
 
 def cmd_health(a: argparse.Namespace) -> int:

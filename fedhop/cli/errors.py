@@ -31,6 +31,7 @@ EXIT_CODES: tuple[tuple[str, ExitCode], ...] = (
     ("fedhop.transport.certs:CertError", ExitCode.USAGE),  # certs init/add
     ("fedhop.transport.tokens:TokenError", ExitCode.USAGE),  # tokens init
     ("fedhop.deploy.swarm_run:SwarmError", ExitCode.USAGE),  # stack-run: the stack cannot be deployed as asked
+    ("fedhop.deploy.netns:TestbedError", ExitCode.USAGE),  # testbed up|clean: the host, links or certificates
     ("fedhop.reproduce:ExperimentError", ExitCode.FAILED),  # reproduce: an unknown experiment, options it refuses
 )
 
@@ -114,3 +115,21 @@ def run_failures(place: RunPlace) -> Iterator[None]:
         if fatal is None:
             raise
         raise fatal from None
+
+
+@contextlib.contextmanager
+def testbed_failures(logs: Path) -> Iterator[None]:
+    """A running testbed's failures inside the block as :class:`Fatal`: SIGINT/SIGTERM (the testbed's
+    ``Interrupted``) INTERRUPTED, a step that failed (``TestbedError``) STARTUP; both after the testbed removed
+    everything it created, pointing to ``logs``. (A ``TestbedError`` before the testbed starts is USAGE:
+    :data:`EXIT_CODES`.)"""
+    from fedhop.deploy.netns import TestbedError
+    from fedhop.deploy.testbed import Interrupted
+
+    try:
+        yield
+    except Interrupted as e:
+        raise Fatal(ExitCode.INTERRUPTED, f"interrupted ({e}); every process, namespace and link was removed "
+                                          f"(logs in {logs})") from None
+    except TestbedError as e:
+        raise Fatal(ExitCode.STARTUP, f"{e}\n(everything it created was removed; logs in {logs})") from None
