@@ -9,15 +9,19 @@ Three byte levels per directed link src -> dst:
 payload <= message <= wire wherever messages flowed. Every testbed (namespaces, compose, swarm) writes the table
 as ``link_bytes.csv`` with :func:`write_link_table` and prints it with :func:`format_table`;
 :func:`read_link_table` reads it back (a blank ``wire_bytes``: the link had no counter, not zero bytes).
+
+The same row (:class:`LinkBytes`) and formatter serve the run summary every run prints (fedhop/report.py
+``link_table``, with :data:`SUMMARY_COLUMNS`): there the wire level is the run's own (links.csv's ``wire`` rows,
+:func:`from_meter_rows`), blank for the in-process engine, which has none.
 """
 
 from __future__ import annotations
 
 import csv
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 FILE = "link_bytes.csv"  # the table's name in a run folder
 METERS_FILE = "links.csv"  # the run's own meters (written by the PS)
@@ -66,16 +70,29 @@ class LinkBytes:
                 "wire_minus_message": _blank(self.unmetered)}
 
 
+def from_meter_rows(rows: Iterable[Mapping[str, Any]]) -> list[LinkBytes]:
+    """One row per directed link of the run's meter rows (``links.csv``'s rows, ``results.json``'s ``links`` or
+    :attr:`RunResult.links`), summed over kinds, phases and rounds, in the order links first appear. ``wire``: the
+    sum of the link's wire rows (those with a ``wire_bytes`` value: kind ``wire``); None where the link has none
+    (the in-process engine has no wire level)."""
+    counts: dict[tuple[str, str], list[int]] = {}  # messages, payload, message
+    wire: dict[tuple[str, str], int] = {}
+    for r in rows:
+        key = (r["src"], r["dst"])
+        c = counts.setdefault(key, [0, 0, 0])
+        c[0] += int(r["messages"])
+        c[1] += int(r["payload_bytes"])
+        c[2] += int(r["message_bytes"])
+        w = r.get("wire_bytes")
+        if w is not None and w != "":
+            wire[key] = wire.get(key, 0) + int(w)
+    return [LinkBytes(s, d, c[1], c[2], wire.get((s, d)), c[0]) for (s, d), c in counts.items()]
+
+
 def read_meters(path: Path) -> dict[tuple[str, str], Meter]:
     """(src, dst) -> the run's meter of that link (``links.csv``), summed over kinds, phases and rounds."""
-    sums: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
     with path.open() as f:
-        for r in csv.DictReader(f):
-            s = sums[(r["src"], r["dst"])]
-            s[0] += int(r["messages"])
-            s[1] += int(r["payload_bytes"])
-            s[2] += int(r["message_bytes"])
-    return {k: Meter(*v) for k, v in sums.items()}
+        return {(r.src, r.dst): Meter(r.messages, r.payload, r.message) for r in from_meter_rows(csv.DictReader(f))}
 
 
 def reconcile(meters: Mapping[tuple[str, str], Meter], wire: Mapping[tuple[str, str], int], *,
@@ -121,22 +138,59 @@ def _ratio(v: float | None) -> str:
     return "" if v is None else f"{v:.4f}"
 
 
-def format_table(rows: Sequence[LinkBytes]) -> str:
-    """The per-link table a testbed prints at its end, with a total row."""
-    head = f"{'link':28s} {'payload B':>13s} {'message B':>13s} {'wire B':>13s} {'msg/pay':>8s} {'wire/pay':>9s}" \
-           f" {'wire-msg B':>11s}"
+@dataclass(frozen=True)
+class Column:
+    """One column of a printed per-link table: its title, width and cell."""
+
+    title: str
+    width: int
+    cell: Callable[[LinkBytes], str]
+
+
+def _na(v: int | None) -> str:
+    return "n/a" if v is None else format(v, ",d")
+
+
+# a testbed's table: the three levels with their ratios; "n/a": no counter saw the link
+TESTBED_COLUMNS: tuple[Column, ...] = (
+    Column("payload B", 13, lambda r: format(r.payload, ",d")),
+    Column("message B", 13, lambda r: format(r.message, ",d")),
+    Column("wire B", 13, lambda r: _na(r.wire)),
+    Column("msg/pay", 8, lambda r: _ratio(r.message_ratio) or "-"),
+    Column("wire/pay", 9, lambda r: _ratio(r.wire_ratio) or "-"),
+    Column("wire-msg B", 11, lambda r: _na(r.unmetered)),
+)
+# a run's summary: messages and the levels the run metered itself; wire blank where it has none (simulate)
+SUMMARY_COLUMNS: tuple[Column, ...] = (
+    Column("messages", 9, lambda r: format(r.messages, ",d")),
+    Column("payload B", 14, lambda r: format(r.payload, ",d")),
+    Column("message B", 14, lambda r: format(r.message, ",d")),
+    Column("wire B", 14, lambda r: "" if r.wire is None else format(r.wire, ",d")),
+)
+
+
+def summed(rows: Sequence[LinkBytes], src: str = "", dst: str = "") -> LinkBytes:
+    """The rows added up; wire None unless every row has it (one unknown link: no total)."""
+    seen = [r.wire for r in rows if r.wire is not None]
+    return LinkBytes(src, dst, sum(r.payload for r in rows), sum(r.message for r in rows),
+                     sum(seen) if len(seen) == len(rows) else None, sum(r.messages for r in rows))
+
+
+def format_table(rows: Sequence[LinkBytes], columns: Sequence[Column] = TESTBED_COLUMNS, *, top: int | None = None,
+                 total: bool = True) -> str:
+    """The one per-link table: one line per row (at most ``top``, the rest summed in one line), then a total
+    line (``total``). A testbed prints it at its end with :data:`TESTBED_COLUMNS`; a run's summary
+    (fedhop/report.py) with :data:`SUMMARY_COLUMNS`, largest links first, the top 20, no total."""
+    head = f"{'link':28s}" + "".join(f" {c.title:>{c.width}s}" for c in columns)
     lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(_line(f"{r.src} -> {r.dst}", r))
-    if rows:
-        seen = [r.wire for r in rows if r.wire is not None]
-        total = LinkBytes("", "", sum(r.payload for r in rows), sum(r.message for r in rows),
-                          sum(seen) if len(seen) == len(rows) else None, sum(r.messages for r in rows))
-        lines.append(_line("total", total))
+    shown, rest = (rows, ()) if top is None else (rows[:top], rows[top:])
+    lines += [_line(f"{r.src} -> {r.dst}", r, columns) for r in shown]
+    if rest:
+        lines.append(_line(f"... {len(rest)} more links", summed(rest), columns))
+    if total and rows:
+        lines.append(_line("total", summed(rows), columns))
     return "\n".join(lines)
 
 
-def _line(name: str, r: LinkBytes) -> str:
-    return (f"{name:28s} {r.payload:13,d} {r.message:13,d} {'n/a' if r.wire is None else format(r.wire, ',d'):>13s} "
-            f"{_ratio(r.message_ratio) or '-':>8s} {_ratio(r.wire_ratio) or '-':>9s} "
-            f"{'n/a' if r.unmetered is None else format(r.unmetered, ',d'):>11s}")
+def _line(name: str, r: LinkBytes, columns: Sequence[Column]) -> str:
+    return (f"{name:28s}" + "".join(f" {c.cell(r):>{c.width}s}" for c in columns)).rstrip()

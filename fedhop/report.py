@@ -1,13 +1,16 @@
 """What a run's end prints, and what ``fedhop compare`` reads: bytes per link and per link class, the route.
 
 Works on meter rows (``results.json``'s ``links`` or :attr:`RunResult.links`): dicts with ``src``, ``dst``,
-``messages``, ``payload_bytes`` and ``message_bytes``.
+``messages``, ``payload_bytes`` and ``message_bytes`` (and ``wire_bytes`` on the networked engine's wire rows).
+The per-link table is the testbeds' one (deploy/link_table.py: one row type, one formatter).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from fedhop.deploy.link_table import SUMMARY_COLUMNS, LinkBytes, format_table, from_meter_rows
 
 LINK_CLASSES = ("client-edge", "edge-edge", "edge-ps", "client-ps")
 CLASS_TITLES = {"client-edge": "client<->edge", "edge-edge": "edge<->edge", "edge-ps": "edge<->PS",
@@ -41,31 +44,18 @@ def bytes_by_class(links: Iterable[Mapping[str, Any]], level: str = "payload_byt
     return out
 
 
-def per_link(links: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per directed link (src -> dst), summed over kinds, phases and rounds; largest payload first
-    (then message bytes, then names)."""
-    acc: dict[tuple[str, str], dict[str, Any]] = {}
-    for r in links:
-        row = acc.setdefault((r["src"], r["dst"]), {"src": r["src"], "dst": r["dst"], "messages": 0,
-                                                    "payload_bytes": 0, "message_bytes": 0})
-        for k in ("messages", "payload_bytes", "message_bytes"):
-            row[k] += int(r[k])
-    return sorted(acc.values(), key=lambda x: (-x["payload_bytes"], -x["message_bytes"], x["src"], x["dst"]))
+def per_link(links: Iterable[Mapping[str, Any]]) -> list[LinkBytes]:
+    """One row per directed link (src -> dst), summed over kinds, phases and rounds, its wire level from the
+    run's wire rows (None without: the in-process engine); largest payload first (then message bytes, then
+    names)."""
+    return sorted(from_meter_rows(links), key=lambda x: (-x.payload, -x.message, x.src, x.dst))
 
 
 def link_table(links: Iterable[Mapping[str, Any]], top: int = 20) -> str:
-    """The per-link table, largest links first, at most ``top`` rows (the rest summed in one line)."""
-    rows = per_link(links)
-    head = f"{'link':<28} {'messages':>9} {'payload B':>14} {'message B':>14}"
-    lines = [head, "-" * len(head)]
-    for r in rows[:top]:
-        lines.append(f"{r['src'] + ' -> ' + r['dst']:<28} {r['messages']:>9,} {r['payload_bytes']:>14,} "
-                     f"{r['message_bytes']:>14,}")
-    rest = rows[top:]
-    if rest:
-        lines.append(f"{f'... {len(rest)} more links':<28} {sum(r['messages'] for r in rest):>9,} "
-                     f"{sum(r['payload_bytes'] for r in rest):>14,} {sum(r['message_bytes'] for r in rest):>14,}")
-    return "\n".join(lines)
+    """The run summary's per-link table (the testbeds' one formatter, deploy/link_table.py, with its summary
+    columns: messages, payload, message and wire bytes; wire blank without a wire level), largest links first,
+    at most ``top`` rows (the rest summed in one line)."""
+    return format_table(per_link(links), SUMMARY_COLUMNS, top=top, total=False)
 
 
 ROUTE_KEYS = {"edge": "the active edge server of each round (Fed-CHS)",

@@ -127,6 +127,23 @@ def test_meters_sum_kinds_phases_and_rounds(tmp_path: Path) -> None:
     assert link_table.read_meters(tmp_path / "links.csv") == {("ps", "edge-0"): Meter(2, 100, 130)}
 
 
+def test_run_summary_is_the_same_table_with_the_runs_own_wire_level() -> None:
+    from fedhop.report import link_table as summary
+    from fedhop.report import per_link
+
+    meter = {"kind": "model", "phase": "down", "round": 1}
+    rows = [{**meter, "src": "ps", "dst": "edge-0", "messages": 1, "payload_bytes": 100, "message_bytes": 120,
+             "wire_bytes": ""},  # links.csv's blank wire cell on a meter row
+            {**meter, "src": "ps", "dst": "edge-0", "kind": "wire", "phase": "tcp", "messages": 0,
+             "payload_bytes": 0, "message_bytes": 0, "wire_bytes": 150},
+            {**meter, "src": "edge-0", "dst": "ps", "messages": 1, "payload_bytes": 300, "message_bytes": 330}]
+    assert per_link(rows) == [LinkBytes("edge-0", "ps", 300, 330, None, 1), LinkBytes("ps", "edge-0", 100, 120, 150, 1)]
+    lines = summary(rows).splitlines()
+    assert lines[0].split() == ["link", "messages", "payload", "B", "message", "B", "wire", "B"]
+    assert [ln.split()[4:] for ln in lines[2:]] == [["300", "330"], ["100", "120", "150"]]  # no wire: blank
+    assert summary(rows, top=1).splitlines()[-1].split() == ["...", "1", "more", "links", "1", "100", "120", "150"]
+
+
 def test_wire_csv_round_trip_and_pair_attribution(tmp_path: Path) -> None:
     rows = [WireCount("ps", "edge-0", 3, 300, 300, "nft"), WireCount("edge-0", OTHER, 1, 60, None, "nft")]
     assert read_wire_csv(write_wire_csv(rows, tmp_path / "wire.csv")) == rows
