@@ -82,8 +82,7 @@ def run_edge(config: NodeConfig) -> int:
                         missing, listener=_TellParent(session, lambda: hub.data_sizes()))
         pending.serve(hub)
         comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security)
-        ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)
-        comm.ctx = ctx
+        ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)  # binds comm to ctx
         try:
             got = session.keep_state(ctx, store, meter)
         except (RuntimeError, OSError) as e:

@@ -194,8 +194,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         if absent:
             log.warning("ps: starting without %s (not ready within %gs)", absent, spec.transport.join_timeout_s)
         comm = NetComm(topo.server, topo, missing, hub, spec, security=security)
-        ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm)
-        comm.ctx = ctx
+        ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm)  # binds comm to ctx
         if resume is not None:
             comm.last_ok = dict(resume.checkpoint.last_ok)
         ctx.sizes = topo.subtree_sizes(hub.start(hub.edge_addresses()))

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, get_algorithm
+from fedhop.common.engine.api import NodeId, Reply, Scalar, get_algorithm
 from fedhop.common.engine.base import BaseComm, Failure, MissingLog, Settle
 from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
@@ -43,7 +43,6 @@ class NetComm(BaseComm):
         self.peers = peers if peers is not None else {}
         self.peer_client = PeerClient(node, hub.meter, missing, spec.transport, self.peers, security)
         hub.wire.dialed = lambda: self.peers  # this node's hand-off connections are its to read (wire level)
-        self.ctx: NodeContext | None = None
         self._begun: int | None = None  # the round begin_round last ran for
         self._budget_end: float | None = None  # monotonic time by which this node's parent wants its answer
         self._budget_s = 0.0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -108,9 +108,19 @@ class Reporter(Protocol):
     def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None: ...
 
 
+@runtime_checkable
+class BindsContext(Protocol):
+    """A :class:`Comm` that reads the context it serves (its round, data sizes, device): every engine's
+    (common/engine/base.py ``BaseComm.bind``). :class:`NodeContext` binds it once, when it is constructed."""
+
+    def bind(self, ctx: NodeContext) -> None: ...
+
+
 @dataclass
 class NodeContext:
-    """Everything a node's algorithm code may touch. Engines build one per node."""
+    """Everything a node's algorithm code may touch. Engines build one per node, around the node's
+    :class:`Comm`; the context binds that Comm to itself on construction (:class:`BindsContext`), so neither is
+    ever seen half-built."""
 
     node_id: NodeId
     role: str  # "server" | "edge" | "client"
@@ -126,6 +136,8 @@ class NodeContext:
     def __post_init__(self) -> None:
         if self.state is None and self.role != "server":
             self.state = get_algorithm(self.spec.algorithm.name).node_state(self.role)
+        if isinstance(self.comm, BindsContext):
+            self.comm.bind(self)  # last: the comm sees a whole context
 
     # -- the run --------------------------------------------------------------------------------------
     @property

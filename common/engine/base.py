@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from fedhop.common import timeline, timing
-from fedhop.common.engine.api import NodeId, Reply, Scalar
+from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
 from fedhop.common.engine.size_claims import size_claim_error
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle, non_finite
@@ -70,10 +70,22 @@ class BaseComm(ABC):
         self.node = node
         self.topology = topology
         self.missing = missing
-        self.ctx: Any = None  # the NodeContext this Comm serves (set by the engine)
+        self._ctx: NodeContext | None = None  # the NodeContext this Comm serves: bind(), once
         self.last_ok: dict[NodeId, int] = {}  # round of each child's last usable reply (saved with the state)
         self._sent = self._ok = 0
         self.own_clock: timeline.Timeline | None = None  # where its waits are timed (None: its node's, here)
+
+    @property
+    def ctx(self) -> NodeContext | None:
+        """The node context this Comm serves; None until it is bound (:meth:`bind`)."""
+        return self._ctx
+
+    def bind(self, ctx: NodeContext) -> None:
+        """Serve ``ctx`` (its round, data sizes, device). :class:`NodeContext` calls it when it is constructed
+        around this Comm; a second binding is refused: one Comm serves one node's context."""
+        if self._ctx is not None:
+            raise RuntimeError(f"{self.node}: this Comm already serves a node context; build a new Comm")
+        self._ctx = ctx
 
     def clock(self) -> timeline.Timeline:
         """The timeline this node's waits go to (common/timeline.py)."""

@@ -67,9 +67,8 @@ class InProcessEngine:
             if n == topo.server:
                 known = dict(sizes)
             role = topo.role(n)
-            comm = _LocalComm(self, n)
-            self.nodes[n] = NodeContext(node_id=n, role=role, ws=self.ws, comm=comm, sizes=known)
-            comm.ctx = self.nodes[n]
+            # binds its _LocalComm to itself
+            self.nodes[n] = NodeContext(node_id=n, role=role, ws=self.ws, comm=_LocalComm(self, n), sizes=known)
         self.public_defaults = sizes
 
     @property

@@ -184,8 +184,7 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffe
         assert hub.wait_ready(120) == [], "the client did not join"
         missing = MissingLog()
         comm = NetComm("ps", topo, missing, hub, spec)
-        ctx = NodeContext(node_id="ps", role="server", ws=Workspace(spec, "cpu"), comm=comm)
-        comm.ctx = ctx
+        NodeContext(node_id="ps", role="server", ws=Workspace(spec, "cpu"), comm=comm)  # binds comm to it
         bundle = {"w": payload}
         times = []
         for rep in range(reps + upload):  # upload: one untimed call first, in which the client builds its tensor

@@ -142,3 +142,16 @@ def test_round_journal_keeps_finished_rounds_when_the_run_dies(tmp_path):
     rows = [json.loads(line) for line in journal.read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2]
     assert all("accuracy" in r for r in rows)
+
+
+def test_every_node_context_binds_its_comm_once():
+    import pytest
+
+    from fedhop.common.engine.api import NodeContext
+
+    eng = InProcessEngine(small(edges=2))
+    assert all(ctx.comm.ctx is ctx for ctx in eng.nodes.values())
+    ctx = eng.nodes["ps"]
+    with pytest.raises(RuntimeError, match="already serves a node context"):
+        NodeContext(node_id="ps", role="server", ws=eng.ws, comm=ctx.comm)
+    assert ctx.comm.ctx is ctx

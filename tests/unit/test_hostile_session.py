@@ -244,7 +244,7 @@ def test_a_client_that_never_answers_is_missing_at_the_round_deadline() -> None:
         silent, honest = join(hub, "client-0"), join(hub, "client-1", peer="ipv4:127.0.0.1:2")
         sizes = hub.start()
         comm = NetComm(topo.server, topo, hub.missing, hub, spec)
-        comm.ctx = SimpleNamespace(sizes=sizes, round=0, device=torch.device("cpu"), spec=spec)
+        comm.bind(SimpleNamespace(sizes=sizes, round=0, device=torch.device("cpu"), spec=spec))
 
         def answer() -> None:
             tasks: list[pb.Frame] = []

@@ -75,7 +75,7 @@ def federation(spec: RunSpec, listener: HubListener = QUIET) -> Iterator[tuple[P
 def netcomm(hub: ParentHub, topo: Topology, spec: RunSpec) -> NetComm:
     sizes = hub.start()
     comm = NetComm(topo.server, topo, hub.missing, hub, spec)
-    comm.ctx = SimpleNamespace(sizes=sizes, round=0, device=torch.device("cpu"), spec=spec)
+    comm.bind(SimpleNamespace(sizes=sizes, round=0, device=torch.device("cpu"), spec=spec))
     return comm
 
 

@@ -231,6 +231,6 @@ def test_scatter_checks_replies_against_the_sizes_the_exchange_refreshed():
 
     for fold in (None, lambda node, r: None):
         comm = Refreshing("ps", topo, MissingLog())
-        comm.ctx = SimpleNamespace(sizes={})
+        comm.bind(SimpleNamespace(sizes={}))
         got = comm.scatter(["client-0", "client-1"], "t", {}, fold=fold)
         assert list(got) == ["client-0", "client-1"] and comm.missing.entries == []
