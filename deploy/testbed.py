@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,8 +165,7 @@ class Testbed:
     __test__ = False
 
     def __init__(self, spec_path: Path, out: Path, *, device: str | None = None, timeout_s: float | None = None,
-                 quiet: bool = False, tls: str | None = None, http: str | None = None,
-                 http_token: str | None = None) -> None:
+                 tls: str | None = None, http: str | None = None, http_token: str | None = None) -> None:
         self.spec_path = spec_path
         self.spec = RunSpec.load(spec_path)  # SpecError names the field
         self.tb = self.spec.testbed or TestbedSpec()
@@ -180,7 +180,6 @@ class Testbed:
         self.out = out
         self.device = device
         self.timeout_s = timeout_s
-        self.quiet = quiet
         nodes = [(n, self.topo.role(n)) for n in self.topo.all_nodes()]
         self.net: Network = plan_network(nodes, self.tb.subnet, mtu=self.tb.mtu, offloads=self.tb.offloads,
                                          tcp_timestamps=self.tb.tcp_timestamps)
@@ -347,14 +346,17 @@ class Testbed:
         self.counters.install()
         self.start_roles()
         self._write_plan()
-        if not self.quiet:
-            print(f"fedhop testbed: {len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
-                  f"{len(self.shapes)} rate-limited link directions, {len(self.losses)} lossy, "
-                  f"wire counters: {self.counters.backend}, links: "
-                  f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}",
-                  file=sys.stderr)
-            if self.http:
-                print(f"fedhop testbed: live page: {self.http.url}", file=sys.stderr, flush=True)
+
+    def started_lines(self) -> list[str]:
+        """What the testbed is, once started: namespaces, shaped and lossy directions, counters, link security,
+        logs; the live page's address (``fedhop testbed up`` prints them)."""
+        lines = [f"{len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
+                 f"{len(self.shapes)} rate-limited link directions, {len(self.losses)} lossy, "
+                 f"wire counters: {self.counters.backend}, links: "
+                 f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}"]
+        if self.http:
+            lines.append(f"live page: {self.http.url}")
+        return lines
 
     def wait(self, timeout_s: float | None = None) -> int:
         """The PS's exit code, the round ends noted on the way; raises TestbedError after ``timeout_s``."""
@@ -374,11 +376,15 @@ class Testbed:
             if left:
                 log.error("could not remove namespaces %s; `fedhop testbed clean` retries", left)
 
-    def run(self) -> TestbedResult:
+    def run(self, on_started: Callable[[Testbed], None] | None = None) -> TestbedResult:
+        """Start, wait for the PS, collect, stop (also on failure, SIGINT or SIGTERM: :class:`Interrupted`);
+        ``on_started(self)`` once everything runs."""
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         notes: list[str] = []
         try:
             self.start()
+            if on_started is not None:
+                on_started(self)
             rc = self.wait(self.timeout_s)
             rounds = self.clock.rows()
             _write_csv(self.out / "round_times.csv", rounds, ["round", "end_s", "round_s"])
@@ -414,8 +420,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], header: list[str]) -> Non
 
 
 def open_testbed(spec_path: Path, out: Path | None, *, device: str | None = None, timeout_s: float | None = None,
-                 quiet: bool = False, tls: str | None = None, http: str | None = None,
-                 http_token: str | None = None) -> Testbed:
+                 tls: str | None = None, http: str | None = None, http_token: str | None = None) -> Testbed:
     """A planned testbed for ``spec_path`` (nothing created yet): the host checked first, the run folder
     ``out`` or ``runs/<time>-<name>-testbed``. Raises :class:`TestbedError` (host, links, certificates) or the
     spec's ``SpecError``."""
@@ -423,7 +428,7 @@ def open_testbed(spec_path: Path, out: Path | None, *, device: str | None = None
 
     check_host()
     return Testbed(spec_path, out if out is not None else default_out(RunSpec.load(spec_path).name, "testbed"),
-                   device=device, timeout_s=timeout_s, quiet=quiet, tls=tls, http=http, http_token=http_token)
+                   device=device, timeout_s=timeout_s, tls=tls, http=http, http_token=http_token)
 
 
 def clean() -> list[str]:

@@ -7,9 +7,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedhop.cli.console import load_spec
 from fedhop.common.exit_codes import ExitCode, Fatal
+
+if TYPE_CHECKING:
+    from fedhop.deploy.testbed import Testbed
 
 
 def cmd_testbed_up(a: argparse.Namespace) -> int:
@@ -20,9 +24,9 @@ def cmd_testbed_up(a: argparse.Namespace) -> int:
     from fedhop.deploy.testbed import open_testbed
 
     bed = open_testbed(Path(a.spec), Path(a.out) if a.out else None, device=a.device, timeout_s=a.timeout,
-                       quiet=a.quiet, tls=a.tls, http=None if a.http == "off" else a.http, http_token=a.http_token)
+                       tls=a.tls, http=None if a.http == "off" else a.http, http_token=a.http_token)
     with testbed_failures(bed.out / "logs"):
-        res = bed.run()
+        res = bed.run(None if a.quiet else _say_started)
     if res.levels:
         print(format_table(res.levels))
     for n in res.notes:
@@ -31,6 +35,11 @@ def cmd_testbed_up(a: argparse.Namespace) -> int:
         print(f"fedhop testbed: the PS exited with code {res.rc} (logs in {res.out / 'logs'})", file=sys.stderr)
     print(f"results in {res.out}")
     return res.rc
+
+
+def _say_started(bed: Testbed) -> None:
+    for line in bed.started_lines():
+        print(f"fedhop testbed: {line}", file=sys.stderr, flush=True)
 
 
 def cmd_testbed_clean(a: argparse.Namespace) -> int:
