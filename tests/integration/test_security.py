@@ -124,7 +124,7 @@ def test_peers_without_a_good_certificate_or_claiming_another_id_are_refused(tmp
     other = certs_for(spec, tmp_path, "other-ca")
     fed = Federation(spec, tmp_path, hold=("client-2",), security=["--tls", str(pki)])
     try:
-        fed.wait_for_log("client-1 joined", 60)
+        fed.wait_seen("ready-ps-client-1", 60)
         ps = fed.addr["ps"]
         # no certificate at all
         assert _handshake_fails(ps, grpc.ssl_channel_credentials(root_certificates=(pki / CA_CERT).read_bytes()))
@@ -169,7 +169,7 @@ def test_wrong_or_missing_token_is_refused(tmp_path: Path) -> None:
     pki, tokens = certs_for(spec, tmp_path), tokens_for(spec, tmp_path)
     fed = Federation(spec, tmp_path, hold=("client-2",), security=["--tls", str(pki), "--token", str(tokens)])
     try:
-        fed.wait_for_log("client-1 joined", 60)
+        fed.wait_seen("ready-ps-client-1", 60)
         ps = fed.addr["ps"]
         ca = (pki / CA_CERT).read_bytes()
         wrong = Security("token", "client-2", pki, tokens, ca, tokens={"client-2": "ab" * 32})
