@@ -197,10 +197,6 @@ class Federation:
     def ps_log(self) -> str:
         return self.log_of("ps")
 
-    def wait_for_log(self, text: str, timeout: float, node: str = "ps") -> None:
-        wait_until(lambda: text in self.log_of(node), f"{node} logging {text!r}", timeout=timeout,
-                   stop_if=exited(self.procs.procs[node], node), details=self.all_logs)
-
     def exit_codes(self, timeout: float) -> dict[str, int | None]:
         """Every process's exit code (None: still running after ``timeout`` in all)."""
         return self.procs.wait(timeout)
