@@ -5,7 +5,9 @@ child before running a task of round 3), if the test made ``DIR/stop-<name>``, t
 ``DIR/at-<name>`` and waits until the test makes ``DIR/go-<name>``. Without the variable, or without the
 stop file, a gate returns at once. ``released("join-ps")``: whether the test made ``DIR/go-join-ps``, which
 ends a parent's wait for its children to join at once (a test that holds a node back to join late need not
-wait out the join timeout). Nothing else in fedhop reads the variable.
+wait out the join timeout). ``mark("ready-ps-client-1")``: a state the process reached (a child said Ready, a
+late one was admitted, a child re-joins), one line appended to ``DIR/seen-<name>`` each time, so that a test
+awaits the state (and counts it) instead of a log line. Nothing else in fedhop reads the variable.
 """
 
 from __future__ import annotations
@@ -27,3 +29,12 @@ def gate(name: str) -> None:
 def released(name: str) -> bool:
     folder = os.environ.get("FEDHOP_TEST_GATE")
     return bool(folder) and (Path(folder) / f"go-{name}").exists()
+
+
+def mark(name: str) -> None:
+    """Record that this process reached the state ``name`` (one line more in ``DIR/seen-<name>``); nothing
+    without the variable."""
+    folder = os.environ.get("FEDHOP_TEST_GATE")
+    if folder:
+        with open(Path(folder) / f"seen-{name}", "a") as f:
+            f.write(f"{os.getpid()}\n")

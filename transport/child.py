@@ -33,6 +33,7 @@ from fedhop.common.engine.node_store import NEWEST, NodeStore, Restored
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec, TransportSpec
+from fedhop.common.testhooks import mark
 from fedhop.common.user_code import UserCodeError, check_parent_code
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
@@ -275,6 +276,7 @@ class ChildSession:
             raise JoinError(f"{self.node} is not {'an' if self.role == 'edge' else 'a'} {self.role} of this run")
         self.transport = ws.spec.transport
         self.max_bytes = ws.spec.transport.max_bundle_bytes
+        mark(f"joined-{self.node}")  # the Welcome passed every check (a test hook, common/testhooks.py)
         return welcome, ws
 
     def send_ready(self, data_sizes: Mapping[NodeId, int]) -> None:
@@ -288,6 +290,7 @@ class ChildSession:
 
     def _rejoin(self) -> ExitCode | None:
         """Dial the parent again for transport.reconnect_s; None once re-joined, else the exit code."""
+        mark(f"rejoining-{self.node}")  # test hooks (common/testhooks.py): the tests await states, not log lines
         end = time.monotonic() + self.transport.reconnect_s
         delay = 0.25
         while time.monotonic() < end:
@@ -305,6 +308,7 @@ class ChildSession:
             if self._ready_sizes is not None:
                 self.send_ready(self._ready_sizes)
             log.info("%s: re-joined run %s at %s", self.node, self.run_id, self.parent_addr)
+            mark(f"rejoined-{self.node}")
             return None
         log.error("%s: parent %s did not come back within transport.reconnect_s = %gs; giving up", self.node,
                   self.parent_addr, self.transport.reconnect_s)

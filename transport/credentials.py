@@ -32,6 +32,7 @@ import grpc
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
+from fedhop.common.testhooks import mark
 from fedhop.transport.certs import CA_CERT, node_files, node_id_of
 from fedhop.transport.tokens import TOKEN_HEADER, TokenError, check_token, load_tokens, token_value
 
@@ -205,6 +206,7 @@ def _refusal(handler: grpc.RpcMethodHandler, why: str, method: str = "",
     def abort(_request: Any, context: grpc.ServicerContext) -> Any:
         if on_refuse is not None:  # told here, where the peer's address is known
             on_refuse(f"{method} from {context.peer()}", why)
+        mark("unauthenticated-call")  # a test hook (common/testhooks.py): the tests await the refusal
         context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
     if handler.request_streaming and handler.response_streaming:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from fedhop.common.exit_codes import ExitCode, Fatal
+from fedhop.common.testhooks import mark
 from fedhop.transport.credentials import PLAINTEXT, Security
 
 SESSION_METHOD = "/fedhop.v1.Parent/Session"
@@ -112,5 +113,6 @@ def wait_for_parent(addr: str, timeout_s: float, say: Callable[[str], None],
                                               f"{timeout_s:g}s: {why}")
         wait = min(delay, left)
         say(f"parent {addr}: {why}; retry {attempt} in {wait:.1f}s ({left:.0f}s left of --connect-timeout)")
+        mark("waiting-for-parent")  # a test hook (common/testhooks.py): the tests await this state
         time.sleep(wait)  # back-off between connection attempts
         delay = min(2 * delay, 5.0)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 from fedhop.common.engine.topology import build_topology
@@ -87,7 +88,11 @@ class Federation:
     ``hold``: nodes not started with the others (start them later with :meth:`start_node`; :meth:`release_join`
     starts the run without them, instead of waiting out the join timeout). ``security``: options every process
     gets (``--tls DIR``, ``--token FILE``). ``marks``: rounds whose end the test awaits with :meth:`wait_round`
-    (the PS's test gate after each, made to pass at once: it marks the moment and holds nothing)."""
+    (the PS's test gate after each, made to pass at once: it marks the moment and holds nothing).
+
+    The test waits for states, not log lines: the PS serves its live page's JSON API (``--http``, unless
+    ``server_args`` names one; :meth:`status`, :meth:`wait_lost`), and every process marks what it reached in
+    the test-gate folder (``common/testhooks.py``'s ``mark``; :meth:`wait_seen`)."""
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
                  state_dir: Path | None = None, out: Path | None = None, security: Sequence[str] = (),
@@ -102,9 +107,15 @@ class Federation:
         self.procs = Processes(tmp / "logs")
         self.hold = hold
         self._env_gate = None
-        if (hold or marks) and "FEDHOP_TEST_GATE" not in os.environ:  # release_join, marks (common/testhooks.py)
+        if "FEDHOP_TEST_GATE" not in os.environ:  # release_join, marks, wait_seen (common/testhooks.py)
             (tmp / "gate").mkdir(exist_ok=True)
             os.environ["FEDHOP_TEST_GATE"] = self._env_gate = str(tmp / "gate")
+        self.gates = Path(os.environ["FEDHOP_TEST_GATE"])
+        if "--http" in server_args:
+            self.http = list(server_args)[list(server_args).index("--http") + 1]
+        else:
+            self.http = f"127.0.0.1:{free_port()}"
+            server_args = (*server_args, "--http", self.http)
         self.marks = marks
         for r in marks:
             assert 0 < r < spec.rounds, f"the PS passes a gate only between rounds, not after round {r}"
@@ -135,31 +146,56 @@ class Federation:
         held ones (the test hook ``go-join-<parent>``): the run starts, and they can join late."""
         children = [n for n, p in self.topology.parent.items() if p == parent and n not in self.hold]
         for n in children:
-            self.wait_for_log(f"{parent}: {n} is ready", timeout, node="ps" if parent == "ps" else parent)
-        (Path(os.environ["FEDHOP_TEST_GATE"]) / f"go-join-{parent}").touch()
+            self.wait_seen(f"ready-{parent}-{n}", timeout, node=parent)
+        (self.gates / f"go-join-{parent}").touch()
+
+    def seen(self, name: str) -> int:
+        """How often a process marked the state ``name`` (``common/testhooks.py``'s ``mark``): e.g.
+        ``ready-ps-client-1`` (the PS had client-1's Ready), ``admitted-ps-client-2`` (a late child admitted at
+        a round boundary), ``rejoining-edge-0`` / ``rejoined-edge-0`` (a child lost its parent / joined it
+        again)."""
+        f = self.gates / f"seen-{name}"
+        return len(f.read_text().splitlines()) if f.is_file() else 0
+
+    def wait_seen(self, name: str, timeout: float, node: str = "ps", times: int = 1) -> None:
+        """Wait until ``node`` marked the state ``name`` ``times`` times in all (see :meth:`seen`)."""
+        wait_until(lambda: self.seen(name) >= times, f"{node} to reach {name!r}" + (f" {times} times" if times > 1
+                   else ""), timeout=timeout, stop_if=exited(self.procs.procs[node], node), details=self.all_logs)
+
+    def status(self) -> dict[str, Any] | None:
+        """The PS's ``/api/status`` (server/web/status.py; docs/live-page.md), None while it does not answer."""
+        try:
+            return httpx.get(f"http://{self.http}/api/status", timeout=5).json()
+        except (httpx.HTTPError, ValueError):
+            return None
+
+    def wait_lost(self, node: str, timeout: float, reason: str = "") -> str:
+        """Wait until the PS's status says ``node`` is lost, its reason starting with ``reason`` (``dropped``:
+        dropped after missed rounds); returns the reason."""
+        def lost() -> str | None:
+            why = ((self.status() or {}).get("nodes") or {}).get("lost", {}).get(node)
+            return why if why is not None and why.startswith(reason) else None
+        return wait_until(lost, f"the PS's status to say {node} is lost" + (f" ({reason})" if reason else ""),
+                          timeout=timeout, stop_if=exited(self.ps, "the PS"), details=self.all_logs)
 
     def wait_round(self, r: int, timeout: float) -> None:
         """Wait until the PS has ended round ``r`` (and written its checkpoint): its gate after round ``r``, one
         of ``marks``."""
         assert r in self.marks, f"round {r} is not among the marks {self.marks}"
-        wait_until((Path(os.environ["FEDHOP_TEST_GATE"]) / f"at-{r}").exists, f"the PS to end round {r}",
+        wait_until((self.gates / f"at-{r}").exists, f"the PS to end round {r}",
                    timeout=timeout, stop_if=exited(self.ps, "the PS"), details=self.all_logs)
 
     def restart_ps(self, name: str = "ps2") -> None:
         """A new PS process that resumes the run from its last checkpoint, on the same address."""
         self.ps = self.procs.start(name, [sys.executable, "-m", "fedhop", "server", "--resume", str(self.out),
                                           "--listen", f"127.0.0.1:{self.port}", "--device", "cpu",
-                                          *self.security])
+                                          "--http", self.http, *self.security])
 
     def log_of(self, node: str) -> str:
         return (self.procs.logs / f"{node}.log").read_text(errors="replace")
 
     def ps_log(self) -> str:
         return self.log_of("ps")
-
-    def wait_for_log(self, text: str, timeout: float, node: str = "ps") -> None:
-        wait_until(lambda: text in self.log_of(node), f"{node} logging {text!r}", timeout=timeout,
-                   stop_if=exited(self.procs.procs[node], node), details=self.all_logs)
 
     def exit_codes(self, timeout: float) -> dict[str, int | None]:
         """Every process's exit code (None: still running after ``timeout`` in all)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -84,20 +85,16 @@ def _wait_for(cond, timeout: float, what: str, proc: subprocess.Popen) -> None:
                details=lambda: proc.stderr.read() if proc.poll() is not None else "")
 
 
-def test_ctrl_c_on_a_waiting_client():
+def test_ctrl_c_on_a_waiting_client(tmp_path):
+    gates = tmp_path / "gate"  # the client marks its wait for the parent there (common/testhooks.py)
+    gates.mkdir()
     proc = subprocess.Popen([*FEDHOP, "client", "--id", "client-0", "--connect", f"127.0.0.1:{free_port()}",
                              "--connect-timeout", "600"], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_ctrl_c_reaches_it)
-    lines: list[str] = []
-
-    def retried() -> bool:
-        lines.append(proc.stderr.readline())
-        return "retry" in lines[-1]
-
-    _wait_for(retried, 60, "a retry line", proc)
+                            preexec_fn=_ctrl_c_reaches_it, env={**os.environ, "FEDHOP_TEST_GATE": str(gates)})
+    _wait_for((gates / "seen-waiting-for-parent").is_file, 60, "the client to wait for its parent", proc)
     proc.send_signal(signal.SIGINT)
     rc = proc.wait(30)
-    err = "".join(lines) + proc.stderr.read()
+    err = proc.stderr.read()
     assert rc == ExitCode.INTERRUPTED, err
     assert last_line((rc, err)) == "fedhop client: interrupted"
 

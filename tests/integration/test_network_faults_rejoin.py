@@ -23,7 +23,7 @@ def test_late_client_is_admitted_at_a_round_boundary(tmp_path) -> None:
         fed.wait_round(2, timeout=120)
         fed.procs.kill("client-0", signal.SIGSTOP)
         fed.start_node("client-2")
-        fed.wait_for_log("client-2 admitted (joined late)", timeout=120)
+        fed.wait_seen("admitted-ps-client-2", timeout=120)
         fed.procs.kill("client-0", signal.SIGCONT)
         assert fed.wait(180) == 0, fed.all_logs()
         codes = fed.exit_codes(30)
@@ -55,7 +55,7 @@ def test_late_client_under_a_fedchs_edge_is_admitted(tmp_path) -> None:
         fed.release_join(edge)
         fed.wait_round(1, timeout=120)
         fed.start_node("client-3")
-        fed.wait_for_log("is ready (update)", timeout=120)  # the edge told the PS its new subtree size
+        fed.wait_seen(f"ready-ps-{edge}", timeout=120, times=2)  # the edge told the PS its new subtree size
         assert fed.wait(240) == 0, fed.all_logs()
         codes = fed.exit_codes(30)
     finally:
@@ -97,10 +97,10 @@ def test_ps_stalled_past_the_keepalive_keeps_its_federation(tmp_path) -> None:
         fed.wait_round(2, timeout=120)
         fed.procs.kill("ps", signal.SIGSTOP)
         for e in ("edge-0", "edge-1"):  # both edges noticed the silence and are dialing again
-            fed.wait_for_log("(stalled or gone); re-joining", timeout=60, node=e)
+            fed.wait_seen(f"rejoining-{e}", timeout=60, node=e)
         fed.procs.kill("ps", signal.SIGCONT)
         for e in ("edge-0", "edge-1"):
-            fed.wait_for_log("re-joined run", timeout=60, node=e)
+            fed.wait_seen(f"rejoined-{e}", timeout=60, node=e)
         assert fed.wait(180) == 0, fed.all_logs()
         codes = fed.exit_codes(30)
     finally:

@@ -114,7 +114,7 @@ def test_client_restarted_with_its_state_dir_keeps_the_run_exact(case: str, tmp_
         if case == "focus":
             assert_tracking(fed.out, state, spec.topology.clients)
         fed.procs.kill("client-1")
-        fed.wait_for_log("lost client-1", timeout=60)  # the PS saw it go: its next task waits for it
+        fed.wait_lost("client-1", timeout=60)  # the PS saw it go: its next task waits for it
         fed.start_node("client-1")  # same --id and --state-dir
         (gate / "go-2").touch()
         assert fed.wait(240) == 0, fed.all_logs()
@@ -152,7 +152,7 @@ def test_client_back_without_its_state_is_left_out_and_said_so(tmp_path: Path, g
     try:
         wait_file(gate / "at-2", fed)
         fed.procs.kill("client-1")
-        fed.wait_for_log("lost client-1", timeout=60)
+        fed.wait_lost("client-1", timeout=60)
         fed.start_node("client-1")
         (gate / "go-2").touch()
         assert fed.wait(240) == 0, fed.all_logs()

@@ -124,7 +124,7 @@ def test_peers_without_a_good_certificate_or_claiming_another_id_are_refused(tmp
     other = certs_for(spec, tmp_path, "other-ca")
     fed = Federation(spec, tmp_path, hold=("client-2",), security=["--tls", str(pki)])
     try:
-        fed.wait_for_log("client-1 joined", 60)
+        fed.wait_seen("ready-ps-client-1", 60)
         ps = fed.addr["ps"]
         # no certificate at all
         assert _handshake_fails(ps, grpc.ssl_channel_credentials(root_certificates=(pki / CA_CERT).read_bytes()))
@@ -150,10 +150,12 @@ def test_peers_without_a_good_certificate_or_claiming_another_id_are_refused(tmp
         liar = Security("tls", "client-2", pki, None, (pki / CA_CERT).read_bytes(), c1.cert.read_bytes(),
                         c1.key.read_bytes())
         session = ChildSession(NodeConfig("client-2", ps, connect_timeout_s=20, security=liar), "client")
+        rejected = fed.seen("rejected-ps")
         with pytest.raises(JoinError, match="is client-1's, but it said Hello as 'client-2'"):
             session.connect()
         session.close()
-        fed.wait_for_log("is client-1's, but it said Hello as 'client-2'", 10)
+        fed.wait_seen("rejected-ps", 10, times=rejected + 1)  # the PS refused it, and logged why:
+        assert "is client-1's, but it said Hello as 'client-2'" in fed.ps_log()
         assert "rejected ipv4:127.0.0.1:" in fed.ps_log()
         # the honest client-2 joins and the run is the undisturbed one
         fed.procs.procs.pop("client-2")
@@ -169,22 +171,25 @@ def test_wrong_or_missing_token_is_refused(tmp_path: Path) -> None:
     pki, tokens = certs_for(spec, tmp_path), tokens_for(spec, tmp_path)
     fed = Federation(spec, tmp_path, hold=("client-2",), security=["--tls", str(pki), "--token", str(tokens)])
     try:
-        fed.wait_for_log("client-1 joined", 60)
+        fed.wait_seen("ready-ps-client-1", 60)
         ps = fed.addr["ps"]
         ca = (pki / CA_CERT).read_bytes()
+        refused = fed.seen("unauthenticated-call")
         wrong = Security("token", "client-2", pki, tokens, ca, tokens={"client-2": "ab" * 32})
         session = ChildSession(NodeConfig("client-2", ps, connect_timeout_s=20, security=wrong), "client")
         with pytest.raises(JoinError, match="UNAUTHENTICATED: wrong token"):
             session.connect()
         session.close()
-        fed.wait_for_log("from ipv4:127.0.0.1:", 10)
-        assert "wrong token" in fed.ps_log()
+        fed.wait_seen("unauthenticated-call", 10, times=refused + 1)  # the PS refused the call, and logged why:
+        assert "from ipv4:127.0.0.1:" in fed.ps_log() and "wrong token" in fed.ps_log()
+        refused = fed.seen("unauthenticated-call")
         with grpc.secure_channel(ps, grpc.ssl_channel_credentials(root_certificates=ca)) as ch:  # no token
             call = ch.stream_stream(SESSION, request_serializer=bytes, response_deserializer=bytes)
             with pytest.raises(grpc.RpcError) as e:
                 list(call(iter(()), timeout=10))
             assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        fed.wait_for_log("no token", 10)
+        fed.wait_seen("unauthenticated-call", 10, times=refused + 1)
+        assert "no token" in fed.ps_log()
         assert set(load_tokens(tokens)) >= {"ps", "client-2"}
         fed.start_node("client-2")
         assert fed.wait(180) == 0, fed.all_logs()

@@ -28,13 +28,12 @@ def test_silent_clients_are_dropped_and_a_resumed_one_rejoins(tmp_path: Path, mo
         fed.procs.kill("client-1", signal.SIGSTOP)
         fed.procs.kill("client-2", signal.SIGSTOP)
         (gates / "go-1").touch()
-        fed.wait_for_log("dropped client-1", timeout=120)  # rounds 2 and 3 pass without them
-        fed.wait_for_log("dropped client-2", timeout=120)
+        fed.wait_lost("client-1", timeout=120, reason="dropped")  # rounds 2 and 3 pass without them
+        fed.wait_lost("client-2", timeout=120, reason="dropped")
         # round 4 ran without them
         wait_until((gates / "at-4").exists, "round 4 to end", timeout=120, details=fed.all_logs)
         fed.procs.kill("client-1", signal.SIGCONT)
-        wait_until(lambda: fed.ps_log().count("ps: client-1 is ready") == 2, "client-1 to re-join", timeout=120,
-                   details=fed.all_logs)
+        fed.wait_seen("ready-ps-client-1", timeout=120, times=2)  # client-1 re-joined and said Ready again
         (gates / "go-4").touch()
         assert fed.wait(120) == 0, fed.all_logs()
         codes = {c: fed.procs.procs[c].wait(30) for c in ("client-0", "client-1")}

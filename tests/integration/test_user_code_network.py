@@ -37,9 +37,10 @@ def _start(cmd: list[str], cwd: Path, log: Path) -> subprocess.Popen:
         return subprocess.Popen(cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT)
 
 
-def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    wait_until(lambda: text in log.read_text(), f"logging {text!r}", timeout=timeout, stop_if=exited(proc, log.stem),
-               details=log.read_text)
+def _wait_joined(gates: Path, node: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    """Wait until ``node`` accepted its parent's Welcome, every check passed (its test-hook mark ``joined``)."""
+    wait_until((gates / f"seen-joined-{node}").is_file, f"{node} to join", timeout=timeout,
+               stop_if=exited(proc, log.stem), details=log.read_text)
 
 
 def test_a_node_with_other_user_code_is_refused_directly_and_through_an_edge(tmp_path: Path,
@@ -47,6 +48,9 @@ def test_a_node_with_other_user_code_is_refused_directly_and_through_an_edge(tmp
     same = _folder(tmp_path, "same", SOURCE)
     other = _folder(tmp_path, "other", SOURCE + "# edited on this machine only\n")
     monkeypatch.syspath_prepend(str(same))  # the spec names the module: parsing it imports it
+    gates = tmp_path / "gate"
+    gates.mkdir()
+    monkeypatch.setenv("FEDHOP_TEST_GATE", str(gates))  # the nodes mark what they reached (common/testhooks.py)
     raw = small_spec("fedavg", clients=4, edges=2, rounds=1, edge_graph="complete").model_dump(mode="json")
     spec = RunSpec.parse({**raw, "metrics": [f"{MODULE}:score"]})
     spec_file = tmp_path / "spec.toml"
@@ -77,9 +81,10 @@ def test_a_node_with_other_user_code_is_refused_directly_and_through_an_edge(tmp
         # ... and a client with the PS's code under that edge joins (the edge forwarded a digest, not nothing)
         good = _start(role_cmd("client", client_ok, edge_addr, device="cpu"), same, tmp_path / "client-ok.log")
         procs.append(good)
-        _wait_for(tmp_path / "client-ok.log", f"{client_ok}: joined run", good)  # logged after the check
-        _wait_for(tmp_path / "edge-ok.log", f"{edge_ok}: joined run", ok)
+        _wait_joined(gates, client_ok, good, tmp_path / "client-ok.log")  # marked after the check
+        _wait_joined(gates, edge_ok, ok, tmp_path / "edge-ok.log")
         assert ok.poll() is None and ps.poll() is None and good.poll() is None, "nodes with the PS's code stay"
+        assert not any((gates / f"seen-joined-{n}").exists() for n in (edge_bad, client_bad))
     finally:
         for p in procs:
             p.kill()

@@ -1,4 +1,5 @@
-"""The tests' own helpers: the wait helper (tests/waiting.py) and the spec factory (tests/specs.py)."""
+"""The tests' own helpers: the wait helper (tests/waiting.py), the test hooks' marks (common/testhooks.py) and the
+spec factory (tests/specs.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import itertools
 import pytest
 
 from fedhop.common.spec import RunSpec
+from fedhop.common.testhooks import mark
 from tests.specs import DIGITS, run_spec, spec_dict
 from tests.waiting import WaitTimeout, wait_until
 
@@ -27,6 +29,17 @@ def test_wait_until_stops_at_once_when_the_state_can_no_longer_come():
         wait_until(lambda: next(asked) > 10, "round 3 to end", timeout=60, poll=0,
                    stop_if=lambda: "the PS exited (1)")
     assert next(asked) == 1  # asked once, then stopped
+
+
+def test_a_mark_counts_each_time_a_state_is_reached_and_is_nothing_without_the_gate_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("FEDHOP_TEST_GATE", raising=False)
+    mark("ready-ps-client-1")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("FEDHOP_TEST_GATE", str(tmp_path))
+    mark("ready-ps-client-1")
+    mark("ready-ps-client-1")
+    assert len((tmp_path / "seen-ready-ps-client-1").read_text().splitlines()) == 2
+    assert [f.name for f in tmp_path.iterdir()] == ["seen-ready-ps-client-1"]
 
 
 def test_the_factory_leaves_unset_fields_to_the_specs_defaults():

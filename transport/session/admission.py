@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedhop.common.engine.api import NodeId
-from fedhop.common.testhooks import released
+from fedhop.common.testhooks import mark, released
 from fedhop.common.wire.messages import MessageAssembler
 from fedhop.common.wire.scalars import get_scalars, put_scalars
 from fedhop.transport.session.checks import Refusal, first_frame_refusal, hello_refusal, reject
@@ -94,6 +94,7 @@ class Admission:
         log.info("%s: %s is ready%s (%d clients, %d samples)", self.node, link.name, " (update)" if update else "",
                  len(link.data_sizes), sum(link.data_sizes.values()))
         if link.node_id is not None:
+            mark(f"ready-{self.node}-{link.node_id}")  # test hook: the tests await this state, not the log line
             self.listener.child_ready(link.node_id, dict(link.data_sizes))
         if not self.started:
             return
@@ -141,6 +142,7 @@ class Admission:
                 if link.ready.is_set() and link.alive and n not in admitted:
                     if self.started:
                         log.info("%s: %s admitted (joined late)", self.node, n)
+                        mark(f"admitted-{self.node}-{n}")
                     admitted.add(n)
                 if n in admitted and link.ready.is_set():
                     out.update(link.data_sizes)

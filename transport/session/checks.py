@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from fedhop.common.engine.api import NodeId
+from fedhop.common.testhooks import mark
 from fedhop.common.wire.framing import BadFrame
 from fedhop.common.wire.messages import PROTOCOL_VERSION, error_frame
 from fedhop.transport.session.config import HubConfig
@@ -67,6 +68,7 @@ def hello_refusal(config: HubConfig, link: ChildLink, hello: pb.Hello) -> Refusa
 def reject(at: NodeId, link: ChildLink, refusal: Refusal) -> bool:
     """Refuse a session at its Hello: one Error frame, then the stream ends; False (the session is over)."""
     log.warning("%s: rejected %s: %s%s", at, link.peer, refusal.message, refusal.detail)
+    mark(f"rejected-{at}")  # a test hook (common/testhooks.py): the tests await the refusal, then read its line
     link.send([error_frame(0, refusal.code, refusal.message)])
     link.alive = False
     link.close()

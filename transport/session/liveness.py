@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedhop.common.engine.api import NodeId
 from fedhop.common.engine.base import Failure
+from fedhop.common.testhooks import mark
 from fedhop.transport.session.calls import CallTable
 from fedhop.transport.session.config import HubConfig, HubListener
 from fedhop.transport.session.link import ChildLink, Roster
@@ -39,6 +40,7 @@ def open_session(at: NodeId, security: Security, handshake_timeout_s: float, max
     link.cancel = cancel
     if not security.plaintext and identity is None:
         log.warning("%s: rejected %s: unauthenticated peer: %s", at, peer, unauthenticated)
+        mark(f"rejected-{at}")  # a test hook (common/testhooks.py)
         link.end(pb.ERROR_CODE_BAD_REQUEST, "unauthenticated peer")
         return link
     timer = threading.Timer(handshake_timeout_s, hello_overdue, (at, link, handshake_timeout_s))
