@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from fedhop.common.wire.control import CONTROL_KINDS
 from tests.integration.netutil import Federation, free_port, load_result, small_spec
 from tests.integration.test_resume_network import wait_file
 
@@ -50,7 +51,7 @@ def test_api_and_metrics_of_a_running_federation(tmp_path: Path, monkeypatch) ->
         out: dict[tuple, int] = {}
         for r in rs:
             rnd = r["round"] - shift
-            if r["kind"] != "report" and 0 <= rnd < 2:
+            if r["kind"] not in CONTROL_KINDS and 0 <= rnd < 2:  # reports, session frames, wire: network-only
                 out[(r["src"], r["dst"], r["kind"], r["phase"], rnd)] = r["payload_bytes"]
         return out
 

@@ -18,10 +18,11 @@ import torch
 from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.wire.bundle import flat
+from fedhop.common.wire.control import CONTROL_KINDS
 from tests.integration.netutil import Federation, load_result, small_spec
 from tests.waiting import exited, wait_until
 
-CONTROL = {"report"}
+CONTROL = CONTROL_KINDS  # reports, session frames and the wire level: network-only, no payload
 
 # one case per shape of PS state and message flow (the in-process resume test covers every algorithm):
 # edges that aggregate, an edge walk with hand-offs, a cycle through clusters, stateful clients
