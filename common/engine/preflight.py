@@ -95,6 +95,9 @@ def _check_loss(ws: Workspace, params: dict, x: torch.Tensor, y: torch.Tensor) -
 class _NoMessages:
     """The comm of the preflight's parameter-server context: ``init`` sends no messages."""
 
+    def bind(self, ctx: NodeContext) -> None:
+        """The context binds its comm on construction (not a message)."""
+
     def __getattr__(self, name: str) -> Any:
         def refuse(*args: Any, **kwargs: Any) -> NoReturn:
             raise UserCodeError(f"algorithm.name: init called ctx.comm.{name}; init builds the state before "

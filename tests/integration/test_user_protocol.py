@@ -40,10 +40,12 @@ def fedhop(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Compl
     return proc
 
 
-def payload_per_link(run: Path) -> dict[tuple[str, ...], tuple[int, int]]:
+def payload_per_link(run: Path, *, control: bool = False) -> dict[tuple[str, ...], tuple[int, int]]:
+    """Messages and payload per (src, dst, kind, phase, round): the protocol's own traffic, or with ``control``
+    only the network-only kinds (reports, session frames, the wire level: CONTROL_KINDS)."""
     with (run / "links.csv").open() as f:
         return {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): (int(r["messages"]), int(r["payload_bytes"]))
-                for r in csv.DictReader(f)}
+                for r in csv.DictReader(f) if (r["kind"] in CONTROL_KINDS) == control}
 
 
 def assert_same_model(a: Path, b: Path) -> None:
@@ -188,10 +190,11 @@ def test_a_hierarchical_user_protocol_through_edges_launch_equals_simulate(tmp_p
     fedhop(["launch", "spec.toml", "--out", str(tmp_path / "net"), "--http", "off"], folder)
     assert_same_model(tmp_path / "sim", tmp_path / "net")
     sim, net = payload_per_link(tmp_path / "sim"), payload_per_link(tmp_path / "net")
-    control = {k: v for k, v in net.items() if k[2] in CONTROL_KINDS}  # edges report their meters to the PS
-    assert control and {k[:2] for k in control} == {("edge-0", "ps"), ("edge-1", "ps")}
+    control = payload_per_link(tmp_path / "net", control=True)
+    reports = {k[:2] for k in control if k[2] == "report"}  # edges report their meters to the PS
+    assert reports == {("edge-0", "ps"), ("edge-1", "ps")}
     assert all(payload == 0 for _, payload in control.values())
-    net = {k: v for k, v in net.items() if k not in control}
+    assert not payload_per_link(tmp_path / "sim", control=True)  # the in-process engine has no network-only kinds
     assert sim == net
     assert {k[2] for k in net} == {"fh_hier.client", "fh_hier.edge"}
     assert {k[:2] for k in net if k[2] == "fh_hier.edge"} == {("ps", "edge-0"), ("ps", "edge-1"), ("edge-0", "ps"),
