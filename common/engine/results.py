@@ -67,6 +67,22 @@ class RoundRecorder:
                 self.journal = None
 
 
+    def discard(self, round_idx: int) -> None:
+        """Forget what a round that is being redone reported (the engine retries a round with too few usable
+        replies from its starting state): only the attempt that stands is a round of the run. The journal is
+        rewritten without it, and the next record's ``round_s`` counts from the last kept round."""
+        kept = [r for r in self.records if r["round"] != round_idx + 1]
+        if len(kept) == len(self.records):
+            return
+        self.records[:] = kept
+        self._last = self.started + float(kept[-1].get("elapsed_s", 0.0)) if kept else self.started
+        if self.journal is not None:
+            try:
+                self.journal.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+            except OSError:
+                self.journal = None  # the next append reports the problem (as in __call__)
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return v.item() if v.numel() == 1 else v.tolist()

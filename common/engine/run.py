@@ -140,7 +140,8 @@ class Run:
         t0 = time.perf_counter()
         unsubscribe = self.events.subscribe(self._round_time)  # while this run's rounds go (events may be shared)
         try:
-            final, _ = drive(algo, ctx, start or Start(), self.commit, events=self.events)
+            final, _ = drive(algo, ctx, start or Start(), self.commit, events=self.events,
+                             on_redo=lambda t, _attempt: self.recorder.discard(t))  # a redone round counts once
         except (KeyboardInterrupt, RoundFailed) as e:
             if not partial:
                 self._failed(t0, e)

@@ -4,6 +4,7 @@ failures are told (the live page's /api serving a ``fedhop simulate`` run is in 
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,37 @@ def test_runs_sharing_one_event_stream_time_only_their_own_rounds() -> None:
         assert sorted(r["round"] for r in result.timeline if r["phase"] == "round") == [0, 1]
     durations = [d["duration_s"] for d in got.of("round_ended")]
     assert [r["seconds"] for r in second.timeline if r["phase"] == "round"] == pytest.approx(durations[2:])
+
+
+def test_a_redone_round_is_one_round_of_the_run(tmp_path: Path) -> None:
+    """Round 2's first attempt loses client-0 (too few usable replies for min_participants = 4), so the engine
+    redoes it from its starting state: the run has each round once, in its records, its journal and its events'
+    records, and the kept round 2 is the attempt that stood."""
+    calls: list[int] = []
+
+    def first_attempt_of_round_2(node: str, task: str, rnd: int) -> bool:
+        if node == "client-0" and rnd == 1:
+            calls.append(rnd)
+            return len(calls) == 1
+        return False
+
+    s = spec(edges=0, transport={"min_participants": 4, "round_retries": 1})
+    journal = tmp_path / "rounds.jsonl"
+    result = InProcessEngine(s, faults=FaultPlan(first_attempt_of_round_2)).run(journal)
+    assert len(calls) == 2  # the fault struck, and round 2 ran again
+    assert [r["round"] for r in result.rounds] == [1, 2, 3]
+    assert [json.loads(line)["round"] for line in journal.read_text().splitlines()] == [1, 2, 3]
+    clean = InProcessEngine(spec(edges=0)).run()
+    assert [untimed(r) for r in result.rounds] == [untimed(r) for r in clean.rounds]  # round 2 is the redo
+
+
+def test_round_recorder_discards_a_redone_round(tmp_path: Path) -> None:
+    rec = RoundRecorder(journal=tmp_path / "j.jsonl")
+    rec(0, {"loss": 1.0})
+    rec(1, {"loss": 0.9})  # an attempt that will be redone
+    rec.discard(1)
+    rec(1, {"loss": 0.5})
+    assert [(r["round"], r["loss"]) for r in rec.records] == [(1, 1.0), (2, 0.5)]
+    assert [json.loads(line)["loss"] for line in (tmp_path / "j.jsonl").read_text().splitlines()] == [1.0, 0.5]
+    rec.discard(7)  # nothing reported for that round: nothing changes
+    assert len(rec.records) == 2
