@@ -32,13 +32,12 @@ The old ``[testbed.mbit]`` / ``[testbed.delay_ms]`` / ``[testbed.nodes]`` keys a
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-LINK_CLASSES = ("client_edge", "edge_edge", "edge_ps", "client_ps")
-_NODE_ID = re.compile(r"ps|edge-\d+|client-\d+")
+from fedhop.common.testbed_spec import LINK_CLASSES, check_node_ids
+
 MAX_DELAY_MS = 60_000.0
 
 
@@ -93,10 +92,7 @@ class NetworkSpec(_Strict):
     @field_validator("nodes")
     @classmethod
     def _node_ids(cls, v: dict[str, NodeProfile]) -> dict[str, NodeProfile]:
-        bad = [k for k in v if not _NODE_ID.fullmatch(k)]
-        if bad:
-            raise ValueError(f"node ids must be ps, edge-N or client-N, got {bad}")
-        return v
+        return check_node_ids(v)
 
     def check_nodes(self, nodes: list[str]) -> None:
         """Every overridden node must exist in the run (``nodes``); raises ValueError naming the field."""

@@ -24,11 +24,20 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 LINK_CLASSES = ("client_edge", "edge_edge", "edge_ps", "client_ps")
 _NODE_ID = re.compile(r"ps|edge-\d+|client-\d+")
+
+
+def check_node_ids(nodes: dict[str, Any]) -> dict[str, Any]:
+    """A table keyed by node id (``[testbed.nodes]``, ``[network.nodes]``): every key is ps, edge-N or client-N."""
+    bad = [k for k in nodes if not _NODE_ID.fullmatch(k)]
+    if bad:
+        raise ValueError(f"node ids must be ps, edge-N or client-N, got {bad}")
+    return nodes
 
 
 class _Strict(BaseModel):
@@ -76,10 +85,7 @@ class TestbedSpec(_Strict):
     @field_validator("nodes")
     @classmethod
     def _node_ids(cls, v: dict[str, NodeOverride]) -> dict[str, NodeOverride]:
-        bad = [k for k in v if not _NODE_ID.fullmatch(k)]
-        if bad:
-            raise ValueError(f"node ids must be ps, edge-N or client-N, got {bad}")
-        return v
+        return check_node_ids(v)
 
     @field_validator("subnet")
     @classmethod
