@@ -230,3 +230,23 @@ def rows_by_key(links: list[dict[str, Any]], level: str) -> dict[tuple, int]:
         k = (r["src"], r["dst"], r["kind"], r["phase"])
         out[k] = out.get(k, 0) + r[level]
     return out
+
+
+def launch_killed_and_resumed(args: Sequence[str], run: Path, gate: Path, *, extra: Sequence[str] = (),
+                              cwd: Path | None = None, at_round: int = 2,
+                              timeout: float = 300) -> subprocess.CompletedProcess:
+    """``fedhop launch ARGS EXTRA --out RUN`` held by the test gate (``gate/stop-<at_round>``, set beforehand)
+    after round ``at_round``, SIGKILLed there, then ``fedhop launch --resume RUN EXTRA`` with the gate open: the
+    resumed launch's completed process (stderr captured)."""
+    common = ["--quiet", "--http", "off"]
+    first = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", *args, *extra, "--out", str(run), *common],
+                             cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until((gate / f"at-{at_round}").exists, f"round {at_round} to end", timeout=240,
+                   stop_if=exited(first, "launch"))
+    finally:
+        first.kill()
+        first.wait(30)
+    (gate / f"stop-{at_round}").unlink()
+    return subprocess.run([sys.executable, "-m", "fedhop", "launch", "--resume", str(run), *common, *extra],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -19,7 +19,7 @@ from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.wire.bundle import flat
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.integration.netutil import Federation, load_result, small_spec
+from tests.integration.netutil import Federation, launch_killed_and_resumed, load_result, small_spec
 from tests.waiting import exited, wait_until
 
 CONTROL = CONTROL_KINDS  # reports, session frames and the wire level: network-only, no payload
@@ -238,25 +238,12 @@ def test_launch_killed_and_resumed(tmp_path: Path, gate: Path) -> None:
     """`fedhop launch` SIGKILLed between rounds 2 and 3 (PS and all), then `fedhop launch --resume RUN_DIR`: every
     process is started again, restores its state from <run>/state and the PS's checkpoint, and the final model
     is bit-identical to the uninterrupted run."""
-    import subprocess
-    import sys
-
     spec = small_spec("focus", clients=3, rounds=4, options={"participation": {"kind": "bernoulli",
                                                                                "p": [0.9, 0.5, 0.5]}})
     oracle = InProcessEngine(spec, device="cpu").run()
     (tmp_path / "spec.toml").write_text(spec.to_toml())
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fedhop", "launch", str(tmp_path / "spec.toml"), "--out", str(run), "--quiet",
-           "--http", "off", "--device", "cpu"]
-    first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until((gate / "at-2").exists, "round 2 to end", timeout=240, stop_if=exited(first, "launch"))
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
-    (gate / "stop-2").unlink()
-    again = subprocess.run([sys.executable, "-m", "fedhop", "launch", "--resume", str(run), "--quiet",
-                            "--http", "off", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    again = launch_killed_and_resumed([str(tmp_path / "spec.toml")], run, gate, extra=["--device", "cpu"])
     assert again.returncode == 0, again.stderr
     assert "resuming run" in again.stderr and "at round 3 of 4" in again.stderr
     _, final = load_result(run)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.waiting import exited, wait_until
+from tests.integration.netutil import launch_killed_and_resumed
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "server_momentum"
 SMALL = ("rounds = 10", "rounds = 4")
@@ -78,16 +77,7 @@ def test_server_momentum_launch_killed_and_resumed_restores_the_user_state(tmp_p
     folder = copy_example(tmp_path)
     fedhop(["simulate", "spec.toml", "--out", str(tmp_path / "sim")], folder)
     run = tmp_path / "run"
-    cmd = [sys.executable, "-m", "fedhop", "launch", "spec.toml", "--out", str(run), "--quiet", "--http", "off"]
-    first = subprocess.Popen(cmd, cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until((gate / "at-2").exists, "round 2 to end", timeout=240, stop_if=exited(first, "launch"))
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
-    (gate / "stop-2").unlink()
-    again = subprocess.run([sys.executable, "-m", "fedhop", "launch", "--resume", str(run), "--quiet", "--http",
-                            "off"], cwd=folder, capture_output=True, text=True, timeout=300)
+    again = launch_killed_and_resumed(["spec.toml"], run, gate, cwd=folder)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "at round 3 of 4" in again.stderr
     assert_same_model(tmp_path / "sim", run)
