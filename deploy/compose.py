@@ -27,8 +27,8 @@ from typing import Any
 
 import yaml
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, fixed_ports, link_security, plan
 
 HEALTH_PORT = 50070

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from fedhop.common.engine.topology import Topology
+from fedhop.common.topology import Topology
 from fedhop.deploy import link_table, wire
 from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.wire import WireReading

@@ -32,10 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.network_spec import NetworkSpec, Shape, directed_shape
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class
+from fedhop.common.topology import Topology, build_topology
 from fedhop.deploy import contract, kernel_bytes, loss, shaping, testbed_http, testbed_tls
 from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, link_security
 from fedhop.deploy.link_table import LinkBytes

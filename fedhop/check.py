@@ -216,7 +216,7 @@ def formula_verdict(spec: RunSpec, result: RunResult) -> Verdict:
     """``formula``: every round's payload per (src, dst, kind) equals the algorithm's declared
     ``payload_per_round``; skipped when it declares none or the formula does not cover the spec."""
     from fedhop.common.engine.api import get_algorithm
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
     from fedhop.common.wire.bundle import payload_bytes
 
     algo = get_algorithm(spec.algorithm.name)
@@ -303,7 +303,7 @@ def asked_after(oracle: RunResult, client: str, after_round: int) -> bool:
 def default_victim(spec: RunSpec, oracle: RunResult | None) -> KillClient:
     """The fault check's default: after round 1, the last client (canonical order) that the protocol still
     asks for work later (a client a drawn participation or an edge walk never calls again would test nothing)."""
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
 
     clients = build_topology(spec.topology, spec.seed).clients
     if oracle is not None:
@@ -319,7 +319,7 @@ def fault_verdict(spec: RunSpec, out: Path, kill: KillClient | None = None, devi
     the protocol's rule for a missing participant, exits 0 and its missing log names the client. With the
     ``oracle``'s run: the default victim is a client the protocol still asks after the kill, and a victim it
     never asks again is a skipped row (the missing log could not name it)."""
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
 
     if spec.rounds < 2:
         return Verdict("fault", None, "needs at least 2 rounds (a client is killed between two rounds)")

@@ -17,8 +17,8 @@ from typing import Any
 
 from fedhop.client_ids import AUTO, format_ids, resolve_per_process
 from fedhop.common.engine.results import RunResult
-from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import Topology, build_topology
 from fedhop.deploy import processes as deploy_processes
 from fedhop.deploy.contract import RoleCommand, plan
 from fedhop.deploy.wire import WireReading

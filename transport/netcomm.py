@@ -21,8 +21,8 @@ import torch
 
 from fedhop.common.engine.api import NodeId, Reply, Scalar, get_algorithm
 from fedhop.common.engine.base import BaseComm, Failure, MissingLog, Settle
-from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.messages import on_host, to_device
 from fedhop.transport.credentials import PLAINTEXT, Security

@@ -42,8 +42,8 @@ from fedhop.common.engine.loop import RoundFailed, Start, drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
 from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, save
 from fedhop.common.engine.snapshot import NodeSnapshot
-from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle, clone
 from fedhop.common.wire.meter import ByteMeter
 

@@ -74,7 +74,7 @@ def cmd_compose(a: argparse.Namespace) -> int:
 
     spec = load_spec(a.spec)
     if a.tls:
-        from fedhop.common.engine.topology import build_topology
+        from fedhop.common.topology import build_topology
         from fedhop.transport.certs import CA_CERT, node_files
 
         # the folder as the compose file will see it: relative to --out-dir (or here, for stdout)

@@ -12,7 +12,7 @@ from fedhop.cli.console import load_spec
 
 
 def _node_ids(spec_path: str | None) -> list[str]:
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
 
     spec = load_spec(spec_path)
     return build_topology(spec.topology, spec.seed).all_nodes()

@@ -39,7 +39,7 @@ log = logging.getLogger("fedhop.cli")
 def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.cli.netcheck import check_listen
     from fedhop.common.engine.preflight import check_user_code
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
     from fedhop.lifecycle import exit_zero_on_sigterm_once_written
     from fedhop.server.main import run_server
 

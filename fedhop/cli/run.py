@@ -61,7 +61,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
     from fedhop.client_ids import resolve_per_process
     from fedhop.common.engine.events import readiness, round_records
     from fedhop.common.engine.preflight import check_user_code
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
     from fedhop.launch import client_groups, launch
     from fedhop.server.main import RunFolderError, check_run_folder
 
@@ -105,7 +105,7 @@ def launch_security(args: SecurityArgs, spec: RunSpec, out: Path) -> tuple[Secur
     """The PS's Security and the options that give every child process the same (``--tls auto``: a
     throw-away CA under the run folder)."""
     from fedhop.cli.security import child_args, launch_tls_dir, security_for
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
 
     topo = build_topology(spec.topology, spec.seed)
     if args.tls == "auto" and args.token:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhop.common.engine.topology import SERVER, Topology, build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import SERVER, Topology, build_topology
 
 PHASES = ("waiting", "joining", "running", "finished", "failed")
 LINK_KEY = ("src", "dst", "kind", "phase")

@@ -160,9 +160,9 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffe
     flow-control windows the parent's gRPC server sets)."""
     from fedhop.common.engine.api import NodeContext
     from fedhop.common.engine.base import MissingLog
-    from fedhop.common.engine.topology import build_topology
     from fedhop.common.engine.workspace import Workspace
     from fedhop.common.spec import RunSpec
+    from fedhop.common.topology import build_topology
     from fedhop.common.wire.meter import ByteMeter
     from fedhop.transport.channels import add_port, make_server
     from fedhop.transport.netcomm import NetComm

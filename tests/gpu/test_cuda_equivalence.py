@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.launch import launch, pick_devices
 from tests.gpu.gpuutil import cuda_only, deterministic, gpu_spec, logged_device, max_abs_diff
 from tests.integration.netutil import load_result, logs, node_log, rows_by_key

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import torch
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.launch import Processes, free_port, role_cmd
 from tests.specs import DIGITS, run_spec
 from tests.waiting import exited, wait_until

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.common.wire.control import CONTROL_KINDS
 from tests.integration.netutil import launch_run, load_result, small_spec
 

@@ -19,8 +19,8 @@ import torch
 import fedhop.common.algorithms  # noqa: F401  (registers every algorithm)
 from fedhop.common.engine.api import ALGORITHMS
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.control import BYE, CONTROL_KINDS, HELLO, READY, REPORT, SESSION_KINDS, WELCOME
 from fedhop.common.wire.meter import WIRE_KIND, WIRE_PHASE

@@ -14,8 +14,8 @@ import grpc
 import pytest
 import torch
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.engine.workspace import Workspace
+from fedhop.common.topology import build_topology
 from fedhop.common.wire.frames import (
     CALL_ID_BASE,
     MessageAssembler,

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.exit_codes import ExitCode
+from fedhop.common.topology import build_topology
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.launch import free_port
 from fedhop.transport.channels import add_port, make_server

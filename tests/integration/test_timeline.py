@@ -9,9 +9,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
 from fedhop.common.timeline import read_csv
+from fedhop.common.topology import build_topology
 from tests.integration.netutil import logs, small_spec
 
 ROUNDS = 2

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.launch import free_port, role_cmd
 from tests.integration.netutil import small_spec
 from tests.waiting import exited, wait_until

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.inprocess import FaultPlan
 from fedhop.common.engine.results import RunResult
-from fedhop.common.engine.topology import build_topology
+from fedhop.common.topology import build_topology
 from fedhop.server.web.cli import add_http_args, http_from_args
 from fedhop.server.web.serve import HttpConfigError, start_http
 from fedhop.server.web.status import RunStatus

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.deploy.compose import write_compose
 from fedhop.deploy.compose_run import format_table, run_compose
 from fedhop.deploy.link_table import LinkBytes, read_link_table

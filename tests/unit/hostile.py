@@ -8,8 +8,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from fedhop.common.engine.base import MissingLog
-from fedhop.common.engine.topology import Topology, build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import Topology, build_topology
 from fedhop.common.wire.framing import parse_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.credentials import PLAINTEXT, Security

@@ -13,10 +13,10 @@ import torch
 from fedhop.cli import build_parser, main
 from fedhop.client.host import ClientPrefix, HostShare, run_clients
 from fedhop.client_ids import IdListError, format_ids, parse_ids, resolve_per_process
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.launch import client_groups, role_cmd
 from fedhop.transport.node_config import NodeConfig
 from tests.specs import DIGITS, run_spec

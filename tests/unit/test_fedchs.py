@@ -11,9 +11,9 @@ import torch
 
 from fedhop.common.algorithms.fedchs import FedCHSOptions, choose_next
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.engine.topology import build_topology, edge_graph, is_connected
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec, TopologySpec
+from fedhop.common.topology import build_topology, edge_graph, is_connected
 from tests.specs import run_spec
 
 

@@ -11,9 +11,9 @@ import torch
 from fedhop.common.algorithms.qsgd import decode, encode, encoded_bytes, quantize
 from fedhop.common.algorithms.wrwgd import client_graph, mh_row
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.engine.topology import is_connected
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import is_connected
 from fedhop.common.wire.bundle import payload_bytes
 from tests.specs import run_spec
 

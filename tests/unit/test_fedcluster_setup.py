@@ -12,9 +12,9 @@ from fedhop.common.algorithms.local import LocalSolver, full_gradient, local_tra
 from fedhop.common.data import Dataset, DataSpec, build_federated_data, make_rng
 from fedhop.common.data.fedcluster_gauss import device_labels
 from fedhop.common.engine.inprocess import InProcessEngine
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.models import ModelSpec, build_model
 from fedhop.common.spec import TopologySpec
+from fedhop.common.topology import build_topology
 from tests.specs import run_spec
 
 

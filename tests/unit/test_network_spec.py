@@ -10,9 +10,9 @@ import tomllib
 
 import pytest
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.network_spec import NetworkSpec, Shape, directed_shape
 from fedhop.common.spec import RunSpec, SpecError, TopologySpec
+from fedhop.common.topology import build_topology
 from fedhop.deploy import loss
 from fedhop.deploy.delay_proxy import Hold, due_times
 from fedhop.deploy.netns import plan_network

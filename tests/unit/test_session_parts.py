@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from fedhop.common.engine.base import MissingLog
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec
+from fedhop.common.topology import build_topology
 from fedhop.common.wire.messages import PROTOCOL_VERSION
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.session import HubConfig, HubListener, ParentHub, PendingHub, hello_frame

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec, SpecError, TransportSpec
+from fedhop.common.topology import Topology
 from fedhop.common.wire.messages import error_result_frame, result_frame
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.session import QUIET, ChildLink, HubListener, ParentHub, hello_frame

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fedhop.common.engine.size_claims import size_claim_error
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import TopologySpec
+from fedhop.common.topology import build_topology
 
 TOPO = build_topology(TopologySpec(clients=4, edges=2), 0)
 SIZES = {"client-0": 10, "client-1": 20, "edge-0": 30}

@@ -217,7 +217,7 @@ def test_scatter_checks_replies_against_the_sizes_the_exchange_refreshed():
     from types import SimpleNamespace
 
     from fedhop.common.engine.base import BaseComm, MissingLog
-    from fedhop.common.engine.topology import build_topology
+    from fedhop.common.topology import build_topology
 
     topo = build_topology(spec(clients=2).topology, 0)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import TopologySpec
+from fedhop.common.topology import build_topology
 from fedhop.deploy import contract, link_table
 from fedhop.deploy.contract import Plan, PlannedNode, RoleCommand, fixed_ports, plan
 from fedhop.deploy.link_table import LinkBytes, Meter

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from fedhop.common.engine.topology import build_topology
 from fedhop.common.spec import RunSpec, SpecError, TopologySpec
 from fedhop.common.testbed_spec import TestbedSpec, link_class
+from fedhop.common.topology import build_topology
 from fedhop.deploy import kernel_bytes, link_table, shaping
 from fedhop.deploy.netns import TestbedError, plan_network
 from fedhop.deploy.testbed import Testbed, peers_of, run_links

@@ -8,8 +8,8 @@ from functools import cached_property
 from typing import Protocol
 
 from fedhop.common.engine.api import NodeId, Scalar
-from fedhop.common.engine.topology import Topology
 from fedhop.common.spec import RunSpec, TransportSpec
+from fedhop.common.topology import Topology
 from fedhop.transport.credentials import PLAINTEXT, Security
 
 
