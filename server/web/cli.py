@@ -5,15 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fedhop.common.exit_codes import ExitCode, Fatal
 
 if TYPE_CHECKING:  # the web stack (starlette, uvicorn) is imported only when a page is served
     from fedhop.server.web.live import LivePage
-    from fedhop.server.web.serve import HttpServer
-    from fedhop.server.web.status import RunStatus
 
 TOKEN_ENV = "FEDHOP_HTTP_TOKEN"
 
@@ -40,20 +37,6 @@ def add_http_args(parser: argparse.ArgumentParser, default: str | None = None) -
     parser.add_argument("--http-token", metavar="TOKEN", default=os.environ.get(TOKEN_ENV),
                         help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}); required "
                         "when --http binds beyond loopback; a browser opens http://HOST:PORT/?token=TOKEN once")
-
-
-def http_from_args(args: argparse.Namespace, status: RunStatus,
-                   announce: Callable[[str], None] | None = None) -> HttpServer | None:
-    """Start the web face the arguments ask for (None when ``--http off``) and announce its URL (default: one
-    line on stderr). Raises HttpConfigError (a missing token) or OSError (the address is taken)."""
-    if args.http == "off":
-        return None
-    from fedhop.server.web.serve import parse_address, start_http
-
-    host, port = parse_address(args.http)
-    server = start_http(status, host, port, token=args.http_token)
-    (announce or _stderr)(f"live page: {server.url}" + (" (bearer token required)" if args.http_token else ""))
-    return server
 
 
 def page_from_args(address: str, token: str | None = None) -> LivePage:

@@ -21,7 +21,8 @@ from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.inprocess import FaultPlan
 from fedhop.common.engine.results import RunResult
 from fedhop.common.topology import build_topology
-from fedhop.server.web.cli import add_http_args, http_from_args
+from fedhop.server.web.cli import add_http_args
+from fedhop.server.web.live import open_page
 from fedhop.server.web.serve import HttpConfigError, start_http
 from fedhop.server.web.status import RunStatus
 from tests.live_run import run_with_events
@@ -451,15 +452,16 @@ def test_http_flags() -> None:
     p = argparse.ArgumentParser()
     add_http_args(p, default="127.0.0.1:0")
     lines: list[str] = []
-    server = http_from_args(p.parse_args([]), RunStatus(), announce=lines.append)
+    page = open_page(p.parse_args([]).http, announce=lines.append)
+    server = page.http
     try:
         assert server is not None and lines == [f"live page: http://127.0.0.1:{server.port}/"]
         assert get(server.url, "api/status").status_code == 200
     finally:
-        server.stop()
-    assert http_from_args(p.parse_args(["--http", "off"]), RunStatus()) is None
+        page.close()
+    assert open_page(p.parse_args(["--http", "off"]).http).http is None
     with pytest.raises(HttpConfigError, match="bearer token is required"):
-        http_from_args(argparse.Namespace(http="0.0.0.0:0", http_token=None), RunStatus())
+        open_page("0.0.0.0:0", token=None)
     for bad in ("8080", "localhost:http", "127.0.0.1:70000", ":80"):
         with pytest.raises(SystemExit):
             p.parse_args(["--http", bad])
