@@ -88,7 +88,9 @@ class Federation:
     ``hold``: nodes not started with the others (start them later with :meth:`start_node`; :meth:`release_join`
     starts the run without them, instead of waiting out the join timeout). ``security``: options every process
     gets (``--tls DIR``, ``--token FILE``). ``marks``: rounds whose end the test awaits with :meth:`wait_round`
-    (the PS's test gate after each, made to pass at once: it marks the moment and holds nothing).
+    (the PS's test gate after each, made to pass at once: it marks the moment and holds nothing). ``holds``:
+    rounds after which the PS waits at its gate until the test calls :meth:`go` (await it with
+    :meth:`wait_round` too).
 
     The test waits for states, not log lines: the PS serves its live page's JSON API (``--http``, unless
     ``server_args`` names one; :meth:`status`, :meth:`wait_lost`), and every process marks what it reached in
@@ -96,7 +98,8 @@ class Federation:
 
     def __init__(self, spec: RunSpec, tmp: Path, hold: tuple[str, ...] = (),
                  state_dir: Path | None = None, out: Path | None = None, security: Sequence[str] = (),
-                 server_args: tuple[str, ...] = (), marks: tuple[int, ...] = ()) -> None:
+                 server_args: tuple[str, ...] = (), marks: tuple[int, ...] = (),
+                 holds: tuple[int, ...] = ()) -> None:
         self.spec = spec
         self.security = list(security)
         self.state_dir = state_dir
@@ -116,13 +119,13 @@ class Federation:
         else:
             self.http = f"127.0.0.1:{free_port()}"
             server_args = (*server_args, "--http", self.http)
-        self.marks = marks
-        for r in marks:
+        self.marks = (*marks, *holds)
+        for r in self.marks:
             assert 0 < r < spec.rounds, f"the PS passes a gate only between rounds, not after round {r}"
-            gates = Path(os.environ["FEDHOP_TEST_GATE"])
-            assert not (gates / f"stop-{r}").exists(), f"the test holds the PS after round {r} itself"
-            (gates / f"go-{r}").touch()
-            (gates / f"stop-{r}").touch()
+            assert not (self.gates / f"stop-{r}").exists(), f"the test holds the PS after round {r} itself"
+            if r not in holds:
+                (self.gates / f"go-{r}").touch()
+            (self.gates / f"stop-{r}").touch()
         self.ps = self.procs.start("ps", [sys.executable, "-m", "fedhop", "server", str(self.spec_file),
                                           "--listen", f"127.0.0.1:{self.port}", "--out", str(self.out),
                                           "--device", "cpu", *self.security, *server_args])
@@ -184,6 +187,10 @@ class Federation:
         assert r in self.marks, f"round {r} is not among the marks {self.marks}"
         wait_until((self.gates / f"at-{r}").exists, f"the PS to end round {r}",
                    timeout=timeout, stop_if=exited(self.ps, "the PS"), details=self.all_logs)
+
+    def go(self, r: int) -> None:
+        """Let the PS go on past its gate after round ``r``, one of ``holds``."""
+        (self.gates / f"go-{r}").touch()
 
     def restart_ps(self, name: str = "ps2") -> None:
         """A new PS process that resumes the run from its last checkpoint, on the same address."""

@@ -67,11 +67,12 @@ def test_killed_client_is_missing_and_the_run_finishes(tmp_path) -> None:
 def test_stalled_client_misses_the_deadline_and_comes_back(tmp_path) -> None:
     spec = small_spec("fedavg", clients=3, edges=0, rounds=10, options={"local_steps": 40},
                       transport={"round_deadline_s": 2.0})
-    fed = Federation(spec, tmp_path, marks=(2,))
+    fed = Federation(spec, tmp_path, marks=(3,), holds=(2,))
     try:
-        fed.wait_round(2, timeout=120)
+        fed.wait_round(2, timeout=120)  # the PS waits after round 2 until the test lets it go
         fed.procs.kill("client-2", signal.SIGSTOP)
-        time.sleep(4.5)  # > round_deadline_s: the round in flight closes without client-2
+        fed.go(2)
+        fed.wait_round(3, timeout=120)  # round 3 closed at its deadline, without client-2
         fed.procs.kill("client-2", signal.SIGCONT)
         assert fed.wait(120) == 0, fed.all_logs()
     finally:
