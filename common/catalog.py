@@ -58,6 +58,7 @@ class AlgorithmInfo:
     needs_edges: bool | None = None  # True: needs topology.edges > 0; False: needs edges == 0
     check_ref: Ref | Check | None = None  # further checks of a whole spec (raise ValueError naming the field)
     summary: str = ""  # one line for `fedhop algorithms` and `fedhop spec --explain`
+    peers: str = "none"  # the client peer graph it needs (topology.peer_graph's default): none, ring, random
 
     @property
     def options(self) -> type[BaseModel]:
@@ -94,9 +95,9 @@ _O = "fedhop.common.options."
 
 
 def _algo(name: str, module: str, options: str, needs_edges: bool | None, summary: str = "", *,
-          check: str | None = None) -> AlgorithmInfo:
+          check: str | None = None, peers: str = "none") -> AlgorithmInfo:
     return AlgorithmInfo(name, _A + module, f"{_O}{module}:{options}", needs_edges,
-                         None if check is None else f"{_O}{module}:{check}", summary)
+                         None if check is None else f"{_O}{module}:{check}", summary, peers)
 
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in (
@@ -144,7 +145,8 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in (
     _algo("sg-focus", "focus", "SGFocusOptions", None,
           "SG-FOCUS (Ying et al. 2025, Alg. 2): stochastic FOCUS", check="check_spec"),
     _algo("wrwgd", "wrwgd", "WRWGDOptions", False,
-          "WRWGD: one model on a Metropolis-Hastings walk over clients"),
+          "WRWGD: one model on a Metropolis-Hastings walk over clients, handed from client to client",
+          peers="random"),
 )}
 
 _D = _O + "datasets:"
@@ -191,7 +193,7 @@ def user_algorithm(ref: str) -> AlgorithmInfo:
         algo = load_algorithm(ref)
         summary = algo.summary or f"user algorithm {ref}"
         info = USER_ALGORITHMS[ref] = AlgorithmInfo(ref, ref.partition(":")[0], algo.options, algo.needs_edges,
-                                                    algo.check, summary)
+                                                    algo.check, summary, algo.peers)
     return info
 
 
@@ -224,13 +226,15 @@ def _differs(kind: str, name: str, what: str, listed: Any, registered: Any) -> V
 
 
 def add_algorithm(name: str, module: str, options: type[BaseModel], needs_edges: bool | None,
-                  check: Check | None, summary: str = "") -> AlgorithmInfo:
+                  check: Check | None, summary: str = "", peers: str = "none") -> AlgorithmInfo:
     """Called by ``engine.api.register``: a listed algorithm must match its entry (options model, needs_edges,
     check); another one is added, under the module that registered it. Returns the entry (its summary)."""
     info = ALGORITHMS.get(name)
     if info is None:
-        info = ALGORITHMS[name] = AlgorithmInfo(name, module, options, needs_edges, check, summary)
+        info = ALGORITHMS[name] = AlgorithmInfo(name, module, options, needs_edges, check, summary, peers)
         return info
+    if peers != info.peers:
+        raise _differs("algorithm", name, "peers", info.peers, peers)
     if summary and summary != info.summary:
         raise _differs("algorithm", name, "summary", info.summary, summary)
     for what, listed, registered in (("options", info.options, options), ("needs_edges", info.needs_edges,

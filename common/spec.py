@@ -79,6 +79,11 @@ class TopologySpec(Strict):
         None, description="explicit cluster sizes (sum = clients); default: as even as possible, in id order")
     edge_graph: Literal["random", "ring", "complete"] = "random"
     edge_max_degree: int = Field(3, ge=1, description="max neighbours per edge in the random edge graph")
+    peer_graph: Literal["none", "ring", "random", "complete"] | None = Field(
+        None, description="direct client <-> client links (clients then listen for their peers): none, ring, random "
+        "(connected, at most peer_max_degree links per client) or complete; unset = what the algorithm needs "
+        "(wrwgd: random, dpsgd: ring, every other built-in: none)")
+    peer_max_degree: int = Field(3, ge=2, description="max peers per client in the random peer graph")
 
     @model_validator(mode="after")
     def _consistent(self) -> TopologySpec:
@@ -215,6 +220,7 @@ class RunSpec(Strict):
         algo = _algorithm(self.algorithm.name)
         if algo is None:
             return self
+        self._resolve_peer_graph(algo.peers)
         needs = algo.needs_edges
         if needs is True and self.topology.edges == 0:
             raise ValueError(f"algorithm {self.algorithm.name!r} needs edge servers: set topology.edges > 0")
@@ -225,6 +231,19 @@ class RunSpec(Strict):
         if check is not None:
             check(self, self.options())
         return self
+
+    def _resolve_peer_graph(self, needs: str) -> None:
+        """``topology.peer_graph`` unset becomes what the algorithm needs; an algorithm that walks or gossips
+        between clients cannot run without peer links, and peer links need a flat topology."""
+        t = self.topology
+        if t.peer_graph is None:
+            t.peer_graph = needs  # type: ignore[assignment]
+        if needs != "none" and t.peer_graph == "none":
+            raise ValueError(f"algorithm {self.algorithm.name!r} sends models from client to client: "
+                             f"topology.peer_graph must not be 'none' (its default is {needs!r})")
+        if t.peer_graph != "none" and t.edges > 0:
+            raise ValueError("topology.peer_graph links clients directly, which fedhop supports on a flat topology "
+                             "only: set topology.edges = 0 or topology.peer_graph = 'none'")
 
     @model_validator(mode="after")
     def _data_clusters_match_topology(self) -> RunSpec:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedhop.common.seeds import derive_seed
 from fedhop.common.spec import TopologySpec
 
 SERVER = "ps"
@@ -27,7 +28,7 @@ class Topology:
     edges: tuple[str, ...]
     clients: tuple[str, ...]
     parent: dict[str, str]  # client -> edge (or ps); edge -> ps
-    neighbours: dict[str, tuple[str, ...]]  # edge -> adjacent edges (sorted canonically)
+    neighbours: dict[str, tuple[str, ...]]  # edge -> adjacent edges; client -> peer clients (sorted canonically)
 
     @property
     def server(self) -> str:
@@ -92,7 +93,26 @@ def build_topology(spec: TopologySpec, seed: int) -> Topology:
         parent.update({e: SERVER for e in edges})
     graph = edge_graph(len(edges), spec.edge_graph, spec.edge_max_degree, seed)
     neighbours = {edges[m]: tuple(edges[j] for j in sorted(graph[m])) for m in range(len(edges))}
+    neighbours.update(peer_links(spec, clients, seed))
     return Topology(edges=edges, clients=clients, parent=parent, neighbours=neighbours)
+
+
+PEER_GRAPH_STREAM = "wrwgd.graph"  # the seed stream of the random peer graph (the name WRWGD's walk graph had
+# when it was WRWGD's own: kept, so that a WRWGD run keeps the graph it walked before the peer graph existed)
+
+
+def peer_links(spec: TopologySpec, clients: tuple[str, ...], seed: int) -> dict[str, tuple[str, ...]]:
+    """Client -> its peer clients on ``spec.peer_graph`` (none: no client has peers)."""
+    kind = spec.peer_graph or "none"
+    if kind == "none":
+        return {}
+    graph = peer_graph(len(clients), kind, spec.peer_max_degree, seed)
+    return {clients[i]: tuple(clients[j] for j in sorted(graph[i])) for i in range(len(clients))}
+
+
+def peer_graph(n: int, kind: str, max_degree: int, seed: int) -> list[set[int]]:
+    """Adjacency sets of the client peer graph (the edge graph's generator on its own seed stream)."""
+    return edge_graph(n, kind, max_degree, derive_seed(seed, PEER_GRAPH_STREAM))
 
 
 def _even_split(n: int, k: int) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from fedhop.common.engine.api import NodeContext, NodeId, Scalar, get_algorithm
-from fedhop.common.engine.base import HandOffError, MissingLog
+from fedhop.common.engine.base import HandOffError, MissingLog, inbox_key
 from fedhop.common.spec import TransportSpec
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.bundle import Bundle, payload_bytes
@@ -224,7 +224,7 @@ class EdgeService:
         req = accept_request(msg, self.node, sender, ctx.device, expect_name=HANDOFF)
         if isinstance(req, Rejection):
             return self._refuse(req.code, req.message)
-        ctx.inbox[slot] = (req.bundle, req.args)
+        ctx.inbox[inbox_key(slot, sender)] = (req.bundle, req.args)
         if self.on_received is not None:  # saved before the Ack: an acknowledged model is never lost
             md = dict(context.invocation_metadata())
             self.on_received(ctx, int(md.get(ROUND_HEADER, ctx.round)))

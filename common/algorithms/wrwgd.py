@@ -13,12 +13,19 @@ importance weight makes the expected step the gradient of F = sum_i gamma_i f_i 
 gamma_i / pi_i (= 1 for pi proportional to D; the cited 1 / (N pi_i) is the case gamma_i = 1 / N).
 One round = one visit (spec default; T rounds = T visits).
 
-Routing on the engine (the engine has no client-to-client link): the parameter server acts as the router of
-the walk. Each round it sends the model to the visited client only (``scatter`` to one client, which reuses
-the shared ``local.train`` task) and receives the updated model back, so one hop of the walk costs 2 d floats
-on the meter (client -> PS -> next client) where a direct client-to-client hop would cost d. The PS draws the
-next client (it knows the graph, which is a pure function of the seed, and every client's D_i). A visited
-client that does not reply leaves the model unchanged; the walk moves on.
+Routing (issue 16: exact on the wire): the model walks from client to client over the peer graph
+(``topology.peer_graph``, random by default, at most ``topology.peer_max_degree`` peers per client), one hop costing
+d floats on the client -> client link, never through the PS. The PS is the walk's control plane only: it knows the
+graph (a pure function of the seed) and every D_i, draws the next client j and tells the visited client i, in a
+message without tensors, to train and hand the model to j (``wrwgd.visit``); the client replies with its
+metrics (loss and, every eval_every rounds, the accuracy of the model it hands on, evaluated where the model is).
+At the end the PS collects the model from the client that holds it (d once, not part of the paper's traffic).
+
+Faults (outside the paper, which assumes reliable links): a client that hands the model on keeps a copy
+(``sent``) until it next receives one. When j cannot take the model, it stays at i (the walk stays; P_ii's move).
+When the visited client fails, the client that handed it the model hands its copy to j instead: the model
+is unchanged and the walk moves on, as the relay version did. With no copy anywhere (the first visit), the next
+visit starts again from w^0.
 """
 
 from __future__ import annotations
@@ -27,16 +34,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedhop.common.engine.api import Algorithm, NodeContext, register
-from fedhop.common.engine.workspace import derive_seed
+from fedhop.common.algorithms.local import local_train, solver_for
+from fedhop.common.engine.api import Algorithm, NodeContext, NodeId, Reply, Scalar, register, task
+from fedhop.common.engine.base import HandOffError
 from fedhop.common.options.wrwgd import WRWGDOptions  # noqa: F401  (re-exported)
-from fedhop.common.topology import edge_graph
+from fedhop.common.topology import peer_graph
 from fedhop.common.wire.bundle import Bundle
+
+SLOT = "walk"
 
 
 def client_graph(n: int, max_degree: int, seed: int) -> list[set[int]]:
-    """The walk's random connected client graph (same generator as the ES graph, its own seed stream)."""
-    return edge_graph(n, "random", max_degree, derive_seed(seed, "wrwgd.graph"))
+    """The walk's random connected client graph: the random peer graph (``topology.peer_graph = "random"``)."""
+    return peer_graph(n, "random", max_degree, seed)
 
 
 def mh_row(i: int, adj: list[set[int]], pi: np.ndarray) -> np.ndarray:
@@ -50,10 +60,27 @@ def mh_row(i: int, adj: list[set[int]], pi: np.ndarray) -> np.ndarray:
 
 
 @dataclass
+class WalkerState:
+    """A client: the model when the walk stays here (``held``) and its copy of the last model it handed on
+    (``sent``, dropped when it next receives one)."""
+
+    held: Bundle | None = None
+    sent: Bundle | None = None
+
+
+def node_state(role: str) -> WalkerState | None:
+    return WalkerState() if role == "client" else None
+
+
+@dataclass
 class ServerState:
-    model: Bundle  # w
-    at: int  # index of the client the walk visits this round
+    """The PS's control state: the client the walk visits this round, the client that handed it the model (it
+    keeps a copy), whether the model is still w^0 (nobody trained it yet), and the walk's random stream."""
+
+    at: int
     walk: np.random.Generator  # the walk's stream (its position in it is state too)
+    previous: NodeId | None = None
+    fresh: bool = True
 
 
 def _walk_law(ctx: NodeContext) -> tuple[list[set[int]], np.ndarray, np.ndarray]:
@@ -63,30 +90,115 @@ def _walk_law(ctx: NodeContext) -> tuple[list[set[int]], np.ndarray, np.ndarray]
     sizes = np.array([float(ctx.data_size(c)) for c in clients])
     gamma = sizes / sizes.sum()
     pi = gamma if o.stationary == "data_size" else np.full(n, 1.0 / n)
-    return client_graph(n, o.max_degree, ctx.spec.seed), gamma, pi
+    adj = [{clients.index(p) for p in ctx.topology.neighbours.get(c, ())} for c in clients]
+    return adj, gamma, pi
 
 
 def init(ctx: NodeContext) -> ServerState:
     walk = ctx.np_rng("wrwgd.walk")
-    return ServerState(ctx.initial_params(), int(walk.integers(len(ctx.topology.clients))), walk)
+    return ServerState(int(walk.integers(len(ctx.topology.clients))), walk)
+
+
+def _pass_on(ctx: NodeContext, w: Bundle, nxt: NodeId) -> NodeId:
+    """Hand ``w`` to ``nxt`` (keeping a copy), or keep it when ``nxt`` is this client or cannot take it."""
+    st: WalkerState = ctx.state
+    if nxt != ctx.node_id:
+        try:
+            ctx.comm.hand_off(nxt, SLOT, w)
+            st.sent = w
+            return nxt
+        except HandOffError:
+            pass
+    st.held = w
+    return ctx.node_id
+
+
+@task("wrwgd.visit")
+def visit(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Visited client i: K local steps from w (scaled by gamma_i / pi_i), then the model moves to ``next``."""
+    st: WalkerState = ctx.state
+    if bool(args["fresh"]):
+        w = ctx.initial_params()
+    elif SLOT in ctx.inbox:
+        w, _ = ctx.take(SLOT)
+    elif st.held is not None:
+        w, st.held = st.held, None
+    else:
+        raise RuntimeError(f"{ctx.node_id}: visited by the walk but holds no model")
+    st.sent = None  # it holds the newest model now
+    gen = ctx.rng("local.train", ctx.round, 0)  # the stream the relay version's local.train drew from
+    w, loss = local_train(ctx.ws, w, ctx.data, solver_for(ctx, args), gen, consume=True)
+    scalars: dict[str, Scalar] = {"loss": loss}
+    if bool(args["eval"]):
+        scalars.update(ctx.evaluate(w))
+    scalars["next"] = _pass_on(ctx, w, str(args["next"]))
+    return Reply({}, scalars)
+
+
+@task("wrwgd.resend")
+def resend(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """The client that handed the model to a visited client that failed: hand its copy to ``next`` instead."""
+    st: WalkerState = ctx.state
+    if st.sent is None:
+        raise RuntimeError(f"{ctx.node_id}: asked to hand its copy of the walk's model again but keeps none")
+    w = st.sent
+    scalars: dict[str, Scalar] = dict(ctx.evaluate(w)) if bool(args["eval"]) else {}
+    scalars["next"] = _pass_on(ctx, w, str(args["next"]))
+    return Reply({}, scalars)
+
+
+@task("wrwgd.collect")
+def collect(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """The client holding the model gives it to the PS at the end of the run (not part of the paper's traffic)."""
+    st: WalkerState = ctx.state
+    if SLOT in ctx.inbox:
+        return Reply(ctx.inbox[SLOT][0])
+    if st.held is not None:
+        return Reply(st.held)
+    raise RuntimeError(f"{ctx.node_id}: asked for the walk's final model but holds none")
 
 
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
-    """The visited client i runs K local steps from w (scaled by gamma_i / pi_i); the walk moves on."""
+    """Control plane: client i takes K steps (scaled by gamma_i / pi_i) and hands the model to j ~ P_i."""
     o: WRWGDOptions = ctx.opts
     clients = ctx.topology.clients
     adj, gamma, pi = _walk_law(ctx)
-    i, w = s.at, s.model
+    i = s.at
+    j = int(s.walk.choice(len(clients), p=mh_row(i, adj, pi)))
     scale = float(gamma[i] / pi[i]) if o.importance_weighting else 1.0
-    replies = ctx.comm.scatter([clients[i]], "local.train", w, {"lr_scale": scale}, expect=w)
+    ev = ctx.should_eval()
+    args: dict[str, Scalar] = {"lr_scale": scale, "next": clients[j], "fresh": s.fresh, "eval": ev}
+    replies = ctx.comm.scatter([clients[i]], "wrwgd.visit", None, args)
+    metrics: dict[str, Scalar] = {"client": clients[i]}
     if clients[i] in replies:
-        w = replies[clients[i]].bundle
-    metrics: dict[str, float | int | str] = {"client": clients[i]}
-    if ctx.should_eval():
-        metrics.update(ctx.evaluate(w))
+        r = replies[clients[i]].scalars
+        holder, previous, fresh = str(r["next"]), (clients[i] if r["next"] != clients[i] else s.previous), False
+    elif s.fresh or s.previous is None:  # nobody trained the model yet, or its only copy was at i
+        r, holder, previous, fresh = {}, clients[j], None, True
+        metrics["restart"] = f"{clients[i]} failed; the walk goes on from w^0 at {clients[j]}"
+    else:  # the model is unchanged (the copy at the client that handed it to i); the walk moves on
+        got = ctx.comm.scatter([s.previous], "wrwgd.resend", None, {"next": clients[j], "eval": ev})
+        if s.previous not in got:
+            raise RuntimeError(f"WRWGD round {ctx.round + 1}: {clients[i]} failed and {s.previous}, which keeps the "
+                               "only other copy of the walk's model, does not answer")
+        r = got[s.previous].scalars
+        holder, previous, fresh = str(r["next"]), s.previous, False
+    if ev:
+        metrics.update({k: r[k] for k in ("loss", "accuracy") if k in r})
     ctx.report(**metrics)
-    return ServerState(w, int(s.walk.choice(len(clients), p=mh_row(i, adj, pi))), s.walk)
+    return ServerState(clients.index(holder), s.walk, previous, fresh)
 
 
-register(Algorithm("wrwgd", WRWGDOptions, init, server_round,
-                   needs_edges=False))
+def final(ctx: NodeContext, s: ServerState) -> Bundle:
+    """After the last round the PS fetches the model from the client that holds it (w^0 if nobody trained)."""
+    if s.fresh:
+        return ctx.initial_params()
+    holder = ctx.topology.clients[s.at]
+    got = ctx.comm.scatter([holder], "wrwgd.collect", None, {}, expect=ctx.initial_params())
+    if holder not in got:
+        raise RuntimeError(f"WRWGD: could not collect the final model from {holder}")
+    return got[holder].bundle
+
+
+register(Algorithm("wrwgd", WRWGDOptions, init, server_round, final=final, node_state=node_state,
+                   needs_edges=False, handoff_slots=(SLOT,), peers="random"))

@@ -92,7 +92,9 @@ class Comm(Protocol):
         ...
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:
-        """Edge -> neighbour edge transfer, acknowledged; the receiver finds it with ``ctx.take(slot)``.
+        """Node -> neighbour transfer (edge -> edge on the edge graph, client -> client on the peer graph,
+        ``topology.peer_graph``), acknowledged; the receiver finds it with ``ctx.take(slot)``. A slot the
+        algorithm lists as ``"name/"`` (a prefix) takes one hand-off per sender: ``"name/<sender id>"``.
 
         Retried per ``transport.handoff_retries``; raises ``HandOffError`` (and logs the peer as missing) when
         the peer cannot take it, so the caller can reroute or keep the bundle."""
@@ -260,6 +262,9 @@ class Algorithm:
     # topology, model_bytes)``: the payload bytes every round sends, per (src, dst, meter kind), for a model of
     # ``model_bytes`` raw bytes; None where the spec is outside what the formula covers (e.g. random participation)
     payload_per_round: PayloadFormula | None = None
+    # the client peer graph it needs (``topology.peer_graph``'s default): "none", or "ring" / "random" /
+    # "complete" for a protocol whose clients send to each other (``hand_off`` between peers: WRWGD, D-PSGD)
+    peers: str = "none"
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
@@ -273,7 +278,7 @@ def register(algo: Algorithm) -> Algorithm:
     if algo.name in ALGORITHMS:
         raise ValueError(f"algorithm {algo.name!r} registered twice")
     info = catalog.add_algorithm(algo.name, algo.init.__module__, algo.options, algo.needs_edges, algo.check,
-                                 algo.summary)
+                                 algo.summary, algo.peers)
     algo = replace(algo, summary=info.summary)  # a listed algorithm's one line lives in the catalogue
     ALGORITHMS[algo.name] = algo
     return algo

@@ -57,6 +57,12 @@ class MissingLog:
         self.entries.append({"round": round_idx + 1, "by": by, "node": node, "task": task, "reason": reason})
 
 
+def inbox_key(slot: str, sender: NodeId) -> str:
+    """Where a hand-off into ``slot`` lands in the receiver's inbox: ``slot`` itself, or ``slot + sender`` for a
+    per-sender slot (one the algorithm lists with a trailing ``/``, e.g. ``"gossip/"`` -> ``"gossip/client-3"``)."""
+    return slot + sender if slot.endswith("/") else slot
+
+
 Fold = Callable[[NodeId, Reply], None]  # takes one usable reply of a scatter, in canonical order
 Settle = Callable[[NodeId, "Reply | Failure"], None]
 

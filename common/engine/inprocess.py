@@ -24,7 +24,15 @@ from fedhop.common.engine.api import (
     get_task,
     meter_kind,
 )
-from fedhop.common.engine.base import BaseComm, Failure, HandOffError, MissingLog, Settle, check_bundle
+from fedhop.common.engine.base import (
+    BaseComm,
+    Failure,
+    HandOffError,
+    MissingLog,
+    Settle,
+    check_bundle,
+    inbox_key,
+)
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.loop import Start
@@ -213,7 +221,7 @@ class _LocalComm(BaseComm):
             reason = f"{to} rejected the hand-off from {self.node}: {reason}"
             self.missing.add(self.engine.round, self.node, to, "handoff", reason)
             raise HandOffError(reason)
-        self.engine.nodes[to].inbox[slot] = (received, dict(scalars or {}))
+        self.engine.nodes[to].inbox[inbox_key(slot, self.node)] = (received, dict(scalars or {}))
         self.engine.send(to, self.node, "handoff", "reply", {}, {})
 
     def describe(self, peers: list[NodeId]) -> dict[NodeId, dict[str, Scalar]]:

@@ -6,7 +6,6 @@ everything here is a pure function of the spec, all processes agree on it withou
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections.abc import Callable, Sequence
 from functools import cached_property
@@ -19,16 +18,11 @@ from torch.func import functional_call
 from fedhop.common.data import Dataset, DataSpec, FederatedData, build_federated_data
 from fedhop.common.data.build import DataMeta, build_client_data, build_clients_data, build_test_data
 from fedhop.common.models import build_model
+from fedhop.common.seeds import derive_seed  # noqa: F401  (re-exported: algorithms import it from here)
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology, build_topology
 from fedhop.common.user_code import UserCodeError, is_ref, load_callable, metric_name
 from fedhop.common.wire.bundle import Bundle
-
-
-def derive_seed(*parts: Any) -> int:
-    """A 63-bit seed from any tuple of ints/strings, stable across processes and Python versions."""
-    h = hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") >> 1
 
 
 class DeviceError(RuntimeError):

@@ -18,7 +18,6 @@ class WRWGDOptions(BaseModel):
     K: int = Field(20, ge=1, description="local SGD steps at each visited client (App. B.1: 20)")
     lr: float = Field(1.0, gt=0, description="scale c of eta_k = c / (K sqrt(k+1))")
     batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
-    max_degree: int = Field(3, ge=2, description="max neighbours per client in the random client graph")
     stationary: Literal["data_size", "uniform"] = Field(
         "data_size", description="pi_i of the walk: proportional to D_i (L_i proxy) or uniform")
     importance_weighting: bool = Field(True, description="scale the steps at client i by gamma_i / pi_i")

@@ -116,20 +116,31 @@ def test_client_graph_and_metropolis_hastings_stationary_law() -> None:
     assert np.allclose(pi[:, None] * P, (pi[:, None] * P).T)
 
 
-def test_wrwgd_walks_on_the_graph_and_costs_two_d_per_hop() -> None:
+def test_wrwgd_walks_on_the_graph_and_costs_d_per_hop() -> None:
+    """The model goes client -> client: d floats on the link of each move, nothing when the walk stays, nothing
+    through the PS during training; d once at the end (the PS collects the final model)."""
     T = 12
     s = spec("wrwgd", {"K": 3}, clients=8, rounds=T, seed=2)
+    assert s.topology.peer_graph == "random"  # what WRWGD needs, filled in
     res = InProcessEngine(s).run()
     d, _ = n_params(s)
-    by_round = [0] * T
-    for r in res.links:
-        by_round[r["round"]] += r["payload_bytes"]
-    assert by_round == [2 * 4 * d] * T  # PS -> visited client -> PS (documented relay)
     adj = client_graph(8, 3, s.seed)
     visited = [int(r["client"].split("-")[1]) for r in res.rounds]
     for a, b in zip(visited, visited[1:], strict=False):
         assert b == a or b in adj[a]
     assert len(set(visited)) > 1
+    expected: dict[tuple[int, str, str], int] = {}
+    for t, (a, b) in enumerate(zip(visited, visited[1:], strict=False)):
+        if a != b:
+            expected[(t, f"client-{a}", f"client-{b}")] = 4 * d
+    got: dict[tuple[int, str, str], int] = {}
+    for r in res.links:
+        if r["payload_bytes"] and r["round"] < T - 1:
+            got[(r["round"], r["src"], r["dst"])] = got.get((r["round"], r["src"], r["dst"]), 0) + r["payload_bytes"]
+    assert got == expected
+    assert {r["kind"] for r in res.links if r["payload_bytes"] and r["round"] < T - 1} == {"handoff"}
+    last = [r for r in res.links if r["payload_bytes"] and r["round"] == T - 1]
+    assert sum(r["payload_bytes"] for r in last if r["dst"] == "ps") == 4 * d  # the final collect
 
 
 def test_wrwgd_step_at_one_client_full_batch_is_k_gd_steps() -> None:
