@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import grpc
 import torch
 
 from fedhop.common.engine.api import NodeContext
@@ -15,8 +16,11 @@ from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.malloc_tuning import fix_mmap_threshold
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 from fedhop.transport.node_config import NodeConfig
+from fedhop.transport.peer import EdgeService, PeerClient, advertised
 
 if TYPE_CHECKING:
     from fedhop.client.host import HostShare
@@ -36,16 +40,61 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     store = NodeStore(node_id, config.state_dir)
-    session = ChildSession(config, "client",
+    peers = PeerServer.open(config) if config.listen is not None else None
+    if peers is not None and peers.address is None:
+        return ExitCode.USAGE
+    session = ChildSession(config, "client", address=peers.address or "" if peers is not None else "",
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
                            task_lock=host.task_lock if host is not None else None,
                            own_connection=host is not None)
+    try:
+        return _serve(config, session, store, peers, host, on_ready)
+    finally:
+        if peers is not None:
+            peers.stop()
+
+
+class PeerServer:
+    """A client's own server for its peers (``Edge.HandOff`` / ``Edge.Describe`` of the peer graph,
+    ``topology.peer_graph``): started before the client joins, so that its Hello carries the address its peers
+    dial (``config.advertise``, else the listen address)."""
+
+    def __init__(self, server: grpc.Server, service: EdgeService, address: str | None) -> None:
+        self.server, self.service, self.address = server, service, address
+
+    @classmethod
+    def open(cls, config: NodeConfig) -> PeerServer:
+        assert config.listen is not None
+        service = EdgeService(config.node_id, config.security)
+        server = make_server(64, config.security)
+        service.register(server)
+        port = add_port(server, config.listen, config.security)
+        if port == 0:
+            log.error("%s: cannot listen on %s", config.node_id, config.listen)
+            return cls(server, service, None)
+        server.start()
+        return cls(server, service, advertised(config.listen, port, config.advertise))
+
+    def stop(self) -> None:
+        self.server.stop(grace=1.0).wait(5.0)
+
+
+def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: PeerServer | None,
+           host: HostShare | None, on_ready: Callable[[str], None] | None) -> int:
+    node_id = config.node_id
     try:
         welcome, ws = session.join(config.device, config.data_path, host.workspace if host is not None else None)
     except JoinError as e:
         log.error("%s", e)
         session.close()
         return e.code
+    has_peers = bool(ws.topology.neighbours.get(node_id))
+    if has_peers and peers is None:
+        log.error("%s: this run's clients hand models to each other (topology.peer_graph = %s): start %s with "
+                  "--listen HOST:PORT (and --advertise HOST:PORT where its peers must dial another address)",
+                  node_id, ws.spec.topology.peer_graph, node_id)
+        session.close()
+        return ExitCode.USAGE
     try:
         n = len(ws.client_data(node_id))
         ws.model  # noqa: B018  (build the architecture now, not inside the first round)
@@ -53,7 +102,10 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
         log.error("%s: cannot load its data or model: %s", node_id, e)
         session.close()
         return ExitCode.NODE_SETUP
-    ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=LeafComm(node_id, ws.topology, MissingLog()),
+    meter, missing = ByteMeter(), MissingLog()  # its hand-offs to peers: the caller counts both directions
+    peer_client = (PeerClient(node_id, meter, missing, ws.spec.transport, session.peers, config.security)
+                   if has_peers else None)
+    ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=LeafComm(node_id, ws.topology, missing, peer_client),
                       sizes={node_id: n})
     try:
         got = session.keep_state(ctx, store)
@@ -68,6 +120,9 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
         on_ready(node_id)
     log.info("%s: joined run %s under %s with %d samples on %s", node_id, welcome.run_id, welcome.parent_id, n,
              ws.device)
-    code = session.serve(ctx)
+    if peers is not None and has_peers:
+        peers.service.serve(ctx)  # peers' hand-offs land in ctx.inbox (saved with the state after its next task)
+    code = session.serve(ctx, report=(lambda: (meter.rows(), missing.entries)) if has_peers else None)
+    ctx.comm.close()
     session.close()
     return code

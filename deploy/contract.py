@@ -101,17 +101,27 @@ class Plan:
 
 def plan(topo: Topology, hosts: Mapping[str, str], ports: Mapping[str, int]) -> Plan:
     """The plan of ``topo``: ``hosts`` node -> host (an address, a service name), ``ports`` listening node ->
-    port (every listening node: the PS and each edge)."""
+    port (every listening node: the PS, each edge, and each client of the peer graph, :func:`peer_clients`)."""
     nodes = []
     for n in topo.all_nodes():
         role = topo.role(n)
-        nodes.append(PlannedNode(n, role, hosts[n], ports.get(n) if role != "client" else None, topo.parent.get(n)))
+        listens = role != "client" or n in peer_clients(topo)
+        if listens and n not in ports:
+            raise ValueError(f"{n}: a {role} that listens needs a port in the plan")
+        nodes.append(PlannedNode(n, role, hosts[n], ports[n] if listens else None, topo.parent.get(n)))
     return Plan(tuple(nodes))
 
 
+def peer_clients(topo: Topology) -> tuple[str, ...]:
+    """The clients that listen for their peers: every client of a run with client peer links
+    (``topology.peer_graph``); none otherwise (clients dial out only)."""
+    return tuple(c for c in topo.clients if topo.neighbours.get(c))
+
+
 def fixed_ports(topo: Topology, server_port: int, edge_port: int) -> dict[str, int]:
-    """The PS on ``server_port`` and every edge on ``edge_port`` (each on its own host)."""
-    return {topo.server: server_port, **{e: edge_port for e in topo.edges}}
+    """The PS on ``server_port``, every edge and every client of the peer graph on ``edge_port`` (each on its
+    own host)."""
+    return {topo.server: server_port, **{n: edge_port for n in (*topo.edges, *peer_clients(topo))}}
 
 
 # -- the role command line ----------------------------------------------------------------------------------------

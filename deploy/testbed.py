@@ -285,8 +285,10 @@ class Testbed:
         for n, listen in edge_listen.items():
             self._await_listening(n, listen)
         for c in topo.clients:
+            listen, public = self._serve_addr(c) if self.plan.node(c).port is not None else (None, None)
             self._start(c, self.net.nodes[c].ns,
-                        RoleCommand("client", c, connect=self.plan.connect(c), security=sec, device=dev).argv())
+                        RoleCommand("client", c, connect=self.plan.connect(c), listen=listen, advertise=public,
+                                    security=sec, device=dev).argv())
 
     def stop_roles(self) -> None:
         self.children.stop(5.0)

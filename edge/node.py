@@ -26,7 +26,7 @@ from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
-from fedhop.transport.peer import EdgeService
+from fedhop.transport.peer import EdgeService, advertised
 from fedhop.transport.session import HubConfig, HubListener, ParentHub, PendingHub
 
 log = logging.getLogger("fedhop.edge")
@@ -65,8 +65,7 @@ def run_edge(config: NodeConfig) -> int:
         log.error("%s: cannot listen on %s", node_id, listen)
         return ExitCode.USAGE
     server.start()
-    host = listen.rsplit(":", 1)[0] or "127.0.0.1"
-    address = config.advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
+    address = advertised(listen, port, config.advertise)
     store = NodeStore(node_id, config.state_dir)
     session = ChildSession(config, "edge", address=address,
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1})

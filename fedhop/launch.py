@@ -20,7 +20,7 @@ from fedhop.common.engine.results import RunResult
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology, build_topology
 from fedhop.deploy import processes as deploy_processes
-from fedhop.deploy.contract import RoleCommand, plan
+from fedhop.deploy.contract import RoleCommand, peer_clients, plan
 from fedhop.deploy.wire import WireReading
 from fedhop.forkstart import ForkedChild, fedhop_argv, import_time_differences, warm
 from fedhop.transport.credentials import PLAINTEXT, Security
@@ -99,16 +99,21 @@ class Processes(deploy_processes.Processes):
         ps_host, _, ps_port = ps_addr.rpartition(":")
         hosts = {n: "127.0.0.1" for n in topo.all_nodes()}
         hosts[topo.server] = ps_host
-        ports = {topo.server: int(ps_port), **{e: free_port() for e in topo.edges}}
+        ports = {topo.server: int(ps_port), **{e: free_port() for e in topo.edges},
+                 **{c: free_port() for c in peer_clients(topo)}}
         where = plan(topo, hosts, ports)
         state = None if state_dir is None else str(state_dir)
         for e in topo.edges:
             self.start(e, RoleCommand("edge", e, connect=where.connect(e), listen=where.address(e),
                                       device=devices.get(e), state_dir=state, extra=tuple(extra)).argv())
+        if peer_clients(topo):
+            clients_per_process = 1  # a client of the peer graph listens for its peers: a process of its own
         for parent, ids in client_groups(topo, clients_per_process):
             role, name = ("client", ids[0]) if len(ids) == 1 else ("clients", format_ids(ids))
-            self.start(name, RoleCommand(role, name, connect=where.address(parent), device=devices.get(ids[0]),
-                                         data_path=data_path, state_dir=state, extra=tuple(extra)).argv())
+            listen = where.address(name) if where.node(ids[0]).port is not None else None
+            self.start(name, RoleCommand(role, name, connect=where.address(parent), listen=listen,
+                                         device=devices.get(ids[0]), data_path=data_path, state_dir=state,
+                                         extra=tuple(extra)).argv())
         return {e: where.address(e) for e in topo.edges}
 
 

@@ -197,7 +197,7 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         ctx = NodeContext(node_id=topo.server, role="server", ws=ws, comm=comm)  # binds comm to ctx
         if resume is not None:
             comm.last_ok = dict(resume.checkpoint.last_ok)
-        ctx.sizes = topo.subtree_sizes(hub.start(hub.edge_addresses()))
+        ctx.sizes = topo.subtree_sizes(hub.start(hub.peer_addresses()))
         outcome = run.drive(get_algorithm(spec.algorithm.name), ctx, start, partial=True)
         reason = "run finished" if outcome.finished else f"the run did not finish: {outcome.failed or 'interrupted'}"
         hub.shutdown(spec.transport.rpc_timeout_s if outcome.finished else min(10.0, spec.transport.rpc_timeout_s),

@@ -28,12 +28,13 @@ from typing import Any
 import grpc
 
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
-from fedhop.common.engine.base import BaseComm, Failure
+from fedhop.common.engine.base import BaseComm, Failure, MissingLog
 from fedhop.common.engine.node_store import NEWEST, NodeStore, Restored
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec, TransportSpec
 from fedhop.common.testhooks import mark
+from fedhop.common.topology import Topology
 from fedhop.common.user_code import UserCodeError, check_parent_code
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
@@ -43,6 +44,7 @@ from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
 from fedhop.transport.node_config import NodeConfig
+from fedhop.transport.peer import PeerClient
 from fedhop.transport.session import CLOSE, ChildProtocol, TaskHooks, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -67,20 +69,51 @@ class _Retry(Exception):
 
 
 class LeafComm(BaseComm):
-    """A client's Comm: it has no children and no neighbours, so every call is an error."""
+    """A client's Comm: it has no children to scatter to. On a run with client peer links
+    (``topology.peer_graph``) it hands models to its peers and describes them, through ``peer_client`` (a
+    :class:`~fedhop.transport.peer.PeerClient` over the peers' addresses the parent sent at the start);
+    without peers both are errors."""
+
+    def __init__(self, node: NodeId, topology: Topology, missing: MissingLog,
+                 peer_client: PeerClient | None = None) -> None:
+        super().__init__(node, topology, missing)
+        self.peer_client = peer_client
 
     def current_round(self) -> int:
-        return -1
+        return self.ctx.round if self.ctx is not None else -1
 
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                   deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
         raise RuntimeError(f"{self.node} is a client; it has nobody to scatter to")
 
+    def _peers(self) -> PeerClient:
+        if self.peer_client is None:
+            raise RuntimeError(f"{self.node} is a client of a run without client peer links "
+                               "(topology.peer_graph = 'none'): it hands off to nobody")
+        return self.peer_client
+
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:
-        raise RuntimeError(f"{self.node} is a client; hand-offs are edge -> edge")
+        peers = self._peers()
+        self._check_peer(to)
+        began = time.perf_counter()
+        try:
+            peers.hand_off(to, slot, bundle, dict(scalars or {}), self.current_round())
+        finally:
+            self.clock().add(self.current_round(), self.node, "transfer", time.perf_counter() - began, peer=to)
 
     def describe(self, peers: list[NodeId]) -> dict[NodeId, dict[str, Scalar]]:
-        raise RuntimeError(f"{self.node} is a client; describe is edge -> edge")
+        client = self._peers()
+        out: dict[NodeId, dict[str, Scalar]] = {}
+        for p in self.topology.sort(peers):
+            self._check_peer(p)
+            facts = client.describe(p, self.current_round())
+            if facts is not None:
+                out[p] = facts
+        return out
+
+    def close(self) -> None:
+        if self.peer_client is not None:
+            self.peer_client.close()
 
 
 class _Stream:

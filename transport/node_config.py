@@ -22,7 +22,8 @@ class NodeConfig:
     """Who a child node is, where it dials and listens, and how it runs.
 
     ``connect``: its parent's HOST:PORT (the PS for an edge). ``listen``: where an edge serves its clients and
-    neighbour edges (a client listens on nothing: None). ``advertise``: the address neighbour edges dial
+    neighbour edges, and where a client of a run with client peer links (``topology.peer_graph``) serves its
+    peers (other clients listen on nothing: None). ``advertise``: the address neighbour edges dial
     (default: the listen address, 127.0.0.1 for a wildcard host). ``device`` / ``data_path``: override the
     spec's. ``state_dir``: where the node saves its state after every task (None: in memory only).
     ``connect_timeout_s``: how long it keeps retrying its parent. ``linger_until`` / ``linger_timeout_s``: after

@@ -129,6 +129,13 @@ class PeerClient:
             ch.close()
 
 
+def advertised(listen: str, port: int, advertise: str | None) -> str:
+    """The address peers dial for a node listening on ``listen`` (bound to ``port``): ``advertise`` if given,
+    else the listen host (127.0.0.1 for a wildcard) and the bound port."""
+    host = listen.rsplit(":", 1)[0] or "127.0.0.1"
+    return advertise or f"{'127.0.0.1' if host in ('0.0.0.0', '[::]', '') else host}:{port}"
+
+
 class EdgeService:
     """``Edge.HandOff`` and ``Edge.Describe`` of one edge; refuses calls until the edge is in a run."""
 

@@ -115,7 +115,12 @@ def cmd_client(a: argparse.Namespace) -> int:
     sec_args = SecurityArgs.of(a)
 
     def body() -> int:
-        cfg = node_config(a, a.id, security_for(sec_args, a.id, None), data_path=a.data_path)
+        if a.listen is not None:
+            from fedhop.cli.netcheck import check_listen
+
+            check_listen(a.listen)
+        cfg = node_config(a, a.id, security_for(sec_args, a.id, a.listen), data_path=a.data_path, listen=a.listen,
+                          advertise=a.advertise)
         health = None
         if a.health:
             from fedhop.transport.health import serve_health
@@ -214,6 +219,9 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("--id", required=True, help="this client's id, e.g. client-3")
     s.add_argument("--connect", required=True, help="the parent's HOST:PORT")
     s.add_argument("--data-path", help="where this client's data lives (default: the spec's data.path)")
+    s.add_argument("--listen", help="HOST:PORT where this client serves its peers, for a run whose clients hand "
+                   "models to each other (topology.peer_graph: wrwgd, dpsgd); other runs need none")
+    s.add_argument("--advertise", help="HOST:PORT its peers dial (default: the listen address)")
     s.add_argument("--device", help="override the spec's device for this process")
     s.add_argument("--connect-timeout", type=float, default=60.0,
                    help="seconds to keep retrying the parent (each retry is logged)")

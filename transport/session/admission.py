@@ -99,10 +99,10 @@ class Admission:
         if not self.started:
             return
         if not update:
-            if link.role == "edge" and link.address and link.node_id not in self.peers:
-                self.peers[link.node_id or ""] = link.address  # a late edge: every edge learns its address
+            if link.address and link.node_id not in self.peers:
+                self.peers[link.node_id or ""] = link.address  # a late edge / peer client: the others learn it
                 for other in self.roster.alive():
-                    if other is not link and other.role == "edge" and other.ready.is_set():
+                    if other is not link and other.address and other.ready.is_set():
                         other.send([self.start_frame()])
             link.send([self.start_frame()])
         self.listener.sizes_changed()
@@ -169,6 +169,8 @@ class Admission:
             f.ready.peers[k] = v
         return f
 
-    def edge_addresses(self) -> dict[NodeId, str]:
+    def peer_addresses(self) -> dict[NodeId, str]:
+        """Where the children that listen for their peers are dialled: every edge, and every client of a run
+        with client peer links (``topology.peer_graph``)."""
         with self.roster.lock:
-            return {n: link.address for n, link in self.roster.links.items() if link.role == "edge" and link.address}
+            return {n: link.address for n, link in self.roster.links.items() if link.address}

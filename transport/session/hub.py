@@ -155,8 +155,8 @@ class ParentHub:
         """The run starts (``Admission.start``)."""
         return self.admission.start(peers)
 
-    def edge_addresses(self) -> dict[NodeId, str]:
-        return self.admission.edge_addresses()
+    def peer_addresses(self) -> dict[NodeId, str]:
+        return self.admission.peer_addresses()
 
     def shutdown(self, timeout_s: float, *, finished: bool, reason: str = "run finished") -> None:
         """Bye (saying whether the run ``finished``) to every child; wait for their Bye, whose meter rows and
