@@ -47,7 +47,8 @@ CASES: dict[str, dict[str, Any]] = {
                                   options={"K": 4, "E": 2, "upload_levels": 8}),
     "hier-local-qsgd": dict(algorithm="hier-local-qsgd", clients=4, edges=2, rounds=2,
                             options={"local_steps": 2, "edge_rounds": 2}),
-    "wrwgd": dict(algorithm="wrwgd", clients=3, edges=0, rounds=2, options={"K": 3}),
+    # the model walks client -> client over the peer graph (listening clients), d floats per move
+    "wrwgd": dict(algorithm="wrwgd", clients=4, edges=0, rounds=4, options={"K": 3}),
     # the model cycles edge -> edge inside every round, in a reshuffled order; the Adam local solver, half of
     # each cluster sampled per cycle
     "fedcluster-adam": dict(algorithm="fedcluster", clients=4, edges=2, edge_graph="complete",
@@ -182,6 +183,20 @@ def _fedcluster(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSp
     _ps_moves_no_model(res, final, "fedcluster.collect")  # edge-0.. builds W_0 itself: no model from the PS
 
 
+def _wrwgd(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """WRWGD over real processes: d floats per move of the walk, on the client -> client link of the move,
+    nothing when the walk stays; the PS sends and receives no model until it collects the final one."""
+    d = _d(final)
+    visited = [r["client"] for r in res["rounds"]]
+    hops = {t + 1: (a, b) for t, (a, b) in enumerate(zip(visited, visited[1:], strict=False)) if a != b}
+    assert hops, f"the walk never moved: {visited}"
+    moved = {(r["round"], r["src"], r["dst"]): r["payload_bytes"] for r in res["links"] if r["kind"] == "handoff"
+             and r["phase"] == "request"}
+    assert {k: v for k, v in moved.items() if k[0] < spec.rounds} == {(t, a, b): 4 * d for t, (a, b) in hops.items()}
+    ps = [r for r in res["links"] if "ps" in (r["src"], r["dst"]) and r["payload_bytes"]]
+    assert [(r["kind"], r["phase"], r["payload_bytes"]) for r in ps] == [("wrwgd.collect", "reply", 4 * d)]
+
+
 def _fgdro(extra: int, scalar: bool) -> Callable[[dict[str, Any], dict[str, torch.Tensor], RunSpec], None]:
     def check(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
         """FGDRO sec. 6: each client receives and returns (1 + extra) d floats (+ 1 scalar) per round."""
@@ -219,6 +234,7 @@ def _focus_trace(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunS
 
 
 FORMULAS = {
+    "wrwgd": _wrwgd,
     "fedavg-flat": _fedavg_flat,
     "fedchs-handoff": _fedchs,
     "fedchs-e2-qsgd-random": _fedchs,
@@ -278,6 +294,12 @@ def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
     if CASES[case].get("edges"):  # edges report the links they counted (their clients') to the PS as they go
         edges = {f"edge-{m}" for m in range(CASES[case]["edges"])}
         assert control and {r["src"] for r in control} <= edges and {r["dst"] for r in control} == {"ps"}
+    elif spec.topology.peer_graph not in (None, "none"):  # peer clients count their hand-offs and report them
+        assert control and {r["dst"] for r in control} == {"ps"}
+        assert {r["src"] for r in control} <= {f"client-{i}" for i in range(spec.topology.clients)}
+        assert "handoff" in {r["kind"] for r in work}  # client -> client, never through the PS
+        assert all(r["src"].startswith("client-") and r["dst"].startswith("client-")
+                   for r in work if r["kind"] == "handoff")
     else:  # clients have no meter of their own: nothing to report
         assert control == []
     if case in FORMULAS:
