@@ -23,9 +23,10 @@ At the end the PS collects the model from the client that holds it (d once, not 
 
 Faults (outside the paper, which assumes reliable links): a client that hands the model on keeps a copy
 (``sent``) until it next receives one. When j cannot take the model, it stays at i (the walk stays; P_ii's move).
-When the visited client fails, the client that handed it the model hands its copy to j instead: the model
-is unchanged and the walk moves on, as the relay version did. With no copy anywhere (the first visit), the next
-visit starts again from w^0.
+When the visited client fails, the model is unchanged (as in the relay version) and the walk steps back: the client
+that handed it the model takes its copy back and is visited next (the failed client's draw of j is dropped: j
+need not be a peer of the client that holds the copy). With no copy anywhere (the first visit, or a visited client
+that held the model since its last visit), the next visit, at j, starts again from w^0 (reported as a restart).
 """
 
 from __future__ import annotations
@@ -135,16 +136,14 @@ def visit(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
     return Reply({}, scalars)
 
 
-@task("wrwgd.resend")
-def resend(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
-    """The client that handed the model to a visited client that failed: hand its copy to ``next`` instead."""
+@task("wrwgd.take_back")
+def take_back(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """The client that handed the model to a visited client that failed: its copy is the walk's model again."""
     st: WalkerState = ctx.state
     if st.sent is None:
-        raise RuntimeError(f"{ctx.node_id}: asked to hand its copy of the walk's model again but keeps none")
-    w = st.sent
-    scalars: dict[str, Scalar] = dict(ctx.evaluate(w)) if bool(args["eval"]) else {}
-    scalars["next"] = _pass_on(ctx, w, str(args["next"]))
-    return Reply({}, scalars)
+        raise RuntimeError(f"{ctx.node_id}: asked to take back the walk's model but keeps no copy")
+    st.held, st.sent = st.sent, None
+    return Reply({}, dict(ctx.evaluate(st.held)) if bool(args["eval"]) else {})
 
 
 @task("wrwgd.collect")
@@ -175,14 +174,13 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
         holder, previous, fresh = str(r["next"]), (clients[i] if r["next"] != clients[i] else s.previous), False
     elif s.fresh or s.previous is None:  # nobody trained the model yet, or its only copy was at i
         r, holder, previous, fresh = {}, clients[j], None, True
-        metrics["restart"] = f"{clients[i]} failed; the walk goes on from w^0 at {clients[j]}"
-    else:  # the model is unchanged (the copy at the client that handed it to i); the walk moves on
-        got = ctx.comm.scatter([s.previous], "wrwgd.resend", None, {"next": clients[j], "eval": ev})
+        metrics["restart"] = f"{clients[i]} failed holding the only copy; the walk starts again from w^0"
+    else:  # the model is unchanged (the copy at the client that handed it to i); the walk steps back there
+        got = ctx.comm.scatter([s.previous], "wrwgd.take_back", None, {"eval": ev})
         if s.previous not in got:
             raise RuntimeError(f"WRWGD round {ctx.round + 1}: {clients[i]} failed and {s.previous}, which keeps the "
                                "only other copy of the walk's model, does not answer")
-        r = got[s.previous].scalars
-        holder, previous, fresh = str(r["next"]), s.previous, False
+        r, holder, previous, fresh = got[s.previous].scalars, s.previous, None, False
     if ev:
         metrics.update({k: r[k] for k in ("loss", "accuracy") if k in r})
     ctx.report(**metrics)

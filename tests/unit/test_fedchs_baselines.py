@@ -10,7 +10,7 @@ import torch
 
 from fedhop.common.algorithms.qsgd import decode, encode, encoded_bytes, quantize
 from fedhop.common.algorithms.wrwgd import client_graph, mh_row
-from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import is_connected
@@ -193,3 +193,32 @@ def test_fedavg_reading_b_local_schedule() -> None:
     ref = k_gd_steps(ws, ws.client_data("client-0"), etas)
     for k in ref:
         torch.testing.assert_close(res.final[k].double(), ref[k], atol=2e-5, rtol=1e-4)
+
+
+def test_wrwgd_failed_visit_steps_the_walk_back_to_the_copy() -> None:
+    """The visited client fails: the model is unchanged (the copy kept by the client that handed it on, as the
+    relay version left it unchanged), no tensor moves, and the walk goes on from that client."""
+    T = 12
+    s = spec("wrwgd", {"K": 3}, clients=8, rounds=T, seed=2)
+    clean = InProcessEngine(s).run()
+    visited = [r["client"] for r in clean.rounds]
+    t = next(t for t in range(2, T - 1) if visited[t] != visited[t - 1])
+    dead, previous = visited[t], visited[t - 1]
+    res = InProcessEngine(s, faults=FaultPlan(lambda n, task, r: n == dead and r == t)).run()
+    route = [r["client"] for r in res.rounds]
+    assert route[: t + 1] == visited[: t + 1] and route[t + 1] == previous
+    assert [(m["round"], m["node"]) for m in res.missing] == [(t + 1, dead)]
+    assert not [r for r in res.links if r["round"] == t and r["payload_bytes"] and r["kind"] != "wrwgd.collect"]
+    assert res.rounds[t]["accuracy"] == clean.rounds[t - 1]["accuracy"]  # the copy is the model before round t
+
+
+def test_wrwgd_model_stays_when_the_next_client_cannot_take_it() -> None:
+    T = 6
+    s = spec("wrwgd", {"K": 3}, clients=8, rounds=T, seed=2)
+    visited = [r["client"] for r in InProcessEngine(s).run().rounds]
+    t = next(t for t in range(1, T - 1) if visited[t + 1] != visited[t])
+    blocked = visited[t + 1]
+    res = InProcessEngine(s, faults=FaultPlan(lambda n, task, r: n == blocked and task == "handoff" and r == t)).run()
+    route = [r["client"] for r in res.rounds]
+    assert route[: t + 1] == visited[: t + 1] and route[t + 1] == visited[t]  # it stayed one round
+    assert any(m["node"] == blocked and m["task"] == "handoff" for m in res.missing)
