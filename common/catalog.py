@@ -95,9 +95,10 @@ _O = "fedhop.common.options."
 
 
 def _algo(name: str, module: str, options: str, needs_edges: bool | None, summary: str = "", *,
-          check: str | None = None, peers: str = "none") -> AlgorithmInfo:
-    return AlgorithmInfo(name, _A + module, f"{_O}{module}:{options}", needs_edges,
-                         None if check is None else f"{_O}{module}:{check}", summary, peers)
+          check: str | None = None, peers: str = "none", options_module: str | None = None) -> AlgorithmInfo:
+    om = options_module or module  # where its options model (and check) live, under common/options/
+    return AlgorithmInfo(name, _A + module, f"{_O}{om}:{options}", needs_edges,
+                         None if check is None else f"{_O}{om}:{check}", summary, peers)
 
 
 ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in (
@@ -112,6 +113,12 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in (
           "DRFA-Prox (Deng et al. 2020, Alg. 2): DRFA with a KL-regularised prox step on lambda"),
     _algo("fedadam", "fedadam", "FedAdamOptions", False,
           "FedAdam (Reddi et al. 2021): server-side Adam on the mean update"),
+    _algo("fedasync", "fedasync", "FedAsyncOptions", False,
+          "FedAsync (Xie et al. 2019): each update mixed in as it arrives, staleness-discounted",
+          check="check_spec", options_module="asynchronous"),
+    _algo("fedbuff", "fedbuff", "FedBuffOptions", False,
+          "FedBuff (Nguyen et al. 2022): asynchronous updates buffered K at a time, staleness-weighted",
+          check="check_spec", options_module="asynchronous"),
     _algo("fedau", "fedau", "FedAUOptions", False,
           "FedAU (Wang & Ji 2023): online 1/p_i aggregation weights"),
     _algo("fedavg", "fedavg", "FedAvgOptions", None,

@@ -12,6 +12,7 @@ Deadlines nest: a node that was given a budget by its parent (the Task's deadlin
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Mapping
@@ -46,6 +47,8 @@ class NetComm(BaseComm):
         self._begun: int | None = None  # the round begin_round last ran for
         self._budget_end: float | None = None  # monotonic time by which this node's parent wants its answer
         self._budget_s = 0.0
+        self._submitted: dict[NodeId, tuple[Call | Failure, float]] = {}  # submit(): the call, its expiry
+        self._arrived: queue.Queue[Call | Failure] = queue.Queue()  # finished submitted calls, in arrival order
 
     def current_round(self) -> int:
         return self.ctx.round if self.ctx is not None else -1
@@ -148,6 +151,59 @@ class NetComm(BaseComm):
                 gate.settled(c.call_id)
         finally:
             gate.open()
+
+    # -- submit / collect: replies taken in the order they arrive --------------------------------------------------
+    def _start(self, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar],
+               deadline_s: float | None) -> None:
+        rnd = self.current_round()
+        if self._begun != rnd:
+            self.begin_round(rnd)
+        deadline = self.scatter_deadline(deadline_s)
+        self.hub.await_link(to)
+        c = self.lost_state(to) or self.hub.call(to, task, on_host(bundle), args, rnd, deadline)
+        if isinstance(c, Failure):
+            self._submitted[to] = (c, time.monotonic())
+            self._arrived.put(c)
+            return
+        self._submitted[to] = (c, time.monotonic() + deadline)
+        c.on_finish = lambda c=c: self._arrived.put(c)
+        if c.done.is_set():  # finished before on_finish was set: _next_done skips a second entry
+            self._arrived.put(c)
+
+    def _next_done(self, deadline_s: float | None) -> tuple[NodeId, Reply | Failure] | None:
+        end = time.monotonic() + (deadline_s if deadline_s is not None else self.transport.round_deadline_s)
+        while True:
+            mine = {id(c): n for n, (c, _) in self._submitted.items()}
+            now = time.monotonic()
+            for c, expiry in list(self._submitted.values()):
+                if isinstance(c, Call) and not c.done.is_set() and now >= expiry:
+                    self.hub.expire(c, "no reply within the deadline of its submitted task")
+            soonest = min([end, *(e for c, e in self._submitted.values() if isinstance(c, Call))])
+            try:
+                c = self._arrived.get(timeout=max(0.0, soonest - now))
+            except queue.Empty:
+                if time.monotonic() >= end:
+                    return None
+                continue
+            node = mine.get(id(c))
+            if node is None or self._submitted[node][0] is not c:  # a second entry, or a call of another collect
+                continue
+            del self._submitted[node]
+            r = c if isinstance(c, Failure) else c.result
+            assert r is not None
+            if isinstance(r, Reply):
+                self.hub.hello_info.get(node, {}).pop("state_round", None)
+                device = self.ctx.device if self.ctx is not None else torch.device("cpu")
+                r = Reply(to_device(r.bundle, device), r.scalars)
+            return node, r
+
+    def drain(self) -> None:
+        """Wait for the submitted tasks nobody collected (each until its deadline): their replies are counted."""
+        super().drain()
+        for c, expiry in list(self._submitted.values()):
+            if isinstance(c, Call) and not c.done.wait(max(0.0, expiry - time.monotonic())):
+                self.hub.expire(c, "no reply within the deadline of its submitted task (the run ended)")
+        self._submitted.clear()
 
     def unanswered(self, node: NodeId, round_idx: int, reason: str) -> None:
         """A silent child: after transport.drop_after_missed such rounds in a row its session is closed."""

@@ -105,6 +105,32 @@ class Comm(Protocol):
         does not answer is absent from the result and logged as missing."""
         ...
 
+    def submit(self, to: NodeId, task: str, bundle: Bundle | None = None, args: Mapping[str, Scalar] | None = None,
+               *, expect: Mapping[str, torch.Tensor] | None = None, deadline_s: float | None = None) -> None:
+        """Send ``task`` to the child ``to`` and return at once: asynchronous FL (FedAsync, FedBuff). The reply
+        is taken by a later :meth:`collect`, in this round or a later one; ``to`` may not get another submitted
+        task before then (:meth:`in_flight`). ``deadline_s`` (default ``transport.round_deadline_s``): after
+        that long without a reply the call is given up and its node logged as missing."""
+        ...
+
+    def collect(self, k: int, *, deadline_s: float | None = None) -> list[tuple[NodeId, Reply, int]]:
+        """Take the next ``k`` usable replies to submitted tasks, in the order they come in: ``(node, reply,
+        round submitted)`` each (the staleness of an update is this round minus that). A reply that fails
+        validation, or a call given up on, is logged as missing and not counted. Returns fewer than ``k`` when
+        nothing more is in flight or ``deadline_s`` (default ``transport.round_deadline_s``) passes first; what
+        is still out stays in flight.
+
+        The order is the one thing an engine may choose: the networked engine takes replies as they arrive and
+        records the order in the run (``rounds.csv``, column ``arrivals``); the in-process engine orders them by
+        a virtual clock (each task takes ``1 / compute`` time units, ``[network.nodes.<id>] compute``; ties in
+        submission order), or, with ``fedhop simulate --replay RUN_DIR``, in the order a networked run
+        recorded, which reproduces its model bit for bit. Report a round after its last collect."""
+        ...
+
+    def in_flight(self) -> tuple[NodeId, ...]:
+        """The children working on a submitted task not collected yet (canonical order)."""
+        ...
+
 
 class Reporter(Protocol):
     def __call__(self, round_idx: int, metrics: Mapping[str, Any]) -> None: ...
@@ -202,6 +228,11 @@ class NodeContext:
         """Record the metrics of the current round (driver only)."""
         if self.reporter is None:
             raise RuntimeError(f"{self.node_id} cannot report: only the driver reports rounds")
+        arrivals = getattr(self.comm, "arrivals", None)
+        if arrivals:  # the order this round's collects took replies in: what a replay follows
+            metrics = {**metrics, "arrivals": " | ".join(arrivals)}
+        if hasattr(self.comm, "_reported"):
+            self.comm._reported = self.round
         self.reporter(self.round, metrics)
 
     def should_eval(self) -> bool:

@@ -63,6 +63,15 @@ def inbox_key(slot: str, sender: NodeId) -> str:
     return slot + sender if slot.endswith("/") else slot
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A submitted task not collected yet: its task, the round it was submitted in, what its reply must hold."""
+
+    task: str
+    round: int
+    expect: dict[str, torch.Tensor] | None
+
+
 Fold = Callable[[NodeId, Reply], None]  # takes one usable reply of a scatter, in canonical order
 Settle = Callable[[NodeId, "Reply | Failure"], None]
 
@@ -79,6 +88,9 @@ class BaseComm(ABC):
         self._ctx: NodeContext | None = None  # the NodeContext this Comm serves: bind(), once
         self.last_ok: dict[NodeId, int] = {}  # round of each child's last usable reply (saved with the state)
         self._sent = self._ok = 0
+        self._pending: dict[NodeId, Pending] = {}  # submitted, not collected yet (submit / collect)
+        self.arrivals: list[str] = []  # this round's collects, each "node:round ..." in the order taken
+        self._reported: int | None = None  # the round the node context last reported
         self.own_clock: timeline.Timeline | None = None  # where its waits are timed (None: its node's, here)
 
     @property
@@ -101,6 +113,8 @@ class BaseComm(ABC):
         """Called by the round loop before round ``round_idx``; resets the round's counts. Networked engines
         also take in what changed since the last round (late joiners' data sizes)."""
         self._sent = self._ok = 0
+        self.arrivals = []
+        self._reported = None
 
     def round_counts(self) -> tuple[int, int]:
         """(tasks sent, usable replies) since :meth:`begin_round`; a target of an ``optional`` scatter that stayed
@@ -146,25 +160,16 @@ class BaseComm(ABC):
 
         def settle(t: NodeId, r: Reply | Failure) -> None:
             nonlocal silent
-            # read now, not before the exchange: a networked engine refreshes ctx.sizes when the round begins
-            sizes = getattr(self.ctx, "sizes", None)
             rnd = self.current_round()
+            r = self._usable(t, r, expect)
             if isinstance(r, Reply):
-                reason = check_bundle(r.bundle, expect)
-                if reason is None and sizes is not None and t not in sizes:
-                    reason = f"{self.node} does not know the data size of {t} yet (joined late; admitted at the " \
-                             "next round boundary)"
-                if reason is None:
-                    reason = size_claim_error(self.topology, t, r.scalars, sizes)
-                if reason is None:
-                    self.last_ok[t] = rnd
-                    if fold is None:
-                        out[t] = r
-                    else:
-                        fold(t, r)
-                        out[t] = Reply({}, r.scalars)
-                    return
-                r = Failure(f"rejected reply: {reason}")
+                self.last_ok[t] = rnd
+                if fold is None:
+                    out[t] = r
+                else:
+                    fold(t, r)
+                    out[t] = Reply({}, r.scalars)
+                return
             if optional and r.silent:
                 silent += 1
                 return
@@ -186,6 +191,90 @@ class BaseComm(ABC):
         self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed
         self._ok += len(out)
         return out
+
+    def _usable(self, t: NodeId, r: Reply | Failure, expect: Mapping[str, torch.Tensor] | None) -> Reply | Failure:
+        """``r`` if it is a reply this node may use (its bundle as ``expect`` says and finite, a data size this
+        node knows, no size claims about other nodes), else the Failure saying why it was rejected."""
+        if not isinstance(r, Reply):
+            return r
+        # read now, not before the exchange: a networked engine refreshes ctx.sizes when the round begins
+        sizes = getattr(self.ctx, "sizes", None)
+        reason = check_bundle(r.bundle, expect)
+        if reason is None and sizes is not None and t not in sizes:
+            reason = f"{self.node} does not know the data size of {t} yet (joined late; admitted at the " \
+                     "next round boundary)"
+        if reason is None:
+            reason = size_claim_error(self.topology, t, r.scalars, sizes)
+        return r if reason is None else Failure(f"rejected reply: {reason}")
+
+    # -- asynchronous calls: submit now, collect in the order the replies come in ---------------------------------
+    def submit(self, to: NodeId, task: str, bundle: Bundle | None = None, args: Mapping[str, Scalar] | None = None,
+               *, expect: Mapping[str, torch.Tensor] | None = None, deadline_s: float | None = None) -> None:
+        """See :meth:`~fedhop.common.engine.api.Comm.submit`."""
+        if to not in self.topology.children(self.node):
+            raise ValueError(f"{self.node} can only submit tasks to its children; {to} is not among them")
+        if to in self._pending:
+            raise ValueError(f"{self.node}: {to} still works on a task submitted in round "
+                             f"{self._pending[to].round + 1}; collect it first (in_flight() lists the busy ones)")
+        rnd = self.current_round()
+        self._pending[to] = Pending(task, rnd, dict(expect) if expect is not None else None)
+        self._start(to, task, dict(bundle or {}), dict(args or {}), deadline_s)
+
+    def in_flight(self) -> tuple[NodeId, ...]:
+        """The children working on a submitted task that was not collected yet, in canonical order."""
+        return tuple(self.topology.sort(self._pending))
+
+    def collect(self, k: int, *, deadline_s: float | None = None) -> list[tuple[NodeId, Reply, int]]:
+        """See :meth:`~fedhop.common.engine.api.Comm.collect`."""
+        if k < 1:
+            raise ValueError(f"{self.node}: collect needs k >= 1, got {k}")
+        if self._reported == self.current_round():
+            raise RuntimeError(f"{self.node}: round {self.current_round() + 1} was reported before this collect: "
+                               "report a round after its last collect (the run records what each collect took)")
+        out: list[tuple[NodeId, Reply, int]] = []
+        taken: list[str] = []
+        began = time.perf_counter()
+        self._begin_collect()
+        while len(out) < k and self._pending:
+            got = self._next_done(deadline_s)
+            if got is None:  # this collect's deadline: the calls still out stay in flight
+                break
+            t, r = got
+            p = self._pending.pop(t)
+            self._sent += 1
+            r = self._usable(t, r, p.expect)
+            if isinstance(r, Reply):
+                self._ok += 1
+                self.last_ok[t] = p.round
+                out.append((t, r, p.round))
+                taken.append(f"{t}:{p.round + 1}")
+            else:
+                self.missing.add(p.round, self.node, t, p.task, r.reason)
+                if r.silent:
+                    self.unanswered(t, p.round, r.reason)
+                taken.append(f"{t}:{p.round + 1}:failed")
+        self.clock().add(self.current_round(), self.node, "wait", time.perf_counter() - began)
+        self.arrivals.append(" ".join(taken))
+        return out
+
+    def drain(self) -> None:
+        """The run ends: wait for the replies to submitted tasks nobody collected (they are received and counted,
+        not used), so that both engines count the same bytes. The in-process engine has nothing to wait for."""
+        self._pending.clear()
+
+    def _begin_collect(self) -> None:
+        """A collect starts (the in-process engine's replay moves to the next recorded collect)."""
+        return None
+
+    def _start(self, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar],
+               deadline_s: float | None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot submit tasks")
+
+    def _next_done(self, deadline_s: float | None) -> tuple[NodeId, Reply | Failure] | None:
+        """The next submitted call to finish, in this engine's order (the networked one: the order the replies
+        arrive in; the in-process one: its virtual clock, or the order a replayed run recorded); None when this
+        collect's deadline passed first."""
+        raise NotImplementedError(f"{type(self).__name__} cannot collect tasks")
 
     def unanswered(self, node: NodeId, round_idx: int, reason: str) -> None:
         """A task of round ``round_idx`` that ``node`` had to answer got no reply at all (not an optional one).

@@ -55,7 +55,8 @@ class FaultPlan:
 
 
 class InProcessEngine:
-    def __init__(self, spec: RunSpec, *, device: str | None = None, faults: FaultPlan | None = None) -> None:
+    def __init__(self, spec: RunSpec, *, device: str | None = None, faults: FaultPlan | None = None,
+                 replay: list[dict[str, Any]] | None = None) -> None:
         # The networked role processes compute with one thread; so does the oracle, so that reductions
         # (matmuls, sums) split the same way and both engines stay bit-identical.
         torch.set_num_threads(1)
@@ -65,6 +66,9 @@ class InProcessEngine:
         self.missing = MissingLog()
         self.timeline = timeline.Timeline()  # every node's timing (common/timeline.py): one process, one timeline
         self.faults = faults or FaultPlan()
+        # ``replay``: a recorded run's rounds (its ``arrivals`` column): collects take replies in that order
+        self.replay: dict[int, list[list[tuple[str, bool]]]] | None = None if replay is None else {
+            int(r["round"]) - 1: parse_arrivals(str(r["arrivals"])) for r in replay if r.get("arrivals")}
         topo = self.ws.topology
         self.client_sizes = self.ws.client_sizes()
         sizes = topo.subtree_sizes(self.client_sizes)
@@ -138,11 +142,65 @@ class InProcessEngine:
         return clone(bundle)
 
 
+class ReplayError(RuntimeError):
+    """A replayed run took a turn the recorded one did not (a collect's recorded reply is not in flight)."""
+
+
+def parse_arrivals(text: str) -> list[list[tuple[str, bool]]]:
+    """A round's ``arrivals`` column (``"client-1:3 client-0:4:failed | client-2:4"``): per collect, the (node,
+    usable) it took, in order."""
+    out: list[list[tuple[str, bool]]] = []
+    for group in text.split("|"):
+        entries = []
+        for e in group.split():
+            node, _, rest = e.partition(":")
+            entries.append((node, not rest.endswith(":failed")))
+        out.append(entries)
+    return out
+
+
 class _LocalComm(BaseComm):
     def __init__(self, engine: InProcessEngine, node: NodeId) -> None:
         super().__init__(node, engine.ws.topology, engine.missing)
         self.engine = engine
         self.own_clock = engine.timeline
+        self.vnow = 0.0  # the virtual clock of this node's submitted tasks (collect's order)
+        self._done: dict[NodeId, tuple[float, int, Reply | Failure]] = {}
+        self._seq = 0
+        self._replay: list[tuple[str, bool]] = []  # the recorded collect being replayed
+
+    # -- submit / collect: a virtual clock, or the order a recorded run took ------------------------------------
+    def _start(self, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar],
+               deadline_s: float | None) -> None:
+        """The task runs now (the child is busy with nothing else); its reply is due ``1 / compute`` virtual
+        time units later."""
+        r = self._one(to, task, bundle, args)
+        self._seq += 1
+        self._done[to] = (self.vnow + 1.0 / self.engine.spec.network_profile().compute(to), self._seq, r)
+
+    def _begin_collect(self) -> None:
+        if self.engine.replay is not None:
+            rounds = self.engine.replay
+            self._replay = rounds.get(self.engine.round, []).pop(0) if rounds.get(self.engine.round) else []
+
+    def _next_done(self, deadline_s: float | None) -> tuple[NodeId, Reply | Failure] | None:
+        if self.engine.replay is not None:
+            if not self._replay:
+                return None
+            node, usable = self._replay.pop(0)
+            if node not in self._done:
+                raise ReplayError(f"round {self.engine.round + 1}: the recorded run took a reply of {node} here, "
+                                  f"which has no task in flight in the replay (in flight: {sorted(self._done)})")
+            _, _, r = self._done.pop(node)
+            return node, r if usable else Failure("failed in the recorded run")
+        node = min(self._done, key=lambda n: self._done[n][:2])
+        due, _, r = self._done.pop(node)
+        self.vnow = max(self.vnow, due)
+        return node, r
+
+    def drain(self) -> None:
+        super().drain()
+        self._done.clear()
 
     def current_round(self) -> int:
         return self.engine.round

@@ -66,6 +66,9 @@ def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Com
         state = ctx.state = _timed(events, ctx, t, lambda t=t, s=state: _attempt(algo, ctx, t, s, algo.round, on_redo))
         if commit is not None:
             commit(t, state)
+    drain = getattr(ctx.comm, "drain", None)
+    if drain is not None:  # replies to submitted tasks nobody collected: received and counted, not used
+        drain()
     return algo.final(ctx, state), state
 
 
