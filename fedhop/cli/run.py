@@ -40,21 +40,68 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from fedhop.server.web.live import simulate
 
     started = time.perf_counter()
-    spec = load_spec(a.spec, a.set)
+    replay = load_replay(a.replay, a.spec, a.set) if a.replay else None
+    spec = replay.spec if replay is not None else load_spec(a.spec, a.set)
     check_user_code(spec, source=a.spec or "<default spec>")
     check_device(a.device or spec.device)
-    out = run_folder(a.out, a.force, spec.name, "simulate")
+    out = run_folder(a.out, a.force, spec.name, "replay" if replay is not None else "simulate")
     page = start_web(HttpArgs.of(a))  # the run's events; with --http, the live page / API / metrics serving them
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
     page.events.subscribe(round_records(bar.on_round))
     try:
-        result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl")
+        result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl",
+                          replay=replay.rounds if replay is not None else None)
     finally:
         bar.close()
         page.close()
     write_run_folder(result, out)
     print_summary(result, out, time.perf_counter() - started)
+    if replay is not None:
+        return replay.verdict(result.final)
     return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """A recorded run to replay: its spec, its rounds (their ``arrivals``), its model."""
+
+    folder: Path
+    spec: RunSpec
+    rounds: list[dict]
+
+    def verdict(self, final: dict) -> int:
+        """Print whether the replay's model equals the recorded one, bit for bit; exit code 0 only if it does."""
+        import torch
+
+        path = self.folder / "model.pt"
+        if not path.is_file():
+            print(f"replay: {path} is missing: nothing to compare the model with", file=sys.stderr)
+            return ExitCode.FAILED
+        recorded = torch.load(path, map_location="cpu", weights_only=True)
+        same = list(recorded) == list(final) and all(torch.equal(recorded[k], final[k].cpu()) for k in recorded)
+        print(f"replay of {self.folder}: the model is {'bit-identical to' if same else 'DIFFERENT from'} the "
+              "recorded one")
+        return ExitCode.OK if same else ExitCode.FAILED
+
+
+def load_replay(folder: str, spec_arg: str | None, sets: list[str] | None) -> Replay:
+    """The run folder ``folder`` as a :class:`Replay` (its spec and rounds as recorded; nothing may override them)."""
+    import json
+
+    from fedhop.common.spec import RunSpec, SpecError
+
+    if spec_arg or sets:
+        raise Fatal(ExitCode.USAGE, "--replay runs the recorded spec: give no SPEC and no --set with it")
+    run = Path(folder)
+    results = run / "results.json"
+    if not results.is_file():
+        raise Fatal(ExitCode.USAGE, f"--replay {folder}: no results.json there (a finished run folder is needed)")
+    try:
+        data = json.loads(results.read_text())
+        spec = RunSpec.model_validate(data["spec"])
+    except (ValueError, KeyError, SpecError) as e:
+        raise Fatal(ExitCode.USAGE, f"--replay {folder}: results.json is not a readable run record ({e})") from None
+    return Replay(run, spec, list(data.get("rounds", [])))
 
 
 def cmd_launch(a: argparse.Namespace) -> int:
@@ -126,6 +173,9 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     add_run_options(s, "simulate")
     s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--replay", metavar="RUN_DIR", help="rerun RUN_DIR's recorded spec in-process, its asynchronous "
+                   "collects taking replies in the order the recorded run took them (rounds.csv, arrivals), and say "
+                   "whether the model is bit-identical to RUN_DIR/model.pt (exit 0 only if it is)")
     from fedhop.server.web.cli import add_http_args
 
     add_http_args(s)  # the live page, JSON API and /metrics of the in-process run (default off)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedhop.common.engine.events import RunEvents
 from fedhop.server.web.status import RunStatus
@@ -87,10 +87,12 @@ def live_page(address: str = "127.0.0.1:0", *, token: str | None = None, events:
 
 
 def simulate(spec: RunSpec, events: RunEvents | None = None, *, device: str | None = None,
-             journal: Path | None = None, run_id: str | None = None, faults: FaultPlan | None = None) -> RunResult:
+             journal: Path | None = None, run_id: str | None = None, faults: FaultPlan | None = None,
+             replay: list[dict[str, Any]] | None = None) -> RunResult:
     """``fedhop simulate``'s run: ``spec`` with the in-process engine, its lifecycle events into ``events`` (a
-    :class:`LivePage`'s, a progress bar's). ``journal``: the rounds.jsonl file; ``faults``: a test's fault plan."""
+    :class:`LivePage`'s, a progress bar's). ``journal``: the rounds.jsonl file; ``faults``: a test's fault plan;
+    ``replay``: a recorded run's rounds, whose ``arrivals`` order its asynchronous collects (``--replay``)."""
     from fedhop.common.engine.inprocess import InProcessEngine
 
-    engine = InProcessEngine(spec, device=device, faults=faults)
+    engine = InProcessEngine(spec, device=device, faults=faults, replay=replay)
     return engine.run(journal, events=events, run_id=run_id)
