@@ -276,8 +276,8 @@ class RunSpec(Strict):
             raise ValueError(f"algorithm {name!r} needs edge servers (it is hierarchical): set topology.edges "
                              f"to 1 or more (--set topology.edges=2){template}")
         if needs is False and self.topology.edges > 0:
-            raise ValueError(f"algorithm {name!r} is flat (server + clients, no edge servers): set "
-                             f"topology.edges = 0 (--set topology.edges=0){template}")
+            raise ValueError(f"algorithm {name!r} runs on server + clients only (it is flat, no edge servers): "
+                             f"set topology.edges = 0 (--set topology.edges=0){template}")
         check = algo.check
         if check is not None:
             check(self, self.options())
@@ -360,7 +360,8 @@ class RunSpec(Strict):
         try:
             spec = cls.model_validate(raw)
         except ValidationError as e:
-            raise SpecError(f"{source}: invalid run spec: {flat_errors(e)}") from None
+            errors = "; ".join(part.removeprefix("(root): ") for part in flat_errors(e).split("; "))
+            raise SpecError(f"{source}: invalid run spec: {errors}") from None
         try:
             check_imports(spec)
         except UserCodeError as e:
