@@ -7,6 +7,7 @@ types, defaults and descriptions shown and accepted are the models' own.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tomllib
 import types
@@ -25,7 +26,7 @@ from fedhop.common.user_code import is_ref
 def read_raw(path: Path) -> dict[str, Any]:
     """The TOML table of a spec file, unvalidated (``--set`` is applied before validation), its relative paths
     made the file's folder's (:func:`fedhop.common.spec.resolve_paths`); when it names user code, that folder
-    is put on ``sys.path`` (after the working directory's entries), so its modules import from anywhere."""
+    is put on ``sys.path`` and ``PYTHONPATH`` (:func:`_importable`), so its modules import from anywhere."""
     if not path.is_file():
         raise SpecError(f"spec file not found: {path}")
     try:
@@ -33,9 +34,19 @@ def read_raw(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: not valid TOML: {e}") from None
     folder = path.resolve().parent
-    if names_user_code(raw) and str(folder) not in sys.path:
-        sys.path.append(str(folder))
+    if names_user_code(raw):
+        _importable(folder)
     return resolve_paths(raw, folder)
+
+
+def _importable(folder: Path) -> None:
+    """Put ``folder`` on this process's ``sys.path`` and on the ``PYTHONPATH`` of the processes it starts
+    (``launch --exec-children``), after what is there: the spec's user modules import from it."""
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(folder) not in entries:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*entries, str(folder)])
 
 
 def names_user_code(raw: dict[str, Any]) -> bool:

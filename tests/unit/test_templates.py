@@ -5,6 +5,7 @@ spec file, and ``--data-path`` (issue 18, "Switching algorithm is trial and erro
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import typing
@@ -154,6 +155,7 @@ def test_switching_to_a_flat_algorithm_says_what_to_set(capsys):
 
 def test_relative_paths_are_the_spec_files_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # restored afterwards
     folder = tmp_path / "specs"
     folder.mkdir()
     (folder / "avail.csv").write_text("1,0,1\n0,1,1\n")
@@ -169,6 +171,7 @@ def test_relative_paths_are_the_spec_files_folder(tmp_path, monkeypatch):
     for spec in (load_spec("../specs/spec.toml"), RunSpec.load("../specs/spec.toml")):
         assert spec.options().participation.path == folder / "avail.csv"
         assert spec.data.path == tmp_path / "mnist"
+    assert str(folder) in sys.path and str(folder) in os.environ["PYTHONPATH"].split(os.pathsep)  # its module
     # a path on the command line stays the working directory's
     assert load_spec("../specs/spec.toml", ['data.path="here"']).data.path == Path("here")
     # the shipped example runs from anywhere, not only from its folder
