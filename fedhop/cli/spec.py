@@ -5,6 +5,7 @@ template with ``--algorithm``)."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -70,8 +71,7 @@ def cmd_spec(a: argparse.Namespace) -> int:
             if a.spec or a.algorithm:
                 raise Fatal(ExitCode.USAGE, "--explain ALGORITHM explains that algorithm's template; to explain a "
                                             "spec file give it with --explain alone")
-            spec = load_run_spec(None, a.set, a.explain)
-            what = f"the template of {a.explain!r} (`fedhop launch --algorithm {a.explain}`)"
+            spec, what = _explained_algorithm(a.explain, a.set)
         else:
             spec = load_run_spec(a.spec, a.set, a.algorithm)
             what = (a.spec if a.spec else f"the template of {a.algorithm!r}" if a.algorithm
@@ -83,6 +83,20 @@ def cmd_spec(a: argparse.Namespace) -> int:
         update={"options": spec.options().model_dump(mode="json", exclude_none=True)})})
     print(full.to_toml(), end="")
     return 0
+
+
+def _explained_algorithm(name: str, sets: list[str]) -> tuple[RunSpec, str]:
+    """The run ``--explain NAME`` explains: NAME's template; a user algorithm (``package.module:NAME``, which
+    has none): the default run with that algorithm, its options' defaults, and a topology it accepts."""
+    from fedhop.common import catalog
+    from fedhop.common.templates import TEMPLATES
+
+    if name in TEMPLATES or ":" not in name:
+        return load_run_spec(None, sets, name), f"the template of {name!r} (`fedhop launch --algorithm {name}`)"
+    needs = catalog.algorithm(name).needs_edges  # a UserCodeError (exit 2) names what fails to import
+    topology = ["topology.edges=0"] if needs is False else ["topology.edges=2"] if needs else []
+    return (load_spec(None, [f"algorithm.name={json.dumps(name)}", *topology, *sets]),
+            f"the default run with algorithm {name!r}")
 
 
 def add_algorithm_arg(s: argparse.ArgumentParser) -> None:
