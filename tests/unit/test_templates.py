@@ -20,7 +20,7 @@ from fedhop.common import catalog
 from fedhop.common.exit_codes import ExitCode, Fatal
 from fedhop.common.options.participation import ParticipationModel
 from fedhop.common.spec import RunSpec, SpecError
-from fedhop.common.templates import TEMPLATES, template_raw, template_spec, template_toml
+from fedhop.common.templates import CLIENTS, EDGES, TEMPLATES, template_raw, template_spec, template_toml
 
 REPO = Path(__file__).resolve().parents[2]
 BUILT_IN = sorted(n for n, a in catalog.ALGORITHMS.items() if a.module.startswith("fedhop.common.algorithms."))
@@ -31,6 +31,12 @@ TINY_OPTIONS = {"local_steps": 2, "K": 2, "iters_per_round": 5, "edge_rounds": 1
 
 def test_every_built_in_algorithm_has_a_template():
     assert sorted(TEMPLATES) == BUILT_IN
+
+
+def test_templates_have_the_default_runs_size():
+    run = load_spec(None)
+    assert (run.topology.clients, run.topology.edges) == (CLIENTS, EDGES)
+    assert template_spec("fedchs").topology.edges == EDGES and template_spec("scaffold").topology.clients == CLIENTS
 
 
 @pytest.mark.parametrize("algorithm", sorted(TEMPLATES))
