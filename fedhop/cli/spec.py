@@ -49,7 +49,8 @@ def load_run_spec(path: str | None, sets: list[str], algorithm: str | None = Non
         source += " with " + " ".join(f"--set {s}" for s in sets)
     if data_path:
         data = raw.get("data")
-        raw = {**raw, "data": {**(data if isinstance(data, dict) else {}), "path": data_path}}
+        absolute = str(Path(data_path).expanduser().resolve())  # the working directory's, as every --set path
+        raw = {**raw, "data": {**(data if isinstance(data, dict) else {}), "path": absolute}}
         source += f" with --data-path {data_path}"
     return RunSpec.parse(raw, source)
 

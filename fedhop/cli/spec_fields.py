@@ -107,7 +107,9 @@ def _check_key(raw: dict[str, Any], parts: list[str], item: str) -> None:
 
 def apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
     """``raw`` with each ``KEY=VALUE`` of ``sets`` applied in order (dotted keys reach into tables); every key
-    is checked against the models before anything runs, and the whole spec is validated afterwards."""
+    is checked against the models before anything runs, and the whole spec is validated afterwards. A relative
+    path set here (data.path, a trace's path) is the working directory's, made absolute so the run folder's
+    spec names the same file from anywhere (a spec file's own are its folder's: :func:`read_raw`)."""
     out = json.loads(json.dumps(raw, default=str))
     for item in sets:
         key, sep, value = item.partition("=")
@@ -122,7 +124,7 @@ def apply_sets(raw: dict[str, Any], sets: list[str]) -> dict[str, Any]:
             target = nxt
         target[parts[-1]] = parse_value(value.strip())
         _check_key(out, parts, item)
-    return out
+    return resolve_paths(out, Path.cwd())  # a path given here is the working directory's: absolute in the run
 
 
 def _type_name(annotation: Any) -> str:
