@@ -103,8 +103,8 @@ def _explained_algorithm(name: str, sets: list[str]) -> tuple[RunSpec, str]:
 def add_algorithm_arg(s: argparse.ArgumentParser) -> None:
     """``--algorithm NAME``: run NAME's template instead of a spec file (``fedhop spec --template NAME``)."""
     s.add_argument("--algorithm", metavar="NAME",
-                   help="run NAME's template (what `fedhop spec --template NAME` prints: a topology it accepts and "
-                        "its paper's settings) instead of a spec file; --set changes it")
+                   help="the spec is NAME's template (what `fedhop spec --template NAME` prints: a topology it accepts "
+                        "and its paper's settings) instead of a spec file; --set changes it")
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
