@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import re
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fedhop.common import catalog
 from fedhop.common.data_spec import DataSpec
+from fedhop.common.exit_codes import ExitCode
 from fedhop.common.model_spec import ModelSpec
 from fedhop.common.network_spec import NetworkSpec, from_testbed, to_toml_hint
 from fedhop.common.testbed_spec import LinkDelays, LinkRates, TestbedSpec
@@ -68,8 +70,60 @@ class AlgorithmSpec(Strict):
         try:
             algo.options.model_validate(self.options)
         except ValidationError as e:
-            raise ValueError(f"algorithm.options for {self.name!r}: {flat_errors(e)}") from None
+            raise ValueError(f"algorithm.options for {self.name!r}: {option_errors(e, algo.options, self.options)}"
+                             ) from None
         return self
+
+
+def tagged_members(annotation: Any) -> dict[str, type[BaseModel]]:
+    """The models of a tagged union (``kind`` = tag) an annotation holds, also through ``Annotated`` and ``X |
+    float``: ``{tag: model}``, empty when it holds none (e.g. the participation models)."""
+    out: dict[str, type[BaseModel]] = {}
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        kind = annotation.model_fields.get("kind")
+        if kind is not None and typing.get_origin(kind.annotation) is Literal:
+            out.update({str(tag): annotation for tag in typing.get_args(kind.annotation)})
+        return out
+    for arg in typing.get_args(annotation):
+        out.update(tagged_members(arg))
+    return out
+
+
+def option_errors(e: ValidationError, model: type[BaseModel], given: dict[str, Any]) -> str:
+    """:func:`flat_errors` of an options model, with a tagged union's errors (participation = {kind = ...}) said
+    in the spec's words: a kind that does not exist names the kinds there are, a field the kind does not have
+    names the fields it has, and the alternative a field was not given as (a fraction, when a table was given;
+    a table, when a number was) is left out, instead of pydantic's union branch names."""
+    parts = []
+    for err in e.errors():
+        loc = [str(x) for x in err["loc"]]
+        field = model.model_fields.get(loc[0]) if loc else None
+        members = tagged_members(field.annotation) if field is not None else {}
+        if not members:
+            parts.append(f"{'.'.join(loc) or '(root)'}: {err['msg'].removeprefix('Value error, ')}")
+            continue
+        value = given.get(loc[0])
+        kinds = ", ".join(repr(k) for k in members)
+        branch = next((i for i, x in enumerate(loc) if x.startswith("tagged-union[")), None)
+        via_table = branch is not None or err["type"] in ("union_tag_invalid", "union_tag_not_found")
+        if isinstance(value, dict) != via_table:
+            continue  # the alternative the value was not written as
+        if err["type"] == "union_tag_invalid":
+            parts.append(f"{loc[0]}.kind: {err['input'].get('kind')!r} is no {loc[0]} model; allowed: {kinds}")
+        elif err["type"] == "union_tag_not_found":
+            parts.append(f"{loc[0]}: a table needs kind = one of {kinds}")
+        elif via_table and branch is not None and len(loc) > branch + 1:
+            tag, rest = loc[branch + 1], loc[branch + 2:]
+            where = ".".join([loc[0], *rest])
+            if err["type"] == "extra_forbidden" and tag in members:
+                known = ", ".join(f for f in members[tag].model_fields if f != "kind")
+                parts.append(f"{where}: kind {tag!r} has no field {rest[-1]!r}; its fields: {known or '(none)'}")
+            else:
+                parts.append(f"{where} (kind {tag!r}): {err['msg'].removeprefix('Value error, ')}")
+        else:
+            alt = "" if isinstance(value, int | float) else f", or a table {{kind = one of {kinds}}}"
+            parts.append(f"{'.'.join(loc[:1])}: {err['msg'].removeprefix('Value error, ')}{alt}")
+    return "; ".join(dict.fromkeys(parts)) or flat_errors(e)
 
 
 class TopologySpec(Strict):
@@ -111,13 +165,13 @@ class TransportSpec(Strict):
                                "before the run ends with an error")
     late_join: Literal["admit", "refuse"] = Field(
         "admit", description="a node that joins after the run started: admitted at the next round boundary, "
-                             "or refused (it exits with code 7)")
+                             f"or refused (it exits with code {ExitCode.LATE_JOIN_REFUSED:d})")
     keepalive_s: float = Field(5.0, gt=0, description="a parent sends a keep-alive frame on a quiet session this "
                                                       "often")
     keepalive_timeout_s: float = Field(30.0, gt=0, description="a child that hears nothing from its parent this "
                                                                "long dials it again and re-joins")
     reconnect_s: float = Field(120.0, ge=0, description="a child whose parent is lost tries to re-join this long "
-                                                        "before it gives up (exit code 5)")
+                                                        f"before it gives up (exit code {ExitCode.PARENT_LOST:d})")
     deadline_margin_s: float = Field(1.0, ge=0, description="an edge closes its clients' round this long (plus "
                                                             "deadline_margin_fraction of the budget) before the "
                                                             "deadline its parent gave it")
@@ -222,11 +276,14 @@ class RunSpec(Strict):
             return self
         self._resolve_peer_graph(algo.peers)
         needs = algo.needs_edges
+        name = self.algorithm.name
+        template = f", or start from its template (--algorithm {name})" if name in catalog.ALGORITHMS else ""
         if needs is True and self.topology.edges == 0:
-            raise ValueError(f"algorithm {self.algorithm.name!r} needs edge servers: set topology.edges > 0")
+            raise ValueError(f"algorithm {name!r} needs edge servers (it is hierarchical): set topology.edges "
+                             f"to 1 or more (--set topology.edges=2){template}")
         if needs is False and self.topology.edges > 0:
-            raise ValueError(f"algorithm {self.algorithm.name!r} runs on server + clients only: "
-                             "set topology.edges = 0")
+            raise ValueError(f"algorithm {name!r} runs on server + clients only (it is flat, no edge servers): "
+                             f"set topology.edges = 0 (--set topology.edges=0){template}")
         check = algo.check
         if check is not None:
             check(self, self.options())
@@ -322,7 +379,8 @@ class RunSpec(Strict):
         try:
             spec = cls.model_validate(raw)
         except ValidationError as e:
-            raise SpecError(f"{source}: invalid run spec: {flat_errors(e)}") from None
+            errors = "; ".join(part.removeprefix("(root): ") for part in flat_errors(e).split("; "))
+            raise SpecError(f"{source}: invalid run spec: {errors}") from None
         try:
             check_imports(spec)
         except UserCodeError as e:
@@ -331,14 +389,58 @@ class RunSpec(Strict):
 
     @classmethod
     def load(cls, path: str | Path) -> RunSpec:
+        """The spec of a TOML file; relative paths in it are the file's folder's (:func:`resolve_paths`)."""
         p = Path(path)
         if not p.is_file():
             raise SpecError(f"spec file not found: {p}")
-        return cls.from_toml(p.read_text(), str(p))
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise SpecError(f"{p}: not valid TOML: {e}") from None
+        return cls.parse(resolve_paths(raw, p.parent), str(p))
+
+
+def resolve_paths(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """``raw`` (a spec file's table) with the relative file paths it holds made absolute against ``folder``,
+    the spec file's folder, so that a spec means the same files whatever the working directory: ``data.path``
+    and the ``path`` of every participation trace (a table with ``kind = "trace"``) under
+    ``algorithm.options``. Paths given on the command line (``--set``, ``--data-path``) stay the working
+    directory's. The user code a spec names (``package.module:function``) is imported from the spec's folder
+    too (see ``fedhop.cli.spec_fields.read_raw``)."""
+
+    def absolute(value: Any) -> Any:
+        if not isinstance(value, str) or not value:
+            return value
+        p = Path(value).expanduser()
+        return value if p.is_absolute() else str((folder / p).resolve())
+
+    def traces(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: traces(v) for k, v in node.items()}
+            if out.get("kind") == "trace" and "path" in out:
+                out["path"] = absolute(out["path"])
+            return out
+        if isinstance(node, list):
+            return [traces(v) for v in node]
+        return node
+
+    out = dict(raw)
+    data = out.get("data")
+    if isinstance(data, dict) and "path" in data:
+        out["data"] = {**data, "path": absolute(data["path"])}
+    algorithm = out.get("algorithm")
+    if isinstance(algorithm, dict) and isinstance(algorithm.get("options"), dict):
+        out["algorithm"] = {**algorithm, "options": traces(algorithm["options"])}
+    return out
 
 
 class SpecError(ValueError):
     """A run spec that cannot run; the message names the field."""
+
+
+def toml_text(table: dict[str, Any]) -> str:
+    """A spec table (plain values: what ``model_dump(mode="json")`` gives) written as TOML."""
+    return _to_toml(table)
 
 
 def _toml_value(v: Any) -> str:

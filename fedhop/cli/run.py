@@ -19,13 +19,13 @@ from fedhop.cli.console import (
     add_run_options,
     check_device,
     load_resume,
-    load_spec,
     print_summary,
     run_folder,
     start_web,
 )
 from fedhop.cli.errors import RunPlace, run_failures
 from fedhop.cli.security import SecurityArgs, add_security_args
+from fedhop.cli.spec import add_algorithm_arg, load_run_spec
 from fedhop.common.exit_codes import ExitCode, Fatal
 
 if TYPE_CHECKING:
@@ -40,8 +40,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from fedhop.server.web.live import simulate
 
     started = time.perf_counter()
-    replay = load_replay(a.replay, a.spec, a.set) if a.replay else None
-    spec = replay.spec if replay is not None else load_spec(a.spec, a.set)
+    replay = load_replay(a.replay, a.spec, a.set, a.algorithm) if a.replay else None
+    spec = replay.spec if replay is not None else load_run_spec(a.spec, a.set, a.algorithm)
     check_user_code(spec, source=a.spec or "<default spec>")
     check_device(a.device or spec.device)
     out = run_folder(a.out, a.force, spec.name, "replay" if replay is not None else "simulate")
@@ -84,14 +84,14 @@ class Replay:
         return ExitCode.OK if same else ExitCode.FAILED
 
 
-def load_replay(folder: str, spec_arg: str | None, sets: list[str] | None) -> Replay:
+def load_replay(folder: str, spec_arg: str | None, sets: list[str] | None, algorithm: str | None) -> Replay:
     """The run folder ``folder`` as a :class:`Replay` (its spec and rounds as recorded; nothing may override them)."""
     import json
 
     from fedhop.common.spec import RunSpec, SpecError
 
-    if spec_arg or sets:
-        raise Fatal(ExitCode.USAGE, "--replay runs the recorded spec: give no SPEC and no --set with it")
+    if spec_arg or sets or algorithm:
+        raise Fatal(ExitCode.USAGE, "--replay runs the recorded spec: give no SPEC, --set or --algorithm with it")
     run = Path(folder)
     results = run / "results.json"
     if not results.is_file():
@@ -114,8 +114,8 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
-    resume = load_resume(a.resume, a.spec, a.set)
-    spec = resume.spec if resume is not None else load_spec(a.spec, a.set)
+    resume = load_resume(a.resume, a.spec or a.algorithm, a.set)
+    spec = resume.spec if resume is not None else load_run_spec(a.spec, a.set, a.algorithm, a.data_path)
     check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
     if a.device != "auto":
         check_device(a.device)
@@ -170,6 +170,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("simulate", help="run a spec with the in-process engine (no sockets)",
                        formatter_class=HelpFormatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
+    add_algorithm_arg(s)
     add_run_options(s, "simulate")
     s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -189,9 +190,11 @@ def add_launch(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("launch", help="run a spec as real local processes: PS, edges and clients over gRPC",
                        formatter_class=HelpFormatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
+    add_algorithm_arg(s)
     add_run_options(s, "launch")
     s.add_argument("--device", default="auto", help="auto | cpu | cuda:N (auto spreads over visible GPUs)")
-    s.add_argument("--data-path", help="data path every client uses (default: the spec's)")
+    s.add_argument("--data-path", help="data path every node uses, in place of the spec's data.path (which it "
+                   "satisfies, e.g. for mnist)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint "
                    "(every process is started again and restores its state)")
