@@ -122,6 +122,12 @@ _TEMPLATES: tuple[Template, ...] = (
              {"lr": 2e-3, "local_steps": 3, "batch_size": 32, "participation": {"kind": "bernoulli"}},
              data={"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.05,
                    "dirichlet_mode": "per_client", "dirichlet_prior_scaled": True}),
+    Template("fedasync", "FedAsync (Xie et al. 2019) on the default run's data: 4 of 6 clients training at once, "
+             "5 local steps of batch 32, alpha = 0.6, staleness (s + 1)^-0.5 (Sec. 5.2's polynomial); one round = "
+             "one update mixed in", {"concurrency": 4, "alpha": 0.6, "staleness_exponent": 0.5}, rounds=60),
+    Template("fedbuff", "FedBuff (Nguyen et al. 2022) on the default run's data: 4 of 6 clients training at once, "
+             "buffer K = 3, 5 local steps of batch 32, server lr 1, staleness weight 1/sqrt(1 + s); one round = one "
+             "server step (paper: concurrency 1000, K = 10)", {"concurrency": 4, "buffer": 3}, rounds=40),
     Template("wrwgd", "Fed-CHS's baseline (docs/specs/fedchs.md, `fedhop reproduce fedchs-digits`): one model on a "
              "Metropolis-Hastings walk, K = 20 steps of batch 32 per round", {"K": 20, "batch_size": 32},
              data=_FEDCHS_DATA),
