@@ -5,9 +5,9 @@ n clients on a peer graph (``topology.peer_graph``: a ring by default, or random
 model x_i (x_i^0 = the initial model w^0, the same on every client). There is no parameter server in the model
 path: models travel only client -> client, one model of d floats per directed peer link per round. Round t:
 
-    y_i = x_i^t after ``local_steps`` SGD steps on client i's data        (Alg. 1 lines 3-4, 6: the gradient step)
-    client i sends s_i to every peer j ~ i                                  (Alg. 1 line 5: "fetching ... from neighbours")
-    x_i^{t+1} = sum_j W_ij s_j  (+ y_i - x_i^t for ``order = "paper"``)      (Alg. 1 lines 5-6)
+    y_i = x_i^t after ``local_steps`` SGD steps on client i's data      (Alg. 1 lines 3-4 and 6: the SGD step)
+    client i sends s_i to every peer j ~ i                                (Alg. 1 line 5: fetched from neighbours)
+    x_i^{t+1} = sum_j W_ij s_j  (+ y_i - x_i^t for ``order = "paper"``)    (Alg. 1 lines 5-6)
 
 with, by ``order``:
 
