@@ -5,16 +5,17 @@ n clients on a peer graph (``topology.peer_graph``: a ring by default, or random
 model x_i (x_i^0 = the initial model w^0, the same on every client). There is no parameter server in the model
 path: models travel only client -> client, one model of d floats per directed peer link per round. Round t:
 
-    y_i = x_i^t after ``local_steps`` SGD steps on client i's data      (Alg. 1 lines 3-4 and 6: the SGD step)
-    client i sends s_i to every peer j ~ i                                (Alg. 1 line 5: fetched from neighbours)
-    x_i^{t+1} = sum_j W_ij s_j  (+ y_i - x_i^t for ``order = "paper"``)    (Alg. 1 lines 5-6)
+    y_i = x_i^t after ``local_steps`` SGD steps on client i's data      (Alg. 1: sample xi, gradient, update)
+    client i sends s_i to every peer j ~ i                                (Alg. 1: "fetching ... from neighbors")
+    x_i^{t+1} = sum_j W_ij s_j  (+ y_i - x_i^t for ``order = "paper"``)    (Alg. 1: the neighbourhood average)
 
 with, by ``order``:
 
 * ``step_then_mix`` (default): s_i = y_i (the half-step model x_i^{t+1/2}), so x^{t+1} = W (x^t - gamma g^t)
   row by row: every client first steps, then averages the stepped models (adapt-then-combine);
-* ``paper``: s_i = x_i^t, so x_i^{t+1} = sum_j W_ij x_j^t - gamma g_i(x_i^t): Algorithm 1's lines 5-6 as written,
-  the matrix form X_{k+1} = X_k W - gamma dF(X_k; xi_k) of Sec. 3 (for ``local_steps = 1``; with K > 1 the
+* ``paper``: s_i = x_i^t, so x_i^{t+1} = sum_j W_ij x_j^t - gamma g_i(x_i^t): Algorithm 1 as written (the
+  average of the neighbours' current models, then the own gradient step), in the paper's matrix form
+  X_{k+1} = X_k W - gamma dF(X_k; xi_k) (for ``local_steps = 1``; with K > 1 the
   local update is the sum of K steps).
 
 W is the Metropolis-Hastings matrix of the peer graph (Xiao & Boyd 2004; the paper asks only for a symmetric
@@ -38,7 +39,7 @@ Choices the paper leaves open, named here:
   test set and answers with the scalars; the PS reports their mean over the clients that answered (``loss``,
   ``accuracy``, ...) and the spread (``accuracy_min`` / ``accuracy_max``, ``loss_min`` / ``loss_max``), not the
   accuracy of the average model (which would need every x_i at the PS every eval round);
-* the output (Alg. 1 line 8: (1/n) sum_i x_i): after the last round the PS collects every x_i
+* the output (Alg. 1's output: (1/n) sum_i x_i): after the last round the PS collects every x_i
   (``dpsgd.collect``, d floats per client, once per run, outside the per-round traffic) and averages them
   with equal weights, in canonical order, over the clients that answer.
 
@@ -173,7 +174,7 @@ def mix(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
 
 @task("dpsgd.collect")
 def collect(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
-    """Client i gives x_i to the PS after the last round (Alg. 1 line 8's average is taken there)."""
+    """Client i gives x_i to the PS after the last round (Alg. 1's output, the average, is taken there)."""
     return Reply(_model(ctx))
 
 
@@ -207,7 +208,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
 
 
 def final(ctx: NodeContext, s: ServerState) -> Bundle:
-    """The average of every client's model (Alg. 1 line 8), collected once after the last round."""
+    """The average of every client's model (Alg. 1's output), collected once after the last round."""
     if s.rounds_done == 0:
         return ctx.initial_params()
     got = ctx.comm.scatter(list(ctx.topology.clients), "dpsgd.collect", None, {}, expect=ctx.initial_params())

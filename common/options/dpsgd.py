@@ -20,7 +20,7 @@ class DPSGDOptions(BaseModel):
     batch_size: int = Field(32, ge=0, description="mini-batch size; 0 = full local batch")
     order: Literal["step_then_mix", "paper"] = Field(
         "step_then_mix", description="step_then_mix: x_i <- sum_j W_ij (x_j after its local steps); paper "
-        "(Alg. 1 lines 4-6): x_i <- sum_j W_ij x_j + (x_i's own local update)")
+        "(Algorithm 1): x_i <- sum_j W_ij x_j + (x_i's own local update)")
 
     def local_solver(self, topology: Topology) -> LocalSolver:
         """Plain SGD, ``local_steps`` steps of size ``lr`` from the client's own model."""
