@@ -6,7 +6,8 @@ One spec runs through both engines: the in-process engine (the oracle, no socket
 * ``model``: the final models are bit-identical;
 * ``payload``: payload bytes per (src, dst, kind, phase, round) are equal across engines;
 * ``formula``: per round they equal the protocol's declared formula (``Algorithm.payload_per_round``), when it
-  declares one that covers the spec (else the row says ``skipped`` and why);
+  declares one that covers the spec (else the row says ``skipped`` and why); what a protocol's own ``final``
+  step sends to the PS after the last round (a collect) is outside the formula;
 * ``crash``: ``fedhop launch`` SIGKILLed (PS and children) after round R and resumed with ``launch --resume``
   ends with the oracle's model and payload per link;
 * ``fault``: one client process SIGKILLed after round R: the run still exits 0, records every round, and the
