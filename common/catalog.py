@@ -105,6 +105,9 @@ ALGORITHMS: dict[str, AlgorithmInfo] = {a.name: a for a in (
     _algo("centralized-sgd", "centralized", "CentralizedSGDOptions", False,
           "centralized mini-batch SGD on one trainer holding the pooled data (FedCluster's "
           "baseline)", check="check_spec"),
+    _algo("dpsgd", "dpsgd", "DPSGDOptions", False,
+          "D-PSGD (Lian et al. 2017): local SGD, then gossip averaging with Metropolis-Hastings weights on a "
+          "client peer graph; no PS in the model path", peers="ring"),
     _algo("dr-dsgd", "dr_dsgd", "DRDSGDOptions", False,
           "DR-DSGD (Issaid et al. 2022) with server averaging"),
     _algo("drfa", "drfa", "DRFAOptions", False,

@@ -9,12 +9,13 @@ reference; ``fedhop new protocol NAME`` writes a runnable skeleton.
 What is here:
 
 * the record and its parts: :class:`Algorithm`, :data:`SETUP_ROUND`, :func:`final_model`, :class:`NoOptions`
-  (the options model of a protocol that takes none);
+  (the options model of a protocol that takes none), ``LinkKind`` (a ``(src, dst, kind)`` key of
+  ``Algorithm.payload_per_round``);
 * tasks and replies: :func:`task` (register a handler), :class:`Reply`, :class:`NoAnswer`, ``Handler``;
 * the node context: :class:`NodeContext` (``ctx.opts``, ``ctx.round``, ``ctx.rng``, ``ctx.children``,
   ``ctx.data``, ``ctx.state``, ...);
-* the message primitives: :class:`Comm` (``ctx.comm.scatter``, ``ctx.comm.hand_off``, ``ctx.comm.describe``),
-  :class:`HandOffError`;
+* the message primitives: :class:`Comm` (``ctx.comm.scatter``, ``ctx.comm.hand_off`` between neighbour edges
+  or peer clients, ``ctx.comm.describe``), :class:`HandOffError`;
 * bundles (``dict[str, torch.Tensor]``, what travels): :data:`Bundle` and its helpers (:func:`clone`,
   :func:`zeros_like`, :func:`axpy`, :func:`sub`, :func:`weighted_sum`, :func:`weighted_mean`, :func:`flat`,
   :func:`payload_bytes`), :class:`WeightedMean` (a ``fold`` that averages while replies arrive);
@@ -34,6 +35,7 @@ from fedhop.common.engine.api import (
     Algorithm,
     Comm,
     Handler,
+    LinkKind,
     NoAnswer,
     NodeContext,
     NodeId,
@@ -57,8 +59,8 @@ from fedhop.common.wire.bundle import (
 )
 
 __all__ = [
-    "SETUP_ROUND", "Algorithm", "Bundle", "Comm", "HandOffError", "Handler", "NoAnswer", "NoOptions", "NodeContext",
-    "NodeId", "Reply", "Scalar", "WeightedMean", "axpy", "clone", "final_model", "flat", "local_sgd",
+    "SETUP_ROUND", "Algorithm", "Bundle", "Comm", "HandOffError", "Handler", "LinkKind", "NoAnswer", "NoOptions",
+    "NodeContext", "NodeId", "Reply", "Scalar", "WeightedMean", "axpy", "clone", "final_model", "flat", "local_sgd",
     "loss_and_grad", "payload_bytes", "sample_batch", "sub", "task", "weighted_mean", "weighted_sum", "zeros_like",
 ]
 

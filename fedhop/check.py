@@ -6,7 +6,8 @@ One spec runs through both engines: the in-process engine (the oracle, no socket
 * ``model``: the final models are bit-identical;
 * ``payload``: payload bytes per (src, dst, kind, phase, round) are equal across engines;
 * ``formula``: per round they equal the protocol's declared formula (``Algorithm.payload_per_round``), when it
-  declares one that covers the spec (else the row says ``skipped`` and why);
+  declares one that covers the spec (else the row says ``skipped`` and why); what a protocol's own ``final``
+  step sends to the PS after the last round (a collect) is outside the formula;
 * ``crash``: ``fedhop launch`` SIGKILLed (PS and children) after round R and resumed with ``launch --resume``
   ends with the oracle's model and payload per link;
 * ``fault``: one client process SIGKILLed after round R: the run still exits 0, records every round, and the
@@ -223,9 +224,11 @@ def payload_verdict(oracle: RunResult, network: RunResult | None) -> Verdict:
 
 def formula_verdict(spec: RunSpec, result: RunResult) -> Verdict:
     """``formula``: every round's payload per (src, dst, kind) equals the algorithm's declared
-    ``payload_per_round``; skipped when it declares none or the formula does not cover the spec."""
-    from fedhop.common.engine.api import get_algorithm
-    from fedhop.common.topology import build_topology
+    ``payload_per_round``; skipped when it declares none or the formula does not cover the spec. A protocol with
+    its own ``final`` step (a collect after the last round, counted in the last round) may add messages to the PS
+    of kinds its formula does not name in the last round; the row says how many bytes."""
+    from fedhop.common.engine.api import final_model, get_algorithm
+    from fedhop.common.topology import SERVER, build_topology
     from fedhop.common.wire.bundle import payload_bytes
 
     algo = get_algorithm(spec.algorithm.name)
@@ -240,6 +243,14 @@ def formula_verdict(spec: RunSpec, result: RunResult) -> Verdict:
             row = per_round.setdefault(t, {})
             row[(s, d, kind)] = row.get((s, d, kind), 0) + n
     want = {k: v for k, v in expected.items() if v}
+    # a protocol's own final step (Algorithm.final: e.g. the PS collecting the clients' models) runs after the last
+    # round, on its meter row: outside the per-round formula are the messages to the PS of kinds the formula lacks
+    declared = {kind for _, _, kind in want}
+    final_bytes = 0
+    if algo.final is not final_model and spec.rounds - 1 in per_round:
+        last = per_round[spec.rounds - 1]
+        outside = [k for k in last if k[1] == SERVER and k not in want and k[2] not in declared]
+        final_bytes = sum(last.pop(k) for k in outside)
     for t, got in sorted(per_round.items()):
         if got != want:
             differ = sorted(k for k in set(got) | set(want) if got.get(k) != want.get(k))
@@ -247,8 +258,9 @@ def formula_verdict(spec: RunSpec, result: RunResult) -> Verdict:
                               for s, d, kind in differ[:MAX_SHOWN])
             return Verdict("formula", False, f"round {t + 1}: {len(differ)} links differ from the declared "
                                              f"formula: {shown}")
+    after = f" (and {final_bytes} bytes of the final step to the PS)" if final_bytes else ""
     return Verdict("formula", True, f"{sum(want.values())} payload bytes per round over {len(want)} links, "
-                                    f"as declared, in all {spec.rounds} rounds")
+                                    f"as declared, in all {spec.rounds} rounds{after}")
 
 
 def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int | None = None,

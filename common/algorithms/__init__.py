@@ -2,6 +2,7 @@
 
 from fedhop.common.algorithms import (  # noqa: F401  (imported to register)
     centralized,
+    dpsgd,
     dr_dsgd,
     drfa,
     fedadam,

@@ -54,6 +54,9 @@ CASES: dict[str, dict[str, Any]] = {
                     options={"concurrency": 3, "buffer": 2, "local_steps": 2}),
     "fedasync": dict(algorithm="fedasync", clients=3, edges=0, rounds=3,
                      options={"concurrency": 2, "local_steps": 2}),
+    # gossip: every client hands its model to both ring neighbours every round (listening clients), the PS
+    # sends control messages only and collects the clients' models once at the end
+    "dpsgd": dict(algorithm="dpsgd", clients=4, edges=0, rounds=2, options={"local_steps": 2, "batch_size": 16}),
     # the model cycles edge -> edge inside every round, in a reshuffled order; the Adam local solver, half of
     # each cluster sampled per cycle
     "fedcluster-adam": dict(algorithm="fedcluster", clients=4, edges=2, edge_graph="complete",
@@ -202,6 +205,24 @@ def _wrwgd(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -
     assert [(r["kind"], r["phase"], r["payload_bytes"]) for r in ps] == [("wrwgd.collect", "reply", 4 * d)]
 
 
+def _dpsgd(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """D-PSGD over real processes: d floats per directed peer link per round (4 clients on a ring: 8 links),
+    no payload on a PS link but each client's model collected once after the last round."""
+    d = _d(final)
+    topo = build_topology(spec.topology, spec.seed)
+    links = {(i, j) for i in topo.clients for j in topo.neighbours[i]}
+    assert len(links) == 2 * spec.topology.clients
+    moved = {(r["round"], r["src"], r["dst"]): r["payload_bytes"] for r in res["links"] if r["kind"] == "handoff"
+             and r["phase"] == "request"}
+    assert moved == {(t, i, j): 4 * d for t in range(1, spec.rounds + 1) for i, j in links}
+    assert all(r["messages"] == 1 for r in res["links"] if r["kind"] == "handoff" and r["phase"] == "request")
+    ps = [r for r in res["links"] if "ps" in (r["src"], r["dst"]) and r["payload_bytes"]]
+    assert sorted((r["src"], r["kind"], r["phase"], r["round"], r["payload_bytes"]) for r in ps) == \
+        [(c, "dpsgd.collect", "reply", spec.rounds, 4 * d) for c in topo.clients]
+    declared = ALGORITHMS["dpsgd"].payload_per_round(spec, topo, 4 * d)
+    assert declared == {(i, j, "handoff"): 4 * d for i, j in links}
+
+
 def _fgdro(extra: int, scalar: bool) -> Callable[[dict[str, Any], dict[str, torch.Tensor], RunSpec], None]:
     def check(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
         """FGDRO sec. 6: each client receives and returns (1 + extra) d floats (+ 1 scalar) per round."""
@@ -240,6 +261,7 @@ def _focus_trace(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunS
 
 FORMULAS = {
     "wrwgd": _wrwgd,
+    "dpsgd": _dpsgd,
     "fedavg-flat": _fedavg_flat,
     "fedchs-handoff": _fedchs,
     "fedchs-e2-qsgd-random": _fedchs,

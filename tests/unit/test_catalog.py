@@ -41,7 +41,7 @@ def test_every_dataset_and_model_matches_its_entry() -> None:
 
 
 def test_get_algorithm_names_the_known_ones() -> None:
-    with pytest.raises(ValueError, match=r"unknown algorithm 'fedavgg'; known: centralized-sgd, dr-dsgd, "):
+    with pytest.raises(ValueError, match=r"unknown algorithm 'fedavgg'; known: centralized-sgd, dpsgd, dr-dsgd, "):
         get_algorithm("fedavgg")
     assert get_algorithm("fedavg").options is catalog.algorithm("fedavg").options
 

@@ -28,6 +28,7 @@ CASES = {
     "fedchs": (EDGES, {"K": 4}),
     "hier-local-qsgd": (EDGES, {"local_steps": 2, "edge_rounds": 2}),
     "wrwgd": (FLAT, {"K": 3}),
+    "dpsgd": (FLAT, {"local_steps": 2}),  # every client's own model (its node state) over a ring of peers
     "fedcluster": (EDGES, {"local_steps": 2, "participation": 1.0}),
     "focus": (FLAT, {"lr": 0.05, "participation": {"kind": "bernoulli", "p": [0.9, 0.5, 0.5, 0.2]}}),
     "focus-matched-markov": (FLAT, {"lr": 0.05, "init": "matched", "participation": MARKOV}),
