@@ -12,8 +12,9 @@ from typing import Any
 
 from fedhop.deploy.link_table import SUMMARY_COLUMNS, LinkBytes, format_table, from_meter_rows
 
-LINK_CLASSES = ("client-edge", "edge-edge", "edge-ps", "client-ps")
-CLASS_TITLES = {"client-edge": "client<->edge", "edge-edge": "edge<->edge", "edge-ps": "edge<->PS",
+LINK_CLASSES = ("client-edge", "edge-edge", "edge-ps", "client-ps", "client-client")
+CLASS_TITLES = {"client-client": "client<->client", "client-edge": "client<->edge", "edge-edge": "edge<->edge",
+                "edge-ps": "edge<->PS",
                 "client-ps": "client<->PS"}
 
 

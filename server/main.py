@@ -27,6 +27,7 @@ from fedhop.common.engine.results import RunResult, write_run_folder
 from fedhop.common.engine.run import Run
 from fedhop.common.engine.run_checkpoint import RunCheckpoint, load_latest, ps_store
 from fedhop.common.engine.workspace import Workspace
+from fedhop.common.exit_codes import ExitCode, Fatal
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.spec import RunSpec
 from fedhop.common.testhooks import gate
@@ -183,7 +184,10 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
         log.info("ps: run %s listening on port %d; waiting for %d children", run.run_id, port, len(hub.children))
         if on_listening is not None:
             on_listening(port)
-        ws.model, ws.test  # noqa: B018  (load while the children start, not inside the first round)
+        try:
+            ws.model, ws.test  # noqa: B018  (load while the children start, not inside the first round)
+        except (ValueError, OSError) as e:  # bad/missing data files, a model that does not fit the data
+            raise Fatal(ExitCode.DATA, f"ps: cannot load its data or model: {e}") from None
         absent = hub.wait_ready(spec.transport.join_timeout_s, give_up=startup_failure)
         failure = startup_failure() if startup_failure is not None else None
         if failure:

@@ -1,4 +1,4 @@
-"""A node that cannot start ends `fedhop launch` at once, with the reason, instead of at the join deadline."""
+"""A run whose data cannot be loaded ends `fedhop launch` at once, with the reason, instead of at the join deadline."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from fedhop.common.spec import RunSpec
 from tests.unit.test_data_files import make_mnist
 
 
-def test_client_with_missing_data_stops_the_launch_with_its_reason(tmp_path):
+def test_missing_data_stops_the_launch_with_its_reason(tmp_path):
+    """``--data-path`` is the run's data path (the PS's too: it evaluates on the test set), so a path that does not
+    exist stops the launch with exit 4 (DATA) and one line naming it, not a traceback or a wait."""
     make_mnist(tmp_path / "mnist", n_train=40, n_test=10)
     spec = RunSpec.parse({
         "rounds": 2, "device": "cpu",
@@ -24,6 +26,6 @@ def test_client_with_missing_data_stops_the_launch_with_its_reason(tmp_path):
         [sys.executable, "-m", "fedhop", "launch", str(tmp_path / "spec.toml"), "--out", str(tmp_path / "run"),
          "--device", "cpu", "--quiet", "--data-path", str(tmp_path / "nowhere")],
         capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 3, proc.stderr
-    assert "exited with code 4 before the run started" in proc.stderr
+    assert proc.returncode == 4, proc.stderr
     assert "cannot load its data" in proc.stderr and "nowhere" in proc.stderr
+    assert "Traceback" not in proc.stderr
