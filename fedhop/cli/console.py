@@ -56,7 +56,12 @@ def load_spec(path: str | None, sets: list[str] | None = None) -> RunSpec:
     if sets:
         raw = apply_sets(raw, sets)
         source += " with " + " ".join(f"--set {s}" for s in sets)
-    return RunSpec.parse(raw, source)
+    spec = RunSpec.parse(raw, source)
+    if path is None and sets and not any(s.partition("=")[0].strip() == "name" for s in sets):
+        from fedhop.run_folders import derived_name  # the default run, changed: its name says how
+
+        spec = spec.model_copy(update={"name": derived_name(spec, RunSpec.parse(read_raw(DEFAULT_SPEC)))})
+    return spec
 
 
 def run_folder(out: str | None, force: bool, spec_name: str, engine: str) -> Path:
