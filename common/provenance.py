@@ -71,12 +71,18 @@ def collect(spec: RunSpec, *, started_at: float | None, ended_at: float | None,
         "packages": {mod: _version(dist) for dist, mod in PACKAGES.items()},
         "cuda_devices": cuda_devices(),
         "host": socket.gethostname(),
-        "platform": platform.platform(),
+        "platform": _system(),
         "command": list(sys.argv),
         "started": utc(started_at),
         "ended": utc(ended_at),
         "resumed_at_round": resumed_at + 1 if resumed_at else None,
     }
+
+
+def _system() -> str:
+    """The OS, its release and the machine (os.uname: platform.platform() may start a process)."""
+    u = os.uname()
+    return f"{u.sysname} {u.release} {u.machine}"
 
 
 def _version(dist: str) -> str | None:

@@ -56,3 +56,33 @@ def derived_name(spec: RunSpec, default: RunSpec) -> str:
     name = "-".join(parts)
     base = f"default-{_token(default.data.source or default.data.dataset)}-{_token(default.algorithm.name)}"
     return default.name if name == base else name
+
+
+def run_spec_file(run_dir: str | Path) -> Path:
+    """The spec a run folder ran (its ``spec.toml``: the resolved spec, every default filled in); a Fatal
+    (USAGE) when ``run_dir`` is not a run folder."""
+    from fedhop.common.exit_codes import ExitCode, Fatal
+
+    folder = Path(run_dir)
+    spec = folder / "spec.toml"
+    if not folder.is_dir():
+        raise Fatal(ExitCode.USAGE, f"{folder} is not a run folder (no such folder)")
+    if not spec.is_file():
+        raise Fatal(ExitCode.USAGE, f"{folder} is not a run folder: it has no spec.toml")
+    return spec
+
+
+RERUN_COMMAND = {"inprocess": "simulate", "network": "launch"}  # results.json's engine -> the command to rerun it
+
+
+def run_engine(run_dir: str | Path) -> str:
+    """The command that reruns a run folder's run with its own engine: ``simulate`` for the in-process engine,
+    ``launch`` for the networked one (``server`` runs, too: on this machine); ``simulate`` when its
+    ``results.json`` is missing or unreadable (a run that did not finish)."""
+    import json
+
+    try:
+        engine = json.loads((Path(run_dir) / "results.json").read_text()).get("engine")
+    except (OSError, ValueError, AttributeError):
+        return "simulate"
+    return RERUN_COMMAND.get(engine, "simulate")

@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_commands(sub)
     deploy.add_testbed(sub)
     run.add_launch(sub)
+    run.add_rerun(sub)
     roles.add_commands(sub, HelpFormatter)
     deploy.add_commands(sub)
     identity.add_commands(sub)

@@ -40,6 +40,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from fedhop.server.web.live import simulate
 
     started = time.perf_counter()
+    a.spec = spec_path(a)
     spec = load_spec(a.spec, a.set)
     check_user_code(spec, source=a.spec or "<default spec>")
     check_device(a.device or spec.device)
@@ -67,6 +68,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    a.spec = spec_path(a)
     resume = load_resume(a.resume, a.spec, a.set)
     spec = resume.spec if resume is not None else load_spec(a.spec, a.set)
     check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
@@ -101,6 +103,57 @@ def cmd_launch(a: argparse.Namespace) -> int:
     return 0
 
 
+def spec_path(a: argparse.Namespace) -> str | None:
+    """The spec file a run command runs: the positional SPEC, or ``--spec-from RUN_DIR``'s ``spec.toml`` (the
+    folder's resolved spec); not both."""
+    from fedhop.run_folders import run_spec_file
+
+    if not a.spec_from:
+        return a.spec
+    if a.spec:
+        raise Fatal(ExitCode.USAGE, f"give a spec file or --spec-from {a.spec_from}, not both")
+    return str(run_spec_file(a.spec_from))
+
+
+def cmd_rerun(a: argparse.Namespace) -> int:
+    """``fedhop rerun RUN_DIR``: the folder's run again, with its resolved spec and (unless ``--engine``) its
+    engine, into a new run folder."""
+    from fedhop.run_folders import run_engine, run_spec_file
+
+    run_spec_file(a.run_dir)  # a usage error now if it is not a run folder
+    engine = a.engine or run_engine(a.run_dir)
+    argv = [engine, "--spec-from", a.run_dir, *(["--out", a.out] if a.out else []), *(["--force"] if a.force else []),
+            *(x for s in a.set for x in ("--set", s)), *(["--device", a.device] if a.device else []),
+            *(["--quiet"] if a.quiet else [])]
+    if engine == "launch":
+        argv += ["--http", "off"]
+    parser = argparse.ArgumentParser(prog="fedhop")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_simulate(sub)
+    add_launch(sub)
+    if not a.quiet:
+        print(f"fedhop rerun: fedhop {' '.join(argv)}", file=sys.stderr)
+    args = parser.parse_args(argv)
+    return int(args.fn(args))
+
+
+def add_spec_from(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--spec-from", metavar="RUN_DIR", help="run the spec of an earlier run folder (its spec.toml, "
+                   "every default filled in) instead of a spec file; --set still applies")
+
+
+def add_rerun(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("rerun", help="run a run folder's run again, exactly (its resolved spec, its engine)",
+                       formatter_class=HelpFormatter)
+    s.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (spec.toml, results.json)")
+    s.add_argument("--engine", choices=("simulate", "launch"),
+                   help="default: the folder's own (results.json's engine: inprocess -> simulate, network -> launch)")
+    add_run_options(s, "<engine>")
+    s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_rerun)
+
+
 def launch_security(args: SecurityArgs, spec: RunSpec, out: Path) -> tuple[Security, list[str]]:
     """The PS's Security and the options that give every child process the same (``--tls auto``: a
     throw-away CA under the run folder)."""
@@ -123,6 +176,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("simulate", help="run a spec with the in-process engine (no sockets)",
                        formatter_class=HelpFormatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
+    add_spec_from(s)
     add_run_options(s, "simulate")
     s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -139,6 +193,7 @@ def add_launch(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("launch", help="run a spec as real local processes: PS, edges and clients over gRPC",
                        formatter_class=HelpFormatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
+    add_spec_from(s)
     add_run_options(s, "launch")
     s.add_argument("--device", default="auto", help="auto | cpu | cuda:N (auto spreads over visible GPUs)")
     s.add_argument("--data-path", help="data path every client uses (default: the spec's)")
