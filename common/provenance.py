@@ -56,15 +56,13 @@ def collect(spec: RunSpec, *, started_at: float | None, ended_at: float | None,
             resumed_at: int = 0) -> dict[str, Any]:
     """The provenance of a run of ``spec``: started and ended at these epoch times (this process's part of it;
     ``resumed_at``: the 0-based round a resumed run continued at, 0 for a fresh run)."""
-    from fedhop import __version__
-
     try:
         user_code = code_digest(spec)
     except UserCodeError as e:  # the run imported it, so this is unexpected; the folder is still written
         user_code = f"unavailable: {e}"
     return {
-        "fedhop": __version__,
-        "git_commit": git_commit(_package().resolve().parent),
+        "fedhop": _version("fedhop") or "unknown (not installed)",
+        "git_commit": git_commit(Path(__file__).resolve().parents[1]),  # a source tree: the checkout's root
         "source_digest": source_digest(),
         "user_code_digest": user_code,
         "python": platform.python_version(),
@@ -102,9 +100,7 @@ def cuda_devices() -> list[str]:
 
 def _package() -> Path:
     """The ``fedhop`` package folder as imported (in a source tree its ``common``, ``server``, ... are links)."""
-    import fedhop
-
-    return Path(fedhop.__file__).parent
+    return Path(__file__).parent.parent
 
 
 def git_commit(root: Path) -> str | None:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from fedhop.common import provenance
+from fedhop.common import provenance, run_lock
 from fedhop.common import timeline as timelines
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
@@ -174,6 +174,7 @@ def prepare_run_folder(folder: Path, force: bool = False) -> Path:
         if not force:
             raise RunFolderExists(f"run folder {folder} already exists and is not empty; choose another --out, "
                                   "add --force to overwrite its run files, or continue a run in it with --resume")
+        run_lock.check_free(folder)  # never remove the files of a run another process is running
         for name in RUN_FILES:
             (folder / name).unlink(missing_ok=True)
         shutil.rmtree(folder / "checkpoints", ignore_errors=True)

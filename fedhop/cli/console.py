@@ -103,7 +103,12 @@ def load_resume(resume: str | None, spec: str | None, sets: list[str]) -> Resume
         raise Fatal(ExitCode.USAGE, f"cannot resume {resume}: {e}") from None
     for why in r.skipped:
         print(f"warning: {why}; resuming from the previous checkpoint", file=sys.stderr)
-    print(f"resuming run {r.run_id} at round {r.next_round + 1} of {r.spec.rounds} from {r.path}", file=sys.stderr)
+    if r.finished:  # the PS ended after its last checkpoint, before its results were written
+        print(f"run {r.run_id}: all {r.spec.rounds} rounds are done ({r.path}); collecting the final model and "
+              "writing the results", file=sys.stderr)
+    else:
+        print(f"resuming run {r.run_id} at round {r.next_round + 1} of {r.spec.rounds} from {r.path}",
+              file=sys.stderr)
     return r
 
 

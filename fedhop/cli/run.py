@@ -26,6 +26,7 @@ from fedhop.cli.console import (
 )
 from fedhop.cli.errors import RunPlace, run_failures
 from fedhop.cli.security import SecurityArgs, add_security_args
+from fedhop.common import run_lock
 from fedhop.common.exit_codes import ExitCode, Fatal
 
 if TYPE_CHECKING:
@@ -48,12 +49,13 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     page = start_web(HttpArgs.of(a))  # the run's events; with --http, the live page / API / metrics serving them
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
     page.events.subscribe(round_records(bar.on_round))
-    try:
-        result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl")
-    finally:
-        bar.close()
-        page.close()
-    write_run_folder(result, out)
+    with run_lock.hold(out):  # one process runs a run folder (common/run_lock.py)
+        try:
+            result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl")
+        finally:
+            bar.close()
+            page.close()
+        write_run_folder(result, out)
     print_summary(result, out, time.perf_counter() - started)
     return 0
 
@@ -75,6 +77,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
     if a.device != "auto":
         check_device(a.device)
     out = Path(a.resume) if resume is not None else run_folder(a.out, a.force, spec.name, "launch")
+    run_lock.check_free(out)  # refused now, before any process starts, when another PS runs it
     try:
         check_run_folder(out)
     except RunFolderError as e:
