@@ -13,7 +13,7 @@ import torch
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
-from fedhop.common.exit_codes import ExitCode
+from fedhop.common.exit_codes import ExitCode, describe
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 from fedhop.transport.node_config import NodeConfig
@@ -70,4 +70,6 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
              ws.device)
     code = session.serve(ctx)
     session.close()
+    log.info("%s: leaving run %s: %s (exit code %d)", node_id, welcome.run_id,
+             "the run finished" if code == ExitCode.OK else describe(code), code)
     return code
