@@ -171,10 +171,10 @@ def prepare_run_folder(folder: Path, force: bool = False) -> Path:
     if folder.exists() and not folder.is_dir():
         raise RunFolderExists(f"--out {folder} is a file, not a folder")
     if folder.is_dir() and any(folder.iterdir()):
+        run_lock.check_free(folder)  # a run another process is running: say whose (and never remove its files)
         if not force:
             raise RunFolderExists(f"run folder {folder} already exists and is not empty; choose another --out, "
                                   "add --force to overwrite its run files, or continue a run in it with --resume")
-        run_lock.check_free(folder)  # never remove the files of a run another process is running
         for name in RUN_FILES:
             (folder / name).unlink(missing_ok=True)
         shutil.rmtree(folder / "checkpoints", ignore_errors=True)

@@ -97,6 +97,9 @@ def load_resume(resume: str | None, spec: str | None, sets: list[str]) -> Resume
 
     if spec or sets:
         raise Fatal(ExitCode.USAGE, "--resume continues a run with its own spec; give no spec file or --set")
+    from fedhop.common.run_lock import check_free
+
+    check_free(Path(resume))  # another PS runs it: refused now (exit 2), before any port or process
     try:
         r = load(Path(resume))
     except CheckpointError as e:

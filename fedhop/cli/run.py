@@ -77,7 +77,6 @@ def cmd_launch(a: argparse.Namespace) -> int:
     if a.device != "auto":
         check_device(a.device)
     out = Path(a.resume) if resume is not None else run_folder(a.out, a.force, spec.name, "launch")
-    run_lock.check_free(out)  # refused now, before any process starts, when another PS runs it
     try:
         check_run_folder(out)
     except RunFolderError as e:

@@ -84,15 +84,16 @@ def test_this_process_may_hold_a_folder_twice(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_force_never_removes_a_held_runs_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_second_run_into_a_held_folder_is_refused_and_removes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "rounds.jsonl").write_text('{"round": 1}\n')
     with held_elsewhere(run, pid=777):
         with pytest.raises(run_lock.RunFolderLocked):
             prepare_run_folder(run, force=True)
-        rc = main(["simulate", "--out", str(run), "--force", "--quiet", "--set", "rounds=1"])
-        assert rc == ExitCode.USAGE
-        err = capsys.readouterr().err
-        assert "in use by process 777" in err and len(err.strip().splitlines()) == 1
+        for force in (["--force"], []):  # with or without --force: the holder is named
+            rc = main(["simulate", "--out", str(run), *force, "--quiet", "--set", "rounds=1"])
+            assert rc == ExitCode.USAGE
+            err = capsys.readouterr().err
+            assert "in use by process 777" in err and len(err.strip().splitlines()) == 1
     assert (run / "rounds.jsonl").read_text() == '{"round": 1}\n'
