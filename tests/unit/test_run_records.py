@@ -127,3 +127,22 @@ def test_git_commit_is_read_from_a_worktree_and_packed_refs(tmp_path: Path) -> N
     (repo / "refs" / "heads" / "topic").write_text("b" * 40 + "\n")
     assert git_commit(wt) == "b" * 40
     assert git_commit(tmp_path) is None
+
+
+def test_resume_of_a_finished_run_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fedhop.common.engine.inprocess import InProcessEngine
+    from fedhop.common.engine.results import write_run_folder
+    from fedhop.server.main import RunFinished, load_resume
+
+    spec = load_spec(None, [a for a in TINY if a.startswith(("rounds", "topology", "device", "model", "algo"))])
+    run = tmp_path / "run"
+    result = InProcessEngine(spec, device="cpu").run(checkpoints=run / "checkpoints" / "ps")
+    write_run_folder(result, run)
+    with pytest.raises(RunFinished) as e:
+        load_resume(run)
+    assert e.value.code == ExitCode.ALREADY_FINISHED == 16
+    assert main(["launch", "--resume", str(run), "--quiet", "--http", "off"]) == ExitCode.ALREADY_FINISHED
+    err = capsys.readouterr().err
+    assert f"is finished: all {spec.rounds} rounds are done" in err and "round 3" not in err
+    (run / "results.json").unlink()  # the PS died after its last checkpoint: resuming writes the results
+    assert load_resume(run).finished
