@@ -114,16 +114,21 @@ def _open(folder: Path) -> int:
 
 
 def acquire(folder: Path, what: str | None = None) -> RunLock:
-    """Hold ``folder`` (created if missing) for this process; :class:`RunFolderLocked` at once when another
-    process holds it. ``what``: the holder's command as the refusal names it (default: this command line).
-    This process may hold it again (nested: each acquisition is released once)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Hold ``folder`` (created if missing) for this process: :class:`RunFolderLocked` at once when another
+    process holds it; a Fatal with RUN_FOLDER (10) when its lock file cannot be created. ``what``: the holder's
+    command as a refusal names it (default: this command line). This process may hold it again (nested: each
+    acquisition is released once)."""
     with _REGISTRY_LOCK:
         mine = _HELD.get(_key(folder))
         if mine is not None:
             mine.count += 1
             return mine
-        fd = _open(folder)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = _open(folder)
+        except OSError as e:  # as check_run_folder words it (server/main.py): exit code RUN_FOLDER
+            raise Fatal(ExitCode.RUN_FOLDER, f"the run folder {folder} cannot be written ({e.strerror or e}); "
+                                             "choose another --out") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

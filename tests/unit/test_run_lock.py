@@ -20,7 +20,7 @@ import pytest
 from fedhop.cli import main
 from fedhop.common import run_lock
 from fedhop.common.engine.results import prepare_run_folder
-from fedhop.common.exit_codes import ExitCode
+from fedhop.common.exit_codes import ExitCode, Fatal
 
 
 @contextmanager
@@ -84,7 +84,8 @@ def test_this_process_may_hold_a_folder_twice(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_a_second_run_into_a_held_folder_is_refused_and_removes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_second_run_into_a_held_folder_is_refused_and_removes_nothing(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "rounds.jsonl").write_text('{"round": 1}\n')
@@ -97,3 +98,17 @@ def test_a_second_run_into_a_held_folder_is_refused_and_removes_nothing(tmp_path
             err = capsys.readouterr().err
             assert "in use by process 777" in err and len(err.strip().splitlines()) == 1
     assert (run / "rounds.jsonl").read_text() == '{"round": 1}\n'
+
+
+def test_an_unwritable_folder_is_a_run_folder_error(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        blocked = tmp_path / "file"
+        blocked.write_text("")  # root writes anywhere: a file where the folder should be
+        folder = blocked / "run"
+    else:
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o500)
+    with pytest.raises(Fatal) as e:
+        run_lock.acquire(folder)
+    assert e.value.code == ExitCode.RUN_FOLDER and "cannot be written" in e.value.message
