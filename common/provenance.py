@@ -5,7 +5,7 @@
   run whatever the defaults of a later fedhop are.
 * :func:`collect`: ``results.json``'s ``provenance``: fedhop's version, its git commit (when it runs from a
   checkout) and a digest of its own source files, Python / torch / gRPC / protobuf versions, the CUDA devices,
-  the host, the command line, the start and end times (UTC) and the digest of the user code the spec names
+  the host, the command line and its working directory, the start and end times (UTC) and the digest of the user code the spec names
   (:func:`fedhop.common.user_code.code_digest`, the one every node checks at join).
 
 Torch-free at import and starts no process (it reads ``.git`` itself instead of running git): the unit tier
@@ -71,6 +71,7 @@ def collect(spec: RunSpec, *, started_at: float | None, ended_at: float | None,
         "host": socket.gethostname(),
         "platform": _system(),
         "command": list(sys.argv),
+        "cwd": os.getcwd(),  # where the spec's relative paths and user modules were found
         "started": utc(started_at),
         "ended": utc(ended_at),
         "resumed_at_round": resumed_at + 1 if resumed_at else None,

@@ -43,7 +43,7 @@ def test_results_json_has_the_provenance(first_run: Path) -> None:
     results = json.loads((first_run / "results.json").read_text())
     prov = results["provenance"]
     for key in ("fedhop", "git_commit", "source_digest", "user_code_digest", "python", "packages", "cuda_devices",
-                "host", "command", "started", "ended"):
+                "host", "command", "cwd", "started", "ended"):
         assert key in prov, key
     assert set(prov["packages"]) >= {"torch", "grpc", "protobuf"} and prov["packages"]["torch"] == torch.__version__
     assert prov["source_digest"] == source_digest() and len(prov["source_digest"]) == 64
