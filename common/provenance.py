@@ -5,8 +5,8 @@
   run whatever the defaults of a later fedhop are.
 * :func:`collect`: ``results.json``'s ``provenance``: fedhop's version, its git commit (when it runs from a
   checkout) and a digest of its own source files, Python / torch / gRPC / protobuf versions, the CUDA devices,
-  the host, the command line and its working directory, the start and end times (UTC) and the digest of the user code the spec names
-  (:func:`fedhop.common.user_code.code_digest`, the one every node checks at join).
+  the host, the command line and its working directory, the start and end times (UTC) and the digest of the
+  user code the spec names (:func:`fedhop.common.user_code.code_digest`, the one every node checks at join).
 
 Torch-free at import and starts no process (it reads ``.git`` itself instead of running git): the unit tier
 writes run folders too.
