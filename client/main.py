@@ -14,7 +14,7 @@ import torch
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
-from fedhop.common.exit_codes import ExitCode
+from fedhop.common.exit_codes import ExitCode, describe
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
@@ -125,4 +125,6 @@ def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: P
     code = session.serve(ctx, report=(lambda: (meter.rows(), missing.entries)) if has_peers else None)
     ctx.comm.close()
     session.close()
+    log.info("%s: leaving run %s: %s (exit code %d)", node_id, welcome.run_id,
+             "the run finished" if code == ExitCode.OK else describe(code), code)
     return code

@@ -30,6 +30,7 @@ class ExitCode(IntEnum):
     LATE_JOIN_REFUSED = 13  # the run had started and its transport.late_join is "refuse"
     RUN_MISMATCH = 14  # the parent came back running another run (another run_id), or a resume found another run
     USER_CODE = 15  # this node's user code (the modules the spec names) differs from the parameter server's
+    ALREADY_FINISHED = 16  # --resume of a run that finished: nothing to do (its results are in its folder)
     INTERRUPTED = 130  # Ctrl-C (SIGINT); the PS first writes what it has (results of the rounds done)
 
 
@@ -37,7 +38,8 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.OK: "the run finished (the PS said so)",
     ExitCode.FAILED: "the run started but ended abnormally (a driver error, too few participants after the "
                      "round's retries, a node lost mid-run); the log says which",
-    ExitCode.USAGE: "bad command line, spec or --set value; an existing run folder without --force",
+    ExitCode.USAGE: "bad command line, spec or --set value; an existing run folder without --force; a run folder "
+                    "another process runs (the message names it)",
     ExitCode.STARTUP: "the federation could not start: a node died before round 1, or its parent refused it",
     ExitCode.DATA: "a node cannot load its data or build its model",
     ExitCode.ADDRESS_IN_USE: "cannot listen on HOST:PORT (already in use, or not an address of this machine)",
@@ -52,6 +54,8 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.RUN_MISMATCH: "the parent runs another run (another run_id), or --state-dir holds another run's state",
     ExitCode.USER_CODE: "this node runs another version of the user code the spec names (algorithm.name, "
                         "model.name, model.loss, data.source, metrics) than the PS: its code digest differs",
+    ExitCode.ALREADY_FINISHED: "--resume of a run that finished: all its rounds are done and its results are "
+                               "written; nothing was started",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the PS writes the results of the rounds done first",
 }
 

@@ -15,7 +15,7 @@ import torch
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
-from fedhop.common.exit_codes import ExitCode
+from fedhop.common.exit_codes import ExitCode, describe
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.user_code import CODE_DIGEST
 from fedhop.common.wire.meter import ByteMeter
@@ -106,6 +106,8 @@ def run_edge(config: NodeConfig) -> int:
         code = session.serve(ctx, on_bye=bye, report=lambda: (meter.rows(), missing.entries),
                              before_task=comm.begin_task)
         comm.close()
+        log.info("%s: leaving run %s: %s (exit code %d)", node_id, welcome.run_id,
+                 "the run finished" if code == ExitCode.OK else describe(code), code)
         return code
     finally:
         session.close()

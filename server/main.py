@@ -8,6 +8,7 @@ log, and writes the run folder.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 
+from fedhop.common import run_lock
 from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.checkpoint import CheckpointStore
@@ -90,6 +92,11 @@ class Resume:
     path: Path
     skipped: tuple[str, ...]  # newer checkpoints that could not be read
 
+    @property
+    def finished(self) -> bool:
+        """Every round is done: resuming only collects the final model and writes the results."""
+        return self.next_round >= self.spec.rounds
+
 
 def load_resume(run_dir: Path) -> Resume:
     """The newest readable PS checkpoint of ``run_dir`` (a truncated or corrupted newer one is named and
@@ -97,7 +104,25 @@ def load_resume(run_dir: Path) -> Resume:
     store = ps_store(run_dir)
     got, ck = load_latest(store)
     spec = RunSpec.model_validate(got.meta["spec"])
-    return Resume(spec, ck.run_id, int(got.meta["next_round"]), ck, got.path, tuple(store.errors))
+    resume = Resume(spec, ck.run_id, int(got.meta["next_round"]), ck, got.path, tuple(store.errors))
+    if resume.finished and _results_written(run_dir):
+        raise RunFinished(ExitCode.ALREADY_FINISHED, f"run {ck.run_id} in {run_dir} is finished: all {spec.rounds} "
+                          f"rounds are done and its results are in {run_dir / 'results.json'}; nothing to resume "
+                          f"(to run it again: fedhop rerun {run_dir})")
+    return resume
+
+
+class RunFinished(Fatal):
+    """``--resume`` of a run that finished and wrote its results (exit code ALREADY_FINISHED)."""
+
+
+def _results_written(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds the results of a run that ended with its final model (not interrupted)."""
+    try:
+        results = json.loads((run_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(results, dict) and results.get("interrupted") is False and (run_dir / "model.pt").is_file()
 
 
 class _RunNews(HubListener):
@@ -142,11 +167,24 @@ def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None =
     round to resume at (a node that is ahead rolls back; one restarted with --state-dir restores its own).
     ``security``: the PS's :class:`~fedhop.transport.credentials.Security` (default: plaintext).
     ``ps_workspace(ws)``: applied to the PS's workspace before the children start (``fedhop reproduce``: the
-    figure's metric in place of the test metrics, as it does to the in-process engine's workspace)."""
-    torch.set_num_threads(1)
-    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
+    figure's metric in place of the test metrics, as it does to the in-process engine's workspace).
+
+    The PS holds ``out`` while it runs (common/run_lock.py): another process running it is refused at once."""
     if out is not None:
         check_run_folder(out)
+    with run_lock.hold(out):
+        return _serve(spec, listen, out=out, device=device, on_listening=on_listening,
+                      startup_failure=startup_failure, resume=resume, events=events, security=security,
+                      ps_workspace=ps_workspace)
+
+
+def _serve(spec: RunSpec, listen: str, *, out: Path | None, device: str | None,
+           on_listening: Callable[[int], None] | None, startup_failure: Callable[[], str | None] | None,
+           resume: Resume | None, events: RunEvents | None, security: Security,
+           ps_workspace: Callable[[Workspace], None] | None) -> RunResult:
+    """:func:`run_server`'s run, with its run folder held."""
+    torch.set_num_threads(1)
+    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     ws = Workspace(spec, device)
     if ps_workspace is not None:
         ps_workspace(ws)

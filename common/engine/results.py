@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fedhop.common import provenance, run_lock
 from fedhop.common import timeline as timelines
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
@@ -100,6 +101,8 @@ class RunResult:
     wall_s: float  # the driver's time: from round 1's start to the final model
     interrupted: bool = False  # stopped (Ctrl-C) before the last round: the rounds done, no final model
     timeline: list[dict[str, Any]] = field(default_factory=list)  # timeline.csv's rows (common/timeline.py)
+    started_at: float | None = None  # when this process started the run (epoch seconds; provenance)
+    resumed_at: int = 0  # the 0-based round a resumed run continued at (0: a fresh run)
 
     def payload_by_link(self, kinds: set[str] | None = None) -> dict[tuple[str, str], int]:
         out: dict[tuple[str, str], int] = {}
@@ -168,6 +171,7 @@ def prepare_run_folder(folder: Path, force: bool = False) -> Path:
     if folder.exists() and not folder.is_dir():
         raise RunFolderExists(f"--out {folder} is a file, not a folder")
     if folder.is_dir() and any(folder.iterdir()):
+        run_lock.check_free(folder)  # a run another process is running: say whose (and never remove its files)
         if not force:
             raise RunFolderExists(f"run folder {folder} already exists and is not empty; choose another --out, "
                                   "add --force to overwrite its run files, or continue a run in it with --resume")
@@ -179,12 +183,15 @@ def prepare_run_folder(folder: Path, force: bool = False) -> Path:
 
 
 def write_run_folder(result: RunResult, folder: Path) -> Path:
-    """results.json, rounds.csv, links.csv, missing.csv, timeline.csv, model.pt (not for an interrupted run) and
-    plots.png."""
+    """spec.toml (the resolved spec: every default filled in), results.json (with the run's ``provenance``,
+    common/provenance.py), rounds.csv, links.csv, missing.csv, timeline.csv, model.pt (not for an interrupted
+    run) and plots.png."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spec.toml").write_text(result.spec.to_toml())
+    (folder / "spec.toml").write_text(provenance.resolved_spec(result.spec).to_toml())
+    data = {**result.to_json(), "provenance": provenance.collect(
+        result.spec, started_at=result.started_at, ended_at=time.time(), resumed_at=result.resumed_at)}
     tmp = folder / "results.json.tmp"
-    tmp.write_text(json.dumps(result.to_json(), indent=1))
+    tmp.write_text(json.dumps(data, indent=1))
     tmp.replace(folder / "results.json")
     _csv(folder / "rounds.csv", result.rounds)
     _csv(folder / "links.csv", file_links(result.links), LINKS_HEADER)

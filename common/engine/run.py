@@ -102,6 +102,8 @@ class Run:
         self._after_commit = after_commit
         self._sent_missing = len(missing.entries)  # a resumed run's entries came with its checkpoint
         self._ctx: NodeContext | None = None
+        self._started_at: float | None = None  # set by start (epoch seconds), with the round it resumed at
+        self._resumed_at = 0
         self.recorder: RoundRecorder | None = None  # made when the rounds start (its clock is the driver's)
         # every node's timing rows: the PS's own and what its children reported (a fresh one for this run)
         self.timeline = timeline if timeline is not None else timelines.reset(topology.server)
@@ -109,6 +111,7 @@ class Run:
     # -- the run's life ------------------------------------------------------------------------------------
     def start(self, resumed_at: int = 0) -> None:
         """``run_started``: the run's id, spec, nodes and the round it starts at."""
+        self._started_at, self._resumed_at = time.time(), resumed_at
         self.events.emit("run_started", run_id=self.run_id, spec=self.spec.model_dump(mode="json"),
                          nodes=list(self.topology.all_nodes()), resumed_at=resumed_at)
 
@@ -194,7 +197,8 @@ class Run:
         result = RunResult(spec=self.spec, engine=self.engine,
                            rounds=attach_cumulative_bytes(recorder.records, links), links=links, missing=entries,
                            final=clone(outcome.final), wall_s=outcome.wall_s, interrupted=not outcome.finished,
-                           timeline=timelines.derive(self.timeline.rows()))
+                           timeline=timelines.derive(self.timeline.rows()), started_at=self._started_at,
+                           resumed_at=self._resumed_at)
         self.events.emit("run_finished", ok=outcome.finished, wall_s=outcome.wall_s,
                          error=str(outcome.failed) if outcome.failed is not None else None)
         return result

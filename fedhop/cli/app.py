@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedhop.cli import check, deploy, identity, new, reproduce, roles, run, spec
+from fedhop.cli import check, deploy, identity, new, plan, reproduce, roles, run, spec
 from fedhop.cli.console import HelpFormatter
 from fedhop.cli.errors import run_command
 
@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_commands(sub)
     deploy.add_testbed(sub)
     run.add_launch(sub)
+    run.add_rerun(sub)
+    plan.add_commands(sub)
     roles.add_commands(sub, HelpFormatter)
     deploy.add_commands(sub)
     identity.add_commands(sub)

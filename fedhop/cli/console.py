@@ -56,7 +56,12 @@ def load_spec(path: str | None, sets: list[str] | None = None) -> RunSpec:
     if sets:
         raw = apply_sets(raw, sets)
         source += " with " + " ".join(f"--set {s}" for s in sets)
-    return RunSpec.parse(raw, source)
+    spec = RunSpec.parse(raw, source)
+    if path is None and sets and not any(s.partition("=")[0].strip() == "name" for s in sets):
+        from fedhop.run_folders import derived_name  # the default run, changed: its name says how
+
+        spec = spec.model_copy(update={"name": derived_name(spec, RunSpec.parse(read_raw(DEFAULT_SPEC)))})
+    return spec
 
 
 def run_folder(out: str | None, force: bool, spec_name: str, engine: str) -> Path:
@@ -92,13 +97,21 @@ def load_resume(resume: str | None, spec: str | None, sets: list[str]) -> Resume
 
     if spec or sets:
         raise Fatal(ExitCode.USAGE, "--resume continues a run with its own spec; give no spec file or --set")
+    from fedhop.common.run_lock import check_free
+
+    check_free(Path(resume))  # another PS runs it: refused now (exit 2), before any port or process
     try:
         r = load(Path(resume))
     except CheckpointError as e:
         raise Fatal(ExitCode.USAGE, f"cannot resume {resume}: {e}") from None
     for why in r.skipped:
         print(f"warning: {why}; resuming from the previous checkpoint", file=sys.stderr)
-    print(f"resuming run {r.run_id} at round {r.next_round + 1} of {r.spec.rounds} from {r.path}", file=sys.stderr)
+    if r.finished:  # the PS ended after its last checkpoint, before its results were written
+        print(f"run {r.run_id}: all {r.spec.rounds} rounds are done ({r.path}); collecting the final model and "
+              "writing the results", file=sys.stderr)
+    else:
+        print(f"resuming run {r.run_id} at round {r.next_round + 1} of {r.spec.rounds} from {r.path}",
+              file=sys.stderr)
     return r
 
 

@@ -26,6 +26,7 @@ from fedhop.cli.console import (
 from fedhop.cli.errors import RunPlace, run_failures
 from fedhop.cli.security import SecurityArgs, add_security_args
 from fedhop.cli.spec import add_algorithm_arg, load_run_spec
+from fedhop.common import run_lock
 from fedhop.common.exit_codes import ExitCode, Fatal
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     from fedhop.server.web.live import simulate
 
     started = time.perf_counter()
+    a.spec = spec_path(a)
     replay = load_replay(a.replay, a.spec, a.set, a.algorithm) if a.replay else None
     spec = replay.spec if replay is not None else load_run_spec(a.spec, a.set, a.algorithm)
     check_user_code(spec, source=a.spec or "<default spec>")
@@ -48,13 +50,14 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     page = start_web(HttpArgs.of(a))  # the run's events; with --http, the live page / API / metrics serving them
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
     page.events.subscribe(round_records(bar.on_round))
-    try:
-        result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl",
-                          replay=replay.rounds if replay is not None else None)
-    finally:
-        bar.close()
-        page.close()
-    write_run_folder(result, out)
+    with run_lock.hold(out):  # one process runs a run folder (common/run_lock.py)
+        try:
+            result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl",
+                              replay=replay.rounds if replay is not None else None)
+        finally:
+            bar.close()
+            page.close()
+        write_run_folder(result, out)
     print_summary(result, out, time.perf_counter() - started)
     if replay is not None:
         return replay.verdict(result.final)
@@ -114,6 +117,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    a.spec = spec_path(a)
     resume = load_resume(a.resume, a.spec or a.algorithm, a.set)
     spec = resume.spec if resume is not None else load_run_spec(a.spec, a.set, a.algorithm, a.data_path)
     check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
@@ -148,6 +152,57 @@ def cmd_launch(a: argparse.Namespace) -> int:
     return 0
 
 
+def spec_path(a: argparse.Namespace) -> str | None:
+    """The spec file a run command runs: the positional SPEC, or ``--spec-from RUN_DIR``'s ``spec.toml`` (the
+    folder's resolved spec); not both."""
+    from fedhop.run_folders import run_spec_file
+
+    if not a.spec_from:
+        return a.spec
+    if a.spec:
+        raise Fatal(ExitCode.USAGE, f"give a spec file or --spec-from {a.spec_from}, not both")
+    return str(run_spec_file(a.spec_from))
+
+
+def cmd_rerun(a: argparse.Namespace) -> int:
+    """``fedhop rerun RUN_DIR``: the folder's run again, with its resolved spec and (unless ``--engine``) its
+    engine, into a new run folder."""
+    from fedhop.run_folders import run_engine, run_spec_file
+
+    run_spec_file(a.run_dir)  # a usage error now if it is not a run folder
+    engine = a.engine or run_engine(a.run_dir)
+    argv = [engine, "--spec-from", a.run_dir, *(["--out", a.out] if a.out else []), *(["--force"] if a.force else []),
+            *(x for s in a.set for x in ("--set", s)), *(["--device", a.device] if a.device else []),
+            *(["--quiet"] if a.quiet else [])]
+    if engine == "launch":
+        argv += ["--http", "off"]
+    parser = argparse.ArgumentParser(prog="fedhop")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_simulate(sub)
+    add_launch(sub)
+    if not a.quiet:
+        print(f"fedhop rerun: fedhop {' '.join(argv)}", file=sys.stderr)
+    args = parser.parse_args(argv)
+    return int(args.fn(args))
+
+
+def add_spec_from(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--spec-from", metavar="RUN_DIR", help="run the spec of an earlier run folder (its spec.toml, "
+                   "every default filled in) instead of a spec file; --set still applies")
+
+
+def add_rerun(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("rerun", help="run a run folder's run again, exactly (its resolved spec, its engine)",
+                       formatter_class=HelpFormatter)
+    s.add_argument("run_dir", metavar="RUN_DIR", help="a run folder (spec.toml, results.json)")
+    s.add_argument("--engine", choices=("simulate", "launch"),
+                   help="default: the folder's own (results.json's engine: inprocess -> simulate, network -> launch)")
+    add_run_options(s, "<engine>")
+    s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_rerun)
+
+
 def launch_security(args: SecurityArgs, spec: RunSpec, out: Path) -> tuple[Security, list[str]]:
     """The PS's Security and the options that give every child process the same (``--tls auto``: a
     throw-away CA under the run folder)."""
@@ -171,6 +226,7 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
                        formatter_class=HelpFormatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
     add_algorithm_arg(s)
+    add_spec_from(s)
     add_run_options(s, "simulate")
     s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -191,6 +247,7 @@ def add_launch(sub: argparse._SubParsersAction) -> None:
                        formatter_class=HelpFormatter)
     s.add_argument("spec", nargs="?", help="RunSpec TOML file (default: the built-in digits run)")
     add_algorithm_arg(s)
+    add_spec_from(s)
     add_run_options(s, "launch")
     s.add_argument("--device", default="auto", help="auto | cpu | cuda:N (auto spreads over visible GPUs)")
     s.add_argument("--data-path", help="data path every node uses, in place of the spec's data.path (which it "

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -240,17 +240,21 @@ def rows_by_key(links: list[dict[str, Any]], level: str) -> dict[tuple, int]:
 
 
 def launch_killed_and_resumed(args: Sequence[str], run: Path, gate: Path, *, extra: Sequence[str] = (),
-                              cwd: Path | None = None, at_round: int = 2,
-                              timeout: float = 300) -> subprocess.CompletedProcess:
+                              cwd: Path | None = None, at_round: int = 2, timeout: float = 300,
+                              while_held: Callable[[subprocess.Popen], None] | None = None,
+                              ) -> subprocess.CompletedProcess:
     """``fedhop launch ARGS EXTRA --out RUN`` held by the test gate (``gate/stop-<at_round>``, set beforehand)
     after round ``at_round``, SIGKILLed there, then ``fedhop launch --resume RUN EXTRA`` with the gate open: the
-    resumed launch's completed process (stderr captured)."""
+    resumed launch's completed process (stderr captured). ``while_held(first)``: called while the first launch
+    waits at the gate."""
     common = ["--quiet", "--http", "off"]
     first = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", *args, *extra, "--out", str(run), *common],
                              cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until((gate / f"at-{at_round}").exists, f"round {at_round} to end", timeout=240,
                    stop_if=exited(first, "launch"))
+        if while_held is not None:
+            while_held(first)
     finally:
         first.kill()
         first.wait(30)

@@ -9,16 +9,23 @@ any sleep."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
+from fedhop.cli import main
 from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.exit_codes import ExitCode
+from fedhop.common.run_lock import RunFolderLocked
 from fedhop.common.wire.bundle import flat
 from fedhop.common.wire.control import CONTROL_KINDS
+from fedhop.server.main import load_resume, run_server
 from tests.integration.netutil import Federation, launch_killed_and_resumed, load_result, small_spec
 from tests.waiting import exited, wait_until
 
@@ -243,8 +250,38 @@ def test_launch_killed_and_resumed(tmp_path: Path, gate: Path) -> None:
     oracle = InProcessEngine(spec, device="cpu").run()
     (tmp_path / "spec.toml").write_text(spec.to_toml())
     run = tmp_path / "run"
-    again = launch_killed_and_resumed([str(tmp_path / "spec.toml")], run, gate, extra=["--device", "cpu"])
+    first: list[int] = []  # the first launch's pid
+
+    def while_held(proc: subprocess.Popen) -> None:
+        first.append(proc.pid)
+        second_ps_refused(run, proc.pid)
+
+    again = launch_killed_and_resumed([str(tmp_path / "spec.toml")], run, gate, extra=["--device", "cpu"],
+                                      while_held=while_held)
     assert again.returncode == 0, again.stderr
     assert "resuming run" in again.stderr and "at round 3 of 4" in again.stderr
     _, final = load_result(run)
     assert_same_model(final, oracle.final, "launch --resume")
+    assert f"taking over the lock of process {first[0]}" in (run / "logs" / "ps.log").read_text()
+    rc, err = fedhop_here(["launch", "--resume", str(run), "--quiet", "--http", "off"])  # the run is finished
+    assert rc == ExitCode.ALREADY_FINISHED and "is finished: all 4 rounds are done" in err, err
+    assert "round 5" not in err
+
+
+def fedhop_here(argv: list[str]) -> tuple[int, str]:
+    """``fedhop ARGV`` in this process: its exit code and stderr."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(argv)
+    return rc, err.getvalue()
+
+
+def second_ps_refused(run: Path, pid: int) -> None:
+    """While the first launch's PS (``pid``) holds ``run``: a second PS on it (``launch --resume``, and the PS
+    itself, ``run_server``, with the run's checkpoint) is refused at once, naming ``pid``; nothing is written."""
+    before = (run / "rounds.jsonl").read_text()
+    rc, err = fedhop_here(["launch", "--resume", str(run), "--quiet", "--http", "off"])
+    assert rc == ExitCode.USAGE and f"in use by process {pid}" in err, err
+    with pytest.raises(RunFolderLocked, match=f"in use by process {pid}"):
+        run_server(load_resume(run).spec, "127.0.0.1:0", out=run, resume=load_resume(run))
+    assert (run / "rounds.jsonl").read_text() == before
