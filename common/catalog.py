@@ -20,6 +20,7 @@ same name with the same options model.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -199,8 +200,10 @@ def algorithm(name: str) -> AlgorithmInfo:
     if ":" in name:
         return user_algorithm(name)
     if name not in ALGORITHMS:
+        close = difflib.get_close_matches(name, sorted(ALGORITHMS), n=1)  # worded as fedhop/cli/suggest.py's
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))} (or your own: "
-                         "'package.module:NAME', docs/protocols.md)")
+                         f"'package.module:NAME', docs/protocols.md){hint}")
     return ALGORITHMS[name]
 
 

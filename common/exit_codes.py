@@ -31,6 +31,7 @@ class ExitCode(IntEnum):
     RUN_MISMATCH = 14  # the parent came back running another run (another run_id), or a resume found another run
     USER_CODE = 15  # this node's user code (the modules the spec names) differs from the parameter server's
     INTERRUPTED = 130  # Ctrl-C (SIGINT); the PS first writes what it has (results of the rounds done)
+    BROKEN_PIPE = 141  # standard output was closed early (`fedhop algorithms | head -1`): 128 + SIGPIPE, as a shell
 
 
 DESCRIPTIONS: dict[ExitCode, str] = {
@@ -53,6 +54,8 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.USER_CODE: "this node runs another version of the user code the spec names (algorithm.name, "
                         "model.name, model.loss, data.source, metrics) than the PS: its code digest differs",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the PS writes the results of the rounds done first",
+    ExitCode.BROKEN_PIPE: "standard output was closed early (e.g. `| head`): the command stops quietly, as one "
+                          "killed by SIGPIPE (128 + 13); nothing else went wrong",
 }
 
 

@@ -3,7 +3,9 @@
 Each command group is its own module (``run``: simulate, launch; ``reproduce``: reproduce, compare; ``spec``:
 spec, algorithms; ``deploy``: testbed, compose, compose-run, stack-run, health; ``roles``: server, edge,
 client, clients; ``identity``: certs, tokens; ``new``: new protocol); their handlers import what they run
-when called, so building the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``.
+when called, so building the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``;
+a mistake on the command line is one line with a did-you-mean (``errors.UsageParser``, ``suggest.py``), exit 2.
+Every command takes ``--log-level`` (added here, so a command registered below gets it too).
 
 Exit codes: common/exit_codes.py (and the README).
 """
@@ -11,20 +13,21 @@ Exit codes: common/exit_codes.py (and the README).
 from __future__ import annotations
 
 import argparse
+import sys
 
 from fedhop.cli import check, deploy, identity, new, reproduce, roles, run, spec
-from fedhop.cli.console import HelpFormatter
-from fedhop.cli.errors import run_command
+from fedhop.cli.console import HelpFormatter, add_log_level, set_log_level
+from fedhop.cli.errors import UsageParser, broken_pipe, run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
     from fedhop import __version__
 
-    p = argparse.ArgumentParser(prog="fedhop", description="The ``fedhop`` command line: launch, simulate, one "
+    p = UsageParser(prog="fedhop", description="The ``fedhop`` command line: launch, simulate, one "
                                 "role per process, reproduce, compare.\n\nExit codes: common/exit_codes.py (and "
                                 "the README).", formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"fedhop {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=UsageParser)
     run.add_simulate(sub)
     reproduce.add_commands(sub)
     spec.add_commands(sub)
@@ -35,10 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     identity.add_commands(sub)
     check.add_commands(sub)
     new.add_commands(sub, HelpFormatter)
+    for command in dict.fromkeys(sub.choices.values()):  # every command, once (aliases share a parser)
+        add_log_level(command)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one ``fedhop`` command; its exit code (errors.py maps every failure to one)."""
-    args = build_parser().parse_args(argv)
-    return run_command(f"fedhop {getattr(args, 'title', args.cmd)}", lambda: args.fn(args))
+    """Run one ``fedhop`` command; its exit code (errors.py maps every failure to one). A mistake on the command
+    line exits here (SystemExit 2, one line on stderr), as do ``--help`` and ``--version`` (0)."""
+    try:
+        args = build_parser().parse_args(argv)
+        set_log_level(args.log_level)
+        rc = run_command(f"fedhop {getattr(args, 'title', args.cmd)}", lambda: args.fn(args))
+        sys.stdout.flush()  # here, not at exit: a reader that went away is a broken pipe, handled below
+        return rc
+    except BrokenPipeError as e:  # `fedhop algorithms | head -1`
+        return broken_pipe(e)
