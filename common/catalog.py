@@ -200,10 +200,8 @@ def algorithm(name: str) -> AlgorithmInfo:
     if ":" in name:
         return user_algorithm(name)
     if name not in ALGORITHMS:
-        close = difflib.get_close_matches(name, sorted(ALGORITHMS), n=1)  # worded as fedhop/cli/suggest.py's
-        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))} (or your own: "
-                         f"'package.module:NAME', docs/protocols.md){hint}")
+                         f"'package.module:NAME', docs/protocols.md){_did_you_mean(name, ALGORITHMS)}")
     return ALGORITHMS[name]
 
 
@@ -211,14 +209,22 @@ def dataset(name: str) -> DatasetInfo:
     try:
         return DATASETS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}") from None
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}"
+                         f"{_did_you_mean(name, DATASETS)}") from None
 
 
 def model(name: str) -> ModelInfo:
     try:
         return MODELS[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}") from None
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}"
+                         f"{_did_you_mean(name, MODELS)}") from None
+
+
+def _did_you_mean(name: str, known: dict[str, Any]) -> str:
+    """``"; did you mean 'x'?"`` for the closest known name (difflib), worded as fedhop/cli/suggest.py's."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _differs(kind: str, name: str, what: str, listed: Any, registered: Any) -> ValueError:

@@ -83,11 +83,24 @@ def run_command(command: str, body: Callable[[], int | None]) -> int:
 class UsageParser(argparse.ArgumentParser):
     """The parser of every ``fedhop`` command (subcommands inherit it): a mistake ends in ONE line on stderr,
     ``<prog>: <message> (see `<prog> --help`)``, with a did-you-mean where a known name is close, and exit code
-    USAGE (2); unrecognized arguments are named by the command that was given them (``fedhop launch: ...``)."""
+    USAGE (2); unrecognized arguments are named by the command that was given them (``fedhop launch: ...``).
+    Options are never abbreviated."""
 
     OWNER = "_fedhop_unrecognized_by"  # namespace attribute: the innermost parser that left arguments over
 
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        # no abbreviations: `launch --clients 12` must not quietly mean --clients-per-process 12 (it is the spec's
+        # topology.clients, which the error then suggests)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
+        argv = getattr(self, "_argv", ())
+        unknown = [t for t in argv if t.startswith("--") and t.partition("=")[0] not in self._option_string_actions]
+        if message.startswith("the following arguments are required") and unknown and not self._subparsers:
+            message += "; " + suggest.unrecognized(self, unknown, argv)  # `fedhop edge --idd 0 ...`
+        elif message.startswith("the following arguments are required") and unknown:
+            message = suggest.unrecognized(self, unknown, argv)  # `fedhop --verison`: no command came after it
         line = " ".join(message.split())  # one line, whatever argparse wrapped
         self.exit(int(ExitCode.USAGE), f"{self.prog}: {line} (see `{self.prog} --help`)\n")
 
@@ -112,11 +125,19 @@ class UsageParser(argparse.ArgumentParser):
     def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         argv = list(sys.argv[1:] if args is None else args)
+        for parser in _parsers(self):  # every command's parser sees the whole command line when it errs
+            parser._argv = argv
         ns, extras = self.parse_known_args(argv, namespace)
         owner = vars(ns).pop(self.OWNER, self)
         if extras:
             owner.error(suggest.unrecognized(owner, extras, argv))
         return ns
+
+
+def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser under it."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return [parser, *(p for a in subs for c in dict.fromkeys(a.choices.values()) for p in _parsers(c))]
 
 
 def stdout_closed() -> bool:

@@ -56,22 +56,24 @@ def spec_keys() -> list[str]:
     return walk(RunSpec, "")
 
 
-def spec_key_for(name: str, keys: Sequence[str]) -> str | None:
+def spec_key_for(name: str, keys: Sequence[str], exact: bool = False) -> str | None:
     """The spec key an option-like ``name`` (``rounds``, ``clients``, ``topology.clients``, ``lr``) stands for:
-    a key that is the name or ends with ``.name``, else the closest key or last part of a key; a table's
-    ``name`` for the table (``algorithm``: ``algorithm.name``); None if none."""
-    key = _spec_key_for(name.replace("-", "_"), keys)
+    a key that is the name or ends with ``.name``, else (unless ``exact``) the closest key or last part of a
+    key; a table's ``name`` for the table (``algorithm``: ``algorithm.name``); None if none."""
+    key = _spec_key_for(name.replace("-", "_"), keys, exact)
     if key is not None and any(k.startswith(key + ".") for k in keys):  # a table: its name, if it has one
         return key + ".name" if key + ".name" in keys else None
     return key
 
 
-def _spec_key_for(name: str, keys: Sequence[str]) -> str | None:
+def _spec_key_for(name: str, keys: Sequence[str], exact: bool) -> str | None:
     if name in keys:
         return name
     tails = [k for k in keys if k.rsplit(".", 1)[-1] == name]
     if tails:
         return min(tails, key=lambda k: k.count("."))  # `--lr`: algorithm.options.lr; the shallowest key wins
+    if exact:
+        return None
     best = closest(name, keys, cutoff=0.8)
     if best is not None:
         return best
@@ -99,15 +101,27 @@ def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str], argv: S
         after = list(argv)[list(argv).index(token) + 1:] if token in argv else list(extras[i + 1:])
         value = after[0] if after and not after[0].startswith("-") else ""
     known = _option_strings(parser)
+    keys: list[str] = []
     if "--set" in known:
         try:
-            key = spec_key_for(name, spec_keys())
+            keys = spec_keys()
         except Exception:  # noqa: BLE001 - a hint must never turn a usage error into a traceback
-            key = None
-        if key is not None:
-            return f"{message}; did you mean --set {key}={value or 'VALUE'}?"
-    best = closest(f"--{name}", known)
-    return f"{message}; did you mean {best}?" if best is not None else message
+            keys = []
+    key = spec_key_for(name, keys, exact=True)  # a spec field by its very name: --rounds, --lr
+    if key is None:  # else the closer of a misspelt option (--quite) and a misspelt spec field (--round)
+        option = closest(name, [o[2:] for o in known])
+        key = spec_key_for(name, keys)
+        if option is not None and (key is None or _likeness(name, option) >= _likeness(name, key)):
+            return f"{message}; did you mean --{option}?"
+    if key is not None:
+        return f"{message}; did you mean --set {key}={value or 'VALUE'}?"
+    return message
+
+
+def _likeness(name: str, key: str) -> float:
+    """How like ``name`` an option or a dotted key (its whole or its last part) is: difflib's ratio."""
+    name = name.replace("-", "_")
+    return max(difflib.SequenceMatcher(None, name, k.replace("-", "_")).ratio() for k in (key, key.rsplit(".", 1)[-1]))
 
 
 def invalid_choice(action: argparse.Action, value: str) -> str:
