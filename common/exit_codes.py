@@ -54,8 +54,8 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.USER_CODE: "this node runs another version of the user code the spec names (algorithm.name, "
                         "model.name, model.loss, data.source, metrics) than the PS: its code digest differs",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the PS writes the results of the rounds done first",
-    ExitCode.BROKEN_PIPE: "standard output was closed early (e.g. `| head`): the command stops quietly, as one "
-                          "killed by SIGPIPE (128 + 13); nothing else went wrong",
+    ExitCode.BROKEN_PIPE: "standard output was closed early (piped into head, say): the command stops quietly, as "
+                          "one killed by SIGPIPE would (128 + 13); nothing else went wrong",
 }
 
 

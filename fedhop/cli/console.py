@@ -294,7 +294,7 @@ def print_summary(result: RunResult, out: Path, total_s: float | None = None, de
           f"payload {human_bytes(t['payload_bytes'])}, message {human_bytes(t['message_bytes'])}{wire}; "
           f"training {seconds(result.wall_s)} from round 1's start (the progress bar's clock){whole}")
     if result.links:
-        print("bytes per link class, both directions (decimal units: 1 kB = 1,000 B, 1 MB = 10^6 B, 1 GB = 10^9 B):")
+        print("bytes by link class, both directions (decimal units: 1 kB = 1,000 B, 1 MB = 10^6 B, 1 GB = 10^9 B):")
         print(class_table(result.links))
         print(f"  ({BYTES_LEGEND})")
     if result.missing:

@@ -55,7 +55,8 @@ MISTAKES: list[tuple[str, int, str]] = [
     ("client --connect 127.0.0.1:1", USAGE, "the following arguments are required: --id"),
     ("certs init", USAGE, "fedhop certs init: the following arguments are required: --out"),
     ("compare", USAGE, "the following arguments are required: RUN_DIR"),
-    ("compare {empty} --target-accuracy high", USAGE, "argument --target-accuracy/--target: invalid float value: 'high'"),
+    ("compare {empty} --target-accuracy high", USAGE, "argument --target-accuracy/--target: invalid float value: "
+                                                      "'high'"),
     ("compare {empty} --goal maxx", USAGE, "invalid choice 'maxx' (choose from max, min); did you mean 'max'?"),
     ("simulate --set", USAGE, "argument --set: expected one argument"),
     ("server --log-level verbose", USAGE, "argument --log-level: invalid choice 'verbose'"),
@@ -210,12 +211,15 @@ def test_class_table_sums_both_directions_per_class():
 
     links = [{"src": "ps", "dst": "edge-0", "messages": 2, "payload_bytes": 1000, "message_bytes": 1100},
              {"src": "edge-0", "dst": "ps", "messages": 2, "payload_bytes": 1000, "message_bytes": 1100},
-             {"src": "edge-0", "dst": "client-0", "messages": 4, "payload_bytes": 2_000_000, "message_bytes": 2_000_400},
+             {"src": "edge-0", "dst": "client-0", "messages": 4, "payload_bytes": 2_000_000,
+              "message_bytes": 2_000_400},
              {"src": "edge-0", "dst": "edge-1", "messages": 1, "payload_bytes": 500, "message_bytes": 600}]
     rows = [line.split() for line in class_table(links).splitlines()]
     assert rows[0] == ["link", "class", "messages", "payload", "message"]
-    assert rows[1:] == [["client<->edge", "4", "2.00", "MB", "2.00", "MB"], ["edge<->edge", "1", "500", "B", "600", "B"],
-                        ["edge<->PS", "4", "2.00", "kB", "2.20", "kB"], ["all", "9", "2.00", "MB", "2.00", "MB"]]
+    assert rows[1:] == [["client<->edge", "4", "2.00", "MB", "2.00", "MB"],
+                        ["edge<->edge", "1", "500", "B", "600", "B"],
+                        ["edge<->PS", "4", "2.00", "kB", "2.20", "kB"],
+                        ["all", "9", "2.00", "MB", "2.00", "MB"]]
     flat = class_table([{"src": "client-0", "dst": "ps", "messages": 1, "payload_bytes": 10, "message_bytes": 12,
                          "wire_bytes": 80}])
     assert [line.split()[0] for line in flat.splitlines()] == ["link", "client<->PS", "all"]
