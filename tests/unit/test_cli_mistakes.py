@@ -237,3 +237,25 @@ def test_the_bar_shows_the_runs_clock(capsys):
     assert bar.bar._time() - bar.bar.start_t == pytest.approx(4.25, abs=0.5)
     bar.close()
     assert "2/3 [00:04<" in capsys.readouterr().err.replace("\r", "\n").splitlines()[-1]
+
+
+def test_log_level_sets_the_level_and_keeps_a_roles_format():
+    import logging
+
+    from fedhop.cli.console import log_to_stderr, set_log_level
+
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    try:
+        set_log_level("error")
+        assert root.level == logging.ERROR
+        log_to_stderr("error", fmt="%(levelname)s [%(client)s] %(message)s")  # `fedhop clients`: its own format
+        assert root.level == logging.ERROR and root.handlers[0].formatter._fmt.startswith("%(levelname)s [")
+        log_to_stderr("debug")
+        assert root.level == logging.DEBUG
+    finally:
+        for h in list(root.handlers):
+            root.removeHandler(h)
+        for h in saved[1]:
+            root.addHandler(h)
+        root.setLevel(saved[0])
