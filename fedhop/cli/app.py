@@ -5,7 +5,7 @@ spec, algorithms; ``deploy``: testbed, compose, compose-run, stack-run, health; 
 client, clients; ``identity``: certs, tokens; ``new``: new protocol); their handlers import what they run
 when called, so building the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``;
 a mistake on the command line is one line with a did-you-mean (``errors.UsageParser``, ``suggest.py``), exit 2.
-Every command takes ``--log-level`` (added here, so a command registered below gets it too).
+Every command takes ``--log-level`` (``errors.CommandParser`` adds it, so a command registered below gets it too).
 
 Exit codes: common/exit_codes.py (and the README).
 """
@@ -13,21 +13,21 @@ Exit codes: common/exit_codes.py (and the README).
 from __future__ import annotations
 
 import argparse
-import sys
 
 from fedhop.cli import check, deploy, identity, new, reproduce, roles, run, spec
-from fedhop.cli.console import HelpFormatter, add_log_level, set_log_level
-from fedhop.cli.errors import UsageParser, broken_pipe, run_command
+from fedhop.cli.console import HelpFormatter
+from fedhop.cli.errors import run_command
 
 
 def build_parser() -> argparse.ArgumentParser:
     from fedhop import __version__
+    from fedhop.cli.errors import CommandParser, UsageParser
 
     p = UsageParser(prog="fedhop", description="The ``fedhop`` command line: launch, simulate, one "
                                 "role per process, reproduce, compare.\n\nExit codes: common/exit_codes.py (and "
                                 "the README).", formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"fedhop {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=UsageParser)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=CommandParser)
     run.add_simulate(sub)
     reproduce.add_commands(sub)
     spec.add_commands(sub)
@@ -38,14 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
     identity.add_commands(sub)
     check.add_commands(sub)
     new.add_commands(sub, HelpFormatter)
-    for command in dict.fromkeys(sub.choices.values()):  # every command, once (aliases share a parser)
-        add_log_level(command)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one ``fedhop`` command; its exit code (errors.py maps every failure to one). A mistake on the command
     line exits here (SystemExit 2, one line on stderr), as do ``--help`` and ``--version`` (0)."""
+    import sys
+
+    from fedhop.cli.console import set_log_level
+    from fedhop.cli.errors import broken_pipe
+
     try:
         args = build_parser().parse_args(argv)
         set_log_level(args.log_level)

@@ -134,6 +134,21 @@ class UsageParser(argparse.ArgumentParser):
         return ns
 
 
+class CommandParser(UsageParser):
+    """The parser of one command (``fedhop launch``, ``fedhop certs``): a :class:`UsageParser` that takes
+    ``--log-level`` (every command does; its subcommands, ``certs init``, share their command's)."""
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        from fedhop.cli.console import add_log_level
+
+        super().__init__(*args, **kwargs)
+        add_log_level(self)
+
+    def add_subparsers(self, **kwargs: typing.Any) -> argparse._SubParsersAction:
+        kwargs.setdefault("parser_class", UsageParser)  # `certs init`: --log-level is its command's, given once
+        return super().add_subparsers(**kwargs)
+
+
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
     """``parser`` and every subcommand's parser under it."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
