@@ -68,7 +68,7 @@ class AlgorithmSpec(Strict):
         try:
             algo.options.model_validate(self.options)
         except ValidationError as e:
-            raise ValueError(f"algorithm.options for {self.name!r}: {flat_errors(e)}") from None
+            raise ValueError(f"algorithm.options for {self.name!r}: {flat_errors(e, algo.options)}") from None
         return self
 
 
@@ -303,7 +303,7 @@ class RunSpec(Strict):
         try:
             spec = cls.model_validate(raw)
         except ValidationError as e:
-            raise SpecError(f"{source}: invalid run spec: {flat_errors(e)}") from None
+            raise SpecError(f"{source}: invalid run spec: {flat_errors(e, cls)}") from None
         try:
             check_imports(spec)
         except UserCodeError as e:

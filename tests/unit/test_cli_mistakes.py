@@ -22,7 +22,8 @@ from fedhop.common.exit_codes import ExitCode
 USAGE = int(ExitCode.USAGE)
 
 # (command line, exit code, what the one line on stderr must contain); {tmp}: a fresh folder, {spec}: a valid
-# spec file in it, {bad_toml}: a file that is no TOML, {full}: a folder holding a file, {empty}: an empty folder
+# spec file in it, {bad_toml}: a file that is no TOML, {typo}: a spec with misspelt keys, {full}: a folder holding
+# a file, {empty}: an empty folder
 MISTAKES: list[tuple[str, int, str]] = [
     # commands
     ("", USAGE, "fedhop: the following arguments are required: COMMAND"),
@@ -90,6 +91,9 @@ MISTAKES: list[tuple[str, int, str]] = [
     ("spec --set data.dataset=mnst", USAGE, "unknown dataset 'mnst'"),
     ("spec --set data.dataset=mnst", USAGE, "did you mean 'mnist'?"),
     ("spec --set model.name=lenett", USAGE, "did you mean 'lenet'?"),
+    ("simulate {typo}", USAGE, "roundz: Extra inputs are not permitted (did you mean 'rounds'?)"),
+    ("spec {typo}", USAGE, "topology.clientz: Extra inputs are not permitted (did you mean 'clients'?)"),
+    ("launch {typo}", USAGE, "lrr: Extra inputs are not permitted (did you mean 'lr'?)"),
     # run folders and resuming
     ("simulate --out {full} --set rounds=1", USAGE, "--force"),
     ("launch --resume {tmp}/nope", USAGE, "cannot resume"),
@@ -102,11 +106,13 @@ def _argv(line: str, tmp: Path) -> list[str]:
     spec = tmp / "spec.toml"
     spec.write_text('name = "mine"\nrounds = 1\n[topology]\nclients = 2\nedges = 0\n')
     (tmp / "bad.toml").write_text("rounds = = 3\n")
+    (tmp / "typo.toml").write_text('roundz = 5\n[topology]\nclientz = 3\n[algorithm.options]\nlrr = 0.1\n')
     (tmp / "full").mkdir(exist_ok=True)
     (tmp / "full" / "notes.txt").write_text("mine\n")
     (tmp / "empty").mkdir(exist_ok=True)
-    return [w.format(tmp=tmp, spec=spec, bad_toml=tmp / "bad.toml", full=tmp / "full", empty=tmp / "empty")
-            for w in line.split()]
+    names = {"tmp": tmp, "spec": spec, "bad_toml": tmp / "bad.toml", "typo": tmp / "typo.toml", "full": tmp / "full",
+             "empty": tmp / "empty"}
+    return [w.format(**names) for w in line.split()]
 
 
 def run_main(argv: list[str]) -> int:
