@@ -24,8 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     from fedhop.cli.errors import CommandParser, UsageParser
 
     p = UsageParser(prog="fedhop", description="The ``fedhop`` command line: launch, simulate, one "
-                                "role per process, reproduce, compare.\n\nExit codes: common/exit_codes.py (and "
-                                "the README).", formatter_class=HelpFormatter)
+                    "role per process, reproduce, compare.\n\nExit codes: common/exit_codes.py (and "
+                    "the README).", formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"fedhop {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=CommandParser)
     run.add_simulate(sub)
