@@ -87,6 +87,7 @@ class UsageParser(argparse.ArgumentParser):
     Options are never abbreviated."""
 
     OWNER = "_fedhop_unrecognized_by"  # namespace attribute: the innermost parser that left arguments over
+    _argv: Sequence[str] = ()  # the whole command line being parsed (parse_args sets it on every parser)
 
     def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
         # no abbreviations: `launch --clients 12` must not quietly mean --clients-per-process 12 (it is the spec's
@@ -95,7 +96,7 @@ class UsageParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
-        argv = getattr(self, "_argv", ())
+        argv = self._argv
         unknown = [t for t in argv if t.startswith("--") and t.partition("=")[0] not in self._option_string_actions]
         if message.startswith("the following arguments are required") and unknown and not self._subparsers:
             message += "; " + suggest.unrecognized(self, unknown, argv)  # `fedhop edge --idd 0 ...`
@@ -126,7 +127,8 @@ class UsageParser(argparse.ArgumentParser):
                    namespace: argparse.Namespace | None = None) -> argparse.Namespace:
         argv = list(sys.argv[1:] if args is None else args)
         for parser in _parsers(self):  # every command's parser sees the whole command line when it errs
-            parser._argv = argv
+            if isinstance(parser, UsageParser):
+                parser._argv = argv
         ns, extras = self.parse_known_args(argv, namespace)
         owner = vars(ns).pop(self.OWNER, self)
         if extras:
