@@ -1,10 +1,12 @@
-""""Did you mean ...?" for the command line's mistakes: a misspelt command, option, choice, reproduction, spec key
-or algorithm gets the closest known name (:mod:`difflib`), and an option that is really a spec field
+"""The "did you mean ...?" of the command line's mistakes: a misspelt command, option, choice, reproduction or
+``--set`` key gets the closest known name (:mod:`difflib`), and an option that is really a spec field
 (``launch --rounds 5``) gets the ``--set`` that says it (``--set rounds=5``).
 
 Pure functions of the word and the names it could have meant; :class:`fedhop.cli.errors.UsageParser` calls
-them from argparse's errors, ``cli/spec_fields.py`` for ``--set`` keys. Importing this module imports no torch
-nor the spec: the spec's keys are read (:func:`spec_keys`) only when a mistake needs them.
+them from argparse's errors, ``cli/spec_fields.py`` for ``--set`` keys. The spec's own layer words its hints
+the same way without importing the CLI: ``common/catalog.py`` (algorithm, dataset and model names) and
+``common/validation.py`` (a misspelt key in a spec file). Importing this module imports no torch nor the spec:
+the spec's keys are read (:func:`spec_keys`) only when a mistake needs them.
 """
 
 from __future__ import annotations
