@@ -5,7 +5,7 @@ spec, algorithms; ``deploy``: testbed, compose, compose-run, stack-run, health; 
 client, clients; ``identity``: certs, tokens; ``new``: new protocol); their handlers import what they run
 when called, so building the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``;
 a mistake on the command line is one line with a did-you-mean (``errors.UsageParser``, ``suggest.py``), exit 2.
-Every command takes ``--log-level`` (``errors.CommandParser`` adds it, so a command registered below gets it too).
+Every command takes ``--log-level`` (``errors.UsageParser`` adds it, so a command registered below gets it too).
 
 Exit codes: common/exit_codes.py (and the README).
 """
@@ -21,13 +21,13 @@ from fedhop.cli.errors import run_command
 
 def build_parser() -> argparse.ArgumentParser:
     from fedhop import __version__
-    from fedhop.cli.errors import CommandParser, UsageParser
+    from fedhop.cli.errors import UsageParser
 
     p = UsageParser(prog="fedhop", description="The ``fedhop`` command line: launch, simulate, one "
                     "role per process, reproduce, compare.\n\nExit codes: common/exit_codes.py (and "
                     "the README).", formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"fedhop {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=CommandParser)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=UsageParser)
     run.add_simulate(sub)
     reproduce.add_commands(sub)
     spec.add_commands(sub)

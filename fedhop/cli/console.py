@@ -312,8 +312,11 @@ def print_summary(result: RunResult, out: Path, total_s: float | None = None, de
 
 
 def add_log_level(s: argparse.ArgumentParser) -> None:
-    """``--log-level``, the one logging option every command takes (app.py adds it to each)."""
-    s.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL",
+    """``--log-level``, the one logging option every command takes (errors.UsageParser adds it to each parser:
+    ``fedhop``, ``fedhop testbed``, ``fedhop testbed up``). Its default is SUPPRESS, so a level given before a
+    subcommand is not overwritten by the subcommand's default (argparse copies a subcommand's namespace over its
+    parent's); the namespace gets None when no level was given."""
+    s.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL", default=argparse.SUPPRESS,
                    help="what this process logs on stderr: debug | info | warning | error (default: info for the "
                         "roles server/edge/client/clients, warning for the others)")
 

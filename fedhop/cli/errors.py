@@ -84,16 +84,20 @@ class UsageParser(argparse.ArgumentParser):
     """The parser of every ``fedhop`` command (subcommands inherit it): a mistake ends in ONE line on stderr,
     ``<prog>: <message> (see `<prog> --help`)``, with a did-you-mean where a known name is close, and exit code
     USAGE (2); unrecognized arguments are named by the command that was given them (``fedhop launch: ...``).
-    Options are never abbreviated."""
+    Options are never abbreviated. Every parser takes ``--log-level`` (the namespace's ``log_level``: None when
+    not given)."""
 
     OWNER = "_fedhop_unrecognized_by"  # namespace attribute: the innermost parser that left arguments over
     _argv: Sequence[str] = ()  # the whole command line being parsed (parse_args sets it on every parser)
 
     def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        from fedhop.cli.console import add_log_level
+
         # no abbreviations: `launch --clients 12` must not quietly mean --clients-per-process 12 (it is the spec's
         # topology.clients, which the error then suggests)
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        add_log_level(self)  # on every command and subcommand, wherever the user puts it
 
     def error(self, message: str) -> typing.NoReturn:  # type: ignore[override]
         argv = self._argv
@@ -133,22 +137,9 @@ class UsageParser(argparse.ArgumentParser):
         owner = vars(ns).pop(self.OWNER, self)
         if extras:
             owner.error(suggest.unrecognized(owner, extras, argv))
+        if not hasattr(ns, "log_level"):  # given at no level (each level's default is SUPPRESS: see add_log_level)
+            ns.log_level = None
         return ns
-
-
-class CommandParser(UsageParser):
-    """The parser of one command (``fedhop launch``, ``fedhop certs``): a :class:`UsageParser` that takes
-    ``--log-level`` (every command does; its subcommands, ``certs init``, share their command's)."""
-
-    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
-        from fedhop.cli.console import add_log_level
-
-        super().__init__(*args, **kwargs)
-        add_log_level(self)
-
-    def add_subparsers(self, **kwargs: typing.Any) -> argparse._SubParsersAction:
-        kwargs.setdefault("parser_class", UsageParser)  # `certs init`: --log-level is its command's, given once
-        return super().add_subparsers(**kwargs)
 
 
 def _parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

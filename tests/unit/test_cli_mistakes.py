@@ -194,15 +194,21 @@ def test_a_broken_pipe_that_is_not_stdout_stays_a_bug(monkeypatch):
         main(["algorithms"])
 
 
-def test_log_level_is_on_every_command():
+def test_log_level_is_on_every_command_wherever_it_is_put():
     from fedhop.cli.app import build_parser
     from fedhop.cli.errors import _parsers
 
     top = build_parser()
-    commands = [p for p in _parsers(top)[1:] if p.prog.count(" ") == 1]
-    assert len(commands) >= 19
-    for p in commands:
+    parsers = _parsers(top)
+    assert len([p for p in parsers if p.prog.count(" ") == 1]) >= 19  # every command, and their subcommands
+    for p in parsers:
         assert "--log-level" in p._option_string_actions, p.prog
+    for argv, level in [(["spec"], None), (["--log-level", "debug", "spec"], "debug"),
+                        (["spec", "--log-level", "ERROR"], "error"),
+                        (["certs", "--log-level", "info", "init", "--out", "x"], "info"),
+                        (["--log-level", "debug", "certs", "init", "--out", "x"], "debug"),
+                        (["certs", "init", "--out", "x", "--log-level", "warning"], "warning")]:
+        assert build_parser().parse_args(argv).log_level == level, argv
 
 
 def test_human_bytes_are_decimal():
