@@ -20,6 +20,7 @@ same name with the same options model.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ def algorithm(name: str) -> AlgorithmInfo:
         return user_algorithm(name)
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))} (or your own: "
-                         "'package.module:NAME', docs/protocols.md)")
+                         f"'package.module:NAME', docs/protocols.md){_did_you_mean(name, ALGORITHMS)}")
     return ALGORITHMS[name]
 
 
@@ -220,14 +221,22 @@ def dataset(name: str) -> DatasetInfo:
     try:
         return DATASETS[name]
     except KeyError:
-        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}") from None
+        raise ValueError(f"unknown dataset {name!r}; valid names: {', '.join(sorted(DATASETS))}"
+                         f"{_did_you_mean(name, DATASETS)}") from None
 
 
 def model(name: str) -> ModelInfo:
     try:
         return MODELS[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}") from None
+        raise ValueError(f"unknown model {name!r}; valid names: {', '.join(sorted(MODELS))}"
+                         f"{_did_you_mean(name, MODELS)}") from None
+
+
+def _did_you_mean(name: str, known: dict[str, Any]) -> str:
+    """``"; did you mean 'x'?"`` for the closest known name (difflib), worded as fedhop/cli/suggest.py's."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _differs(kind: str, name: str, what: str, listed: Any, registered: Any) -> ValueError:

@@ -32,6 +32,7 @@ class ExitCode(IntEnum):
     USER_CODE = 15  # this node's user code (the modules the spec names) differs from the parameter server's
     ALREADY_FINISHED = 16  # --resume of a run that finished: nothing to do (its results are in its folder)
     INTERRUPTED = 130  # Ctrl-C (SIGINT); the PS first writes what it has (results of the rounds done)
+    BROKEN_PIPE = 141  # standard output was closed early (`fedhop algorithms | head -1`): 128 + SIGPIPE, as a shell
 
 
 DESCRIPTIONS: dict[ExitCode, str] = {
@@ -57,6 +58,8 @@ DESCRIPTIONS: dict[ExitCode, str] = {
     ExitCode.ALREADY_FINISHED: "--resume of a run that finished: all its rounds are done and its results are "
                                "written; nothing was started",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); the PS writes the results of the rounds done first",
+    ExitCode.BROKEN_PIPE: "standard output was closed early (piped into head, say): the command stops quietly, as "
+                          "one killed by SIGPIPE would (128 + 13); nothing else went wrong",
 }
 
 

@@ -26,7 +26,7 @@ from fedhop.common.model_spec import ModelSpec
 from fedhop.common.network_spec import NetworkSpec, from_testbed, to_toml_hint
 from fedhop.common.testbed_spec import LinkDelays, LinkRates, TestbedSpec
 from fedhop.common.user_code import RESERVED_METRICS, UserCodeError, check_imports, check_ref, is_ref, metric_name
-from fedhop.common.validation import flat_errors
+from fedhop.common.validation import closest_field, flat_errors
 
 log = logging.getLogger("fedhop.spec")
 _DEPRECATIONS_LOGGED: set[str] = set()
@@ -100,7 +100,9 @@ def option_errors(e: ValidationError, model: type[BaseModel], given: dict[str, A
         field = model.model_fields.get(loc[0]) if loc else None
         members = tagged_members(field.annotation) if field is not None else {}
         if not members:
-            parts.append(f"{'.'.join(loc) or '(root)'}: {err['msg'].removeprefix('Value error, ')}")
+            hint = closest_field(model, err["loc"]) if err["type"] == "extra_forbidden" else None
+            parts.append(f"{'.'.join(loc) or '(root)'}: {err['msg'].removeprefix('Value error, ')}"
+                         + (f" (did you mean {hint!r}?)" if hint else ""))
             continue
         value = given.get(loc[0])
         kinds = ", ".join(repr(k) for k in members)
@@ -379,7 +381,7 @@ class RunSpec(Strict):
         try:
             spec = cls.model_validate(raw)
         except ValidationError as e:
-            errors = "; ".join(part.removeprefix("(root): ") for part in flat_errors(e).split("; "))
+            errors = "; ".join(part.removeprefix("(root): ") for part in flat_errors(e, cls).split("; "))
             raise SpecError(f"{source}: invalid run spec: {errors}") from None
         try:
             check_imports(spec)

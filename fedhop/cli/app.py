@@ -3,7 +3,9 @@
 Each command group is its own module (``run``: simulate, launch; ``reproduce``: reproduce, compare; ``spec``:
 spec, algorithms; ``deploy``: testbed, compose, compose-run, stack-run, health; ``roles``: server, edge,
 client, clients; ``identity``: certs, tokens; ``new``: new protocol); their handlers import what they run
-when called, so building the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``.
+when called, so building the parser imports no torch. How a failure ends (exit code, one line on stderr): ``errors.py``;
+a mistake on the command line is one line with a did-you-mean (``errors.UsageParser``, ``suggest.py``), exit 2.
+Every command takes ``--log-level`` (``errors.UsageParser`` adds it, so a command registered below gets it too).
 
 Exit codes: common/exit_codes.py (and the README).
 """
@@ -19,12 +21,13 @@ from fedhop.cli.errors import run_command
 
 def build_parser() -> argparse.ArgumentParser:
     from fedhop import __version__
+    from fedhop.cli.errors import UsageParser
 
-    p = argparse.ArgumentParser(prog="fedhop", description="The ``fedhop`` command line: launch, simulate, one "
-                                "role per process, reproduce, compare.\n\nExit codes: common/exit_codes.py (and "
-                                "the README).", formatter_class=HelpFormatter)
+    p = UsageParser(prog="fedhop", description="The ``fedhop`` command line: launch, simulate, one "
+                    "role per process, reproduce, compare.\n\nExit codes: common/exit_codes.py (and "
+                    "the README).", formatter_class=HelpFormatter)
     p.add_argument("--version", action="version", version=f"fedhop {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=UsageParser)
     run.add_simulate(sub)
     reproduce.add_commands(sub)
     spec.add_commands(sub)
@@ -41,6 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one ``fedhop`` command; its exit code (errors.py maps every failure to one)."""
-    args = build_parser().parse_args(argv)
-    return run_command(f"fedhop {getattr(args, 'title', args.cmd)}", lambda: args.fn(args))
+    """Run one ``fedhop`` command; its exit code (errors.py maps every failure to one). A mistake on the command
+    line exits here (SystemExit 2, one line on stderr), as do ``--help`` and ``--version`` (0)."""
+    import sys
+
+    from fedhop.cli.console import set_log_level
+    from fedhop.cli.errors import broken_pipe
+
+    try:
+        args = build_parser().parse_args(argv)
+        set_log_level(args.log_level)
+        rc = run_command(f"fedhop {getattr(args, 'title', args.cmd)}", lambda: args.fn(args))
+        sys.stdout.flush()  # here, not at exit: a reader that went away is a broken pipe, handled below
+        return rc
+    except BrokenPipeError as e:  # `fedhop algorithms | head -1`
+        return broken_pipe(e)

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "default_spec.toml"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -135,11 +136,21 @@ def start_web(http: HttpArgs) -> LivePage:
     return page_from_args(http.http, http.http_token)
 
 
+def on_run_clock(bar: Any, record: dict[str, Any]) -> None:
+    """Set ``bar``'s clock to the run's: a round's record carries ``elapsed_s``, the driver's seconds since
+    round 1 started (rounds.csv's column; the summary's training time is the same clock at the final model).
+    tqdm's own clock starts when the bar is made, before the data and model are built (simulate) or when the
+    last client is ready (launch), so without this the bar and the summary disagree."""
+    if "elapsed_s" in record and hasattr(bar, "start_t"):
+        bar.start_t = bar._time() - float(record["elapsed_s"])
+
+
 class Progress:
     """A tqdm bar: clients joining (n of N) before round 1, then rounds with the latest metrics.
 
-    The bar switches to rounds (and its clock restarts, so the ETA counts training only, not the joining)
-    once every client is ready, or at the first round when some never joined."""
+    The bar switches to rounds once every client is ready, or at the first round when some never joined; from
+    the first round's end its clock is the run's (:func:`on_run_clock`): the ETA counts training only, and its
+    elapsed time is the summary's training time."""
 
     JOIN_FORMAT = "{desc}: {n}/{total} clients ready [{elapsed}]"
 
@@ -177,6 +188,7 @@ class Progress:
         if not self.started:
             self._start_rounds()
         self.bar.n = rec["round"]
+        on_run_clock(self.bar, rec)
         shown = {k: rec[k] for k in ("accuracy", "loss") if k in rec}
         self.bar.set_postfix({k: f"{v:.4f}" for k, v in shown.items()})
         self.bar.refresh()
@@ -217,16 +229,71 @@ class ReproduceProgress:
             self.bar.set_description(f"{self.name}: run {self.runs} ({self.run_name})")
         elif kind == "round_ended" and data["round"] >= 0:
             self.bar.n = data["round"] + 1
+            on_run_clock(self.bar, data.get("record") or {})
             self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()
 
 
+BYTE_UNITS = ((10**9, "GB"), (10**6, "MB"), (10**3, "kB"))  # decimal (SI): 1 kB = 1,000 B
+BYTES_LEGEND = ("payload: the tensors' bytes, what the papers count; message: payload + encoding and framing; "
+                "wire: + gRPC, HTTP/2 and TLS, counted by the kernel, over the network only")
+
+
+def human_bytes(n: float) -> str:
+    """``n`` bytes in decimal units (1 kB = 1,000 B, 1 MB = 10^6 B, 1 GB = 10^9 B), three significant digits:
+    ``812 B``, ``924 kB``, ``1.23 MB``, ``45.6 GB``."""
+    for size, unit in BYTE_UNITS:
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.{2 if abs(v) < 10 else 1 if abs(v) < 100 else 0}f} {unit}"
+    return f"{int(n)} B"
+
+
+def seconds(s: float) -> str:
+    """A duration as the summary and the bar show it: ``0.042s``, ``3.1s``, ``12m05s``."""
+    if s < 1:
+        return f"{s:.3f}s"
+    if s < 60:
+        return f"{s:.1f}s"
+    return f"{int(s // 60)}m{int(s % 60):02d}s"
+
+
+def class_table(links: list[dict[str, Any]]) -> str:
+    """Bytes per link class (client<->edge, edge<->edge, edge<->PS; client<->PS in flat topologies), both
+    directions, every kind, phase and round, in decimal units, then the run's total: the classes the run used."""
+    from fedhop.report import CLASS_TITLES, LINK_CLASSES, link_class
+
+    sums: dict[str, list[int]] = {}  # class -> messages, payload, message, wire
+    wire_seen: set[str] = set()
+    for r in links:
+        row = sums.setdefault(link_class(r["src"], r["dst"]), [0, 0, 0, 0])
+        row[0] += int(r["messages"])
+        row[1] += int(r["payload_bytes"])
+        row[2] += int(r["message_bytes"])
+        if r.get("wire_bytes") not in (None, ""):
+            row[3] += int(r["wire_bytes"])
+            wire_seen.add(link_class(r["src"], r["dst"]))
+    used = [c for c in LINK_CLASSES if c in sums]
+    total = [sum(sums[c][i] for c in used) for i in range(4)]
+    wire = bool(wire_seen)
+    lines = [f"  {'link class':<16s}{'messages':>10s}{'payload':>12s}{'message':>12s}" + (f"{'wire':>12s}" if wire
+                                                                                          else "")]
+    for name, row, has_wire in [*((CLASS_TITLES[c], sums[c], c in wire_seen) for c in used),
+                                ("all", total, len(wire_seen) == len(used))]:
+        cells = f"  {name:<16s}{row[0]:>10,d}{human_bytes(row[1]):>12s}{human_bytes(row[2]):>12s}"
+        if wire:
+            cells += f"{human_bytes(row[3]) if has_wire else 'n/a':>12s}"
+        lines.append(cells)
+    return "\n".join(lines)
+
+
 def print_summary(result: RunResult, out: Path, total_s: float | None = None, details: bool = True) -> None:
-    """The run's one summary line (training time beside the whole command's wall-clock), the slowest link and
-    node (timeline.csv), then the per-link table, largest links first, and the model's route for edge-walk
-    algorithms."""
+    """The run's summary: one line (rounds, final metrics, payload and message bytes, the training time on the
+    progress bar's clock beside the whole command's wall-clock), the bytes per link class with the legend
+    of the byte levels, the slowest link and node (timeline.csv), then the per-link table in exact bytes,
+    largest links first, and the model's route for edge-walk algorithms."""
     from fedhop.common.engine.results import totals
     from fedhop.report import link_table, route, slowest_line
 
@@ -234,17 +301,22 @@ def print_summary(result: RunResult, out: Path, total_s: float | None = None, de
     t = totals(result.links)
     acc = f"accuracy {last['accuracy']:.4f}, " if "accuracy" in last else ""
     loss = last.get("loss", float("nan"))
-    whole = f" of {total_s:.1f}s in all (start-up and writing included)" if total_s is not None else ""
+    whole = f" of {seconds(total_s)} in all (start-up and writing included)" if total_s is not None else ""
+    wire = f", wire {human_bytes(t['wire_bytes'])}" if "wire_bytes" in t else ""
     print(f"{result.spec.algorithm.name}: {len(result.rounds)} rounds reported, {acc}loss {loss:.4f}; "
-          f"payload {t['payload_bytes']:,} B, messages {t['message_bytes']:,} B; "
-          f"training wall-clock {result.wall_s:.1f}s{whole}")
+          f"payload {human_bytes(t['payload_bytes'])}, message {human_bytes(t['message_bytes'])}{wire}; "
+          f"training {seconds(result.wall_s)} from round 1's start (the progress bar's clock){whole}")
+    if result.links:
+        print("bytes by link class, both directions (decimal units: 1 kB = 1,000 B, 1 MB = 10^6 B, 1 GB = 10^9 B):")
+        print(class_table(result.links))
+        print(f"  ({BYTES_LEGEND})")
     if result.missing:
         print(f"missing: {len(result.missing)} calls, e.g. {result.missing[0]}")
     slow = slowest_line(result.timeline)
     if slow:
         print(slow)
     if details and result.links:
-        print("\nbytes per link (all kinds, phases and rounds; links.csv has each):")
+        print("\nbytes per link (exact, in B; all kinds, phases and rounds; links.csv has each):")
         print(link_table(result.links))
         r = route(result.rounds)
         if r:
@@ -252,9 +324,28 @@ def print_summary(result: RunResult, out: Path, total_s: float | None = None, de
     print(f"results in {out}")
 
 
-def log_to_stderr(verbose: bool = True) -> None:
-    """A role process's log: every line on stderr (INFO, or WARNING when not ``verbose``)."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+def add_log_level(s: argparse.ArgumentParser) -> None:
+    """``--log-level``, the one logging option every command takes (errors.UsageParser adds it to each parser:
+    ``fedhop``, ``fedhop testbed``, ``fedhop testbed up``). Its default is SUPPRESS, so a level given before a
+    subcommand is not overwritten by the subcommand's default (argparse copies a subcommand's namespace over its
+    parent's); the namespace gets None when no level was given."""
+    s.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LEVEL", default=argparse.SUPPRESS,
+                   help="what this process logs on stderr: debug | info | warning | error (default: info for the "
+                        "roles server/edge/client/clients, warning for the others)")
+
+
+def set_log_level(level: str | None) -> None:
+    """``--log-level`` given: every log line from now on at ``level`` or above on stderr (a command's own
+    :func:`log_to_stderr` keeps the level). Not given: the command's own default, nothing changes here."""
+    if level is not None:
+        logging.basicConfig(level=level.upper(), format=LOG_FORMAT, stream=sys.stderr, force=True)
+
+
+def log_to_stderr(level: str | None = None, default: int = logging.INFO, fmt: str = LOG_FORMAT) -> None:
+    """A role process's log: every line on stderr at ``level`` (``--log-level``), by default ``default``
+    (INFO), in ``fmt``."""
+    logging.basicConfig(level=level.upper() if level else default, format=fmt, stream=sys.stderr,
+                        force=level is not None)
 
 
 def exit_now(rc: int) -> int:

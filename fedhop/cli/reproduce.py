@@ -7,6 +7,21 @@ import argparse
 from pathlib import Path
 
 from fedhop.cli.console import HelpFormatter, ReproduceProgress
+from fedhop.cli.suggest import did_you_mean
+
+# fedhop.reproduce's experiments, named here so that a misspelt one is refused before torch is imported (and
+# before any progress bar); tests/unit/test_cli_mistakes.py keeps the two equal
+REPRODUCTIONS = ("focus-fig4", "fedcluster-e1", "fedchs-digits", "fgdro-toy")
+
+
+def reproduction(name: str) -> str:
+    """``fedhop reproduce NAME``'s argument: a known reproduction or ``all``; else a usage error, with the
+    closest name."""
+    known = (*REPRODUCTIONS, "all")
+    if name not in known:
+        raise argparse.ArgumentTypeError(f"unknown reproduction {name!r} (known: {', '.join(known)})"
+                                         f"{did_you_mean(name, known)}")
+    return name
 
 
 def cmd_reproduce(a: argparse.Namespace) -> int:
@@ -54,7 +69,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("reproduce", help="run a paper reproduction (results, plots, markdown table)",
                        formatter_class=HelpFormatter)
-    s.add_argument("name", help="focus-fig4 | fedcluster-e1 | fedchs-digits | fgdro-toy | all")
+    s.add_argument("name", type=reproduction, metavar="NAME", help=" | ".join((*REPRODUCTIONS, "all")))
     s.add_argument("--quick", action="store_true", help="the reduced size CI runs")
     s.add_argument("--out", default="runs/reproduce", help="parent folder of the results")
     s.add_argument("--dataset", help="fedchs-digits only: run on mnist / fashion-mnist / cifar10 / cifar100 files")

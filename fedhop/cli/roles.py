@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +43,7 @@ def cmd_server(a: argparse.Namespace) -> int:
     from fedhop.server.main import run_server
 
     started = time.perf_counter()
-    log_to_stderr()
+    log_to_stderr(a.log_level)
     resume = load_resume(a.resume, a.spec, a.set)
     spec = resume.spec if resume is not None else load_spec(a.spec, a.set)
     check_user_code(spec, clients=False, source=a.spec or "<default spec>")  # clients check their own at join
@@ -93,7 +92,7 @@ def cmd_edge(a: argparse.Namespace) -> int:
     from fedhop.edge.node import run_edge
     from fedhop.lifecycle import linger
 
-    log_to_stderr()
+    log_to_stderr(a.log_level)
     sec_args = SecurityArgs.of(a)
 
     def body() -> int:
@@ -111,7 +110,7 @@ def cmd_client(a: argparse.Namespace) -> int:
     from fedhop.client.main import run_client
     from fedhop.lifecycle import linger
 
-    log_to_stderr()
+    log_to_stderr(a.log_level)
     sec_args = SecurityArgs.of(a)
 
     def body() -> int:
@@ -147,8 +146,7 @@ def cmd_clients(a: argparse.Namespace) -> int:
         ids = parse_ids(a.ids)
     except IdListError as e:
         raise Fatal(ExitCode.USAGE, f"--ids: {e}") from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s [%(client)s] %(name)s: %(message)s",
-                        stream=sys.stderr)
+    log_to_stderr(a.log_level, fmt="%(asctime)s %(levelname)s [%(client)s] %(name)s: %(message)s")
     for h in logging.getLogger().handlers:
         h.addFilter(ClientPrefix(ids))
     sec_args = SecurityArgs.of(a)

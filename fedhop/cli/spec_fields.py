@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
+from fedhop.cli.suggest import did_you_mean
 from fedhop.common.spec import RunSpec, SpecError, resolve_paths, tagged_members
 from fedhop.common.user_code import is_ref
 
@@ -90,7 +91,8 @@ def _check_key(raw: dict[str, Any], parts: list[str], item: str) -> None:
         if model is None:
             return  # a free-form table (data.options, model.options): its owner validates it
         if part not in model.model_fields:
-            raise SpecError(f"--set {item}: unknown key {part!r} in {where}; known: {', '.join(model.model_fields)}")
+            raise SpecError(f"--set {item}: unknown key {part!r} in {where}; known: {', '.join(model.model_fields)}"
+                            f"{did_you_mean(part, model.model_fields)}")
         if parts[:i + 1] == ["algorithm", "options"]:
             name = raw.get("algorithm", {}).get("name", RunSpec.model_fields["algorithm"].get_default(
                 call_default_factory=True).name)

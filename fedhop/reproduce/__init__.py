@@ -35,7 +35,7 @@ class Outcome:
 
 class ExperimentError(ValueError):
     """An experiment that cannot run as asked (an unknown name, options it does not take); ``fedhop reproduce``
-    ends with exit code 1 and this message."""
+    ends with exit code 2 (USAGE) and this message."""
 
 
 Experiment = Callable[..., Outcome]  # (out, quick) or, with takes_data, (out, quick, dataset=, path=)

@@ -82,4 +82,5 @@ def test_fedhop_spec_on_a_typo_imports_no_torch(tmp_path: Path) -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in lines if line.startswith("import time:")}
     assert "fedhop.common.spec" in imported  # -X importtime did report the imports
     assert sorted(m for m in imported if m == "torch" or m.startswith("fedhop.common.algorithms")) == []
-    assert lines[-1].endswith("algorithm.options for 'fedavg': lrr: Extra inputs are not permitted")
+    assert lines[-1].endswith("algorithm.options for 'fedavg': lrr: Extra inputs are not permitted (did you mean "
+                              "'lr'?)")
