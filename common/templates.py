@@ -122,6 +122,10 @@ _TEMPLATES: tuple[Template, ...] = (
              {"lr": 2e-3, "local_steps": 3, "batch_size": 32, "participation": {"kind": "bernoulli"}},
              data={"dataset": "digits", "partition": "dirichlet", "dirichlet_lambda": 0.05,
                    "dirichlet_mode": "per_client", "dirichlet_prior_scaled": True}),
+    Template("dpsgd", "D-PSGD (Lian et al. 2017, Alg. 1) on the default run's data: one local SGD step of batch 32 "
+             "(lr 0.05) per round, then gossip averaging with Metropolis-Hastings weights over a client ring "
+             "(topology.peer_graph = ring; clients listen for their peers)", {"local_steps": 1, "lr": 0.05},
+             rounds=40, topology={"peer_graph": "ring"}),
     Template("fedasync", "FedAsync (Xie et al. 2019) on the default run's data: 4 of 6 clients training at once, "
              "5 local steps of batch 32, alpha = 0.6, staleness (s + 1)^-0.5 (Sec. 5.2's polynomial); one round = "
              "one update mixed in", {"concurrency": 4, "alpha": 0.6, "staleness_exponent": 0.5}, rounds=60),
