@@ -67,6 +67,7 @@ LAYER_OF = [
     ("fedhop.check", "testbeds"),
     ("fedhop.testing", "testbeds"),
     ("fedhop.run_folders", "testbeds"),
+    ("fedhop.browse", "engine"),  # the run folders' reader (ls, show, ui): what the engine writes, read back
     ("fedhop.api", "algorithms"),  # the public protocol API: re-exports the engine's and the algorithms' helpers
     ("fedhop", "cli"),
 ]

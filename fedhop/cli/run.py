@@ -44,7 +44,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     check_user_code(spec, source=a.spec or "<default spec>")
     check_device(a.device or spec.device)
     out = run_folder(a.out, a.force, spec.name, "simulate")
-    page = start_web(HttpArgs.of(a))  # the run's events; with --http, the live page / API / metrics serving them
+    page = start_web(HttpArgs.of(a), out, "inprocess")  # the run's events (+ live page with --http, live.json)
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
     page.events.subscribe(round_records(bar.on_round))
     try:
@@ -85,7 +85,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
               f"{spec.topology.clients} clients in {hosts} client processes) beside the PS; logs in {logs}",
               file=sys.stderr)
     security, child_security = launch_security(SecurityArgs.of(a), spec, out)
-    page = start_web(HttpArgs.of(a))
+    page = start_web(HttpArgs.of(a), out, "network")
     bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
     page.events.subscribe(readiness(bar.on_join))
     page.events.subscribe(round_records(bar.on_round))

@@ -182,9 +182,11 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         async def stream() -> AsyncIterator[str]:
             cur = Cursor()
             yield "retry: 2000\n\n"
-            while not notifier.closing:
+            while True:  # a page that connects while the server closes still gets the run's (final) state
                 version, msg = next_message(status, cur)
                 yield f"id: {version}\nevent: update\ndata: {json.dumps(msg)}\n\n"
+                if notifier.closing:
+                    break
                 while not await notifier.wait_beyond(version, KEEPALIVE_S):
                     yield ": keep-alive\n\n"
         return StreamingResponse(stream(), media_type="text/event-stream",
