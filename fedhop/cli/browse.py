@@ -128,7 +128,7 @@ def show_text(run: RunFolder, top: int = 20) -> str:
     if run.links:
         by_class = bytes_by_class(run.links)
         lines.append("by class  " + ", ".join(f"{CLASS_TITLES[c]} {fmt_bytes(v)}" for c, v in by_class.items() if v))
-        lines += ["", "bytes per link (payload: tensor bytes; message: serialized frames; wire: TCP, over the network):",
+        lines += ["", "bytes per link (payload: tensor bytes; message: serialized frames; wire: TCP stream):",
                   link_table(run.links, top=top)]
     elif i.status == "running":
         lines += ["", "bytes per link: written when the run ends" + (f" (live: {i.url})" if i.url else "")]

@@ -182,11 +182,9 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         async def stream() -> AsyncIterator[str]:
             cur = Cursor()
             yield "retry: 2000\n\n"
-            while True:  # a page that connects while the server closes still gets the run's (final) state
+            while not notifier.closing or not cur.sent_any:  # closing: a page that connects now gets the state
                 version, msg = next_message(status, cur)
                 yield f"id: {version}\nevent: update\ndata: {json.dumps(msg)}\n\n"
-                if notifier.closing:
-                    break
                 while not await notifier.wait_beyond(version, KEEPALIVE_S):
                     yield ": keep-alive\n\n"
         return StreamingResponse(stream(), media_type="text/event-stream",
