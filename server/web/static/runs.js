@@ -120,8 +120,7 @@ function drawRuns() {
 function toggle(name, on) {
   state.selected = on ? [...state.selected.filter((n) => n !== name), name] : state.selected.filter((n) => n !== name);
   const url = new URL(window.location.href);
-  if (state.selected.length) url.searchParams.set("compare", state.selected.join(","));
-  else url.searchParams.delete("compare");
+  url.search = state.selected.length ? `?compare=${state.selected.map(encodeURIComponent).join(",")}` : "";
   history.replaceState(null, "", url);
   loadCurves();
 }
@@ -262,6 +261,6 @@ el("metric").addEventListener("change", (ev) => { state.metric = ev.target.value
 el("log-x").addEventListener("change", (ev) => { state.logX = ev.target.checked; drawOverlay(); });
 window.addEventListener("resize", () => drawOverlay());
 const wanted = new URL(window.location.href).searchParams.get("compare");
-state.selected = wanted ? wanted.split(",").filter(Boolean) : [];
+state.selected = wanted ? wanted.split(",").filter(Boolean) : [];  // (searchParams decodes the names)
 loadRuns().then(drawOverlay);
 setInterval(loadRuns, REFRESH_MS);
