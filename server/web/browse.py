@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import socket
 import threading
 import time
@@ -46,7 +47,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
-from fedhop.browse import RunFolder, RunNotFound, files_signature, find_runs, list_runs, read_folder
+from fedhop.browse import RunFolder, RunInfo, RunNotFound, files_signature, find_runs, read_folder
 from fedhop.server.web.app import KEEPALIVE_S, LOOPBACK_HOSTS, BearerAuth, create_app
 from fedhop.server.web.feed import Cursor, next_message
 from fedhop.server.web.serve import check_token, is_loopback, parse_address
@@ -141,6 +142,7 @@ class RunViews:
 
     root: Path
     _views: dict[str, RunView] = field(default_factory=dict)
+    _infos: dict[str, tuple[tuple[Any, ...], float, RunInfo]] = field(default_factory=dict)
     _names: tuple[float, dict[str, Path]] = (0.0, {})
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -153,6 +155,29 @@ class RunViews:
         with self._lock:
             self._names = (time.monotonic(), found)
         return found
+
+    def infos(self) -> list[RunInfo]:
+        """Every run's ``ls`` line, oldest first (as :func:`~fedhop.browse.list_runs`), a folder read again only
+        when its files changed (or, running, every :data:`RECHECK_S`): the list page asks every few seconds."""
+        if not self.root.is_dir():
+            raise RunNotFound(f"{self.root} is not a folder of runs")
+        out = []
+        for name, folder in self.names().items():
+            sig = files_signature(folder)
+            with self._lock:
+                hit = self._infos.get(name)
+            if hit is not None and hit[0] == sig and (
+                    hit[2].status != "running" or time.monotonic() - hit[1] < RECHECK_S):
+                out.append(hit[2])
+                continue
+            try:
+                info = read_folder(folder, self.root).info
+            except RunNotFound:  # removed meanwhile
+                continue
+            with self._lock:
+                self._infos[name] = (sig, time.monotonic(), info)
+            out.append(info)
+        return sorted(out, key=lambda i: (i.started if i.started is not None else math.inf, i.name))
 
     def _name(self, folder: Path) -> str:
         rel = folder.resolve().relative_to(self.root.resolve()).as_posix()
@@ -274,7 +299,7 @@ def create_ui_app(root: Path, *, token: str | None = None, loopback: bool = True
 
     async def api_runs(request: Request) -> Response:
         try:
-            infos = await to_thread.run_sync(list_runs, root)
+            infos = await to_thread.run_sync(views.infos)
         except RunNotFound as e:
             return JSONResponse({"error": str(e)}, status_code=404)
         return JSONResponse({"root": str(root), "runs": [
