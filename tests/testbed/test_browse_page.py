@@ -1,9 +1,9 @@
 """``fedhop ui`` in a real headless Chromium (as tests/testbed/test_live_page.py drives it): the run list of a
 folder holding two finished in-process runs and one still running, two runs overlaid (what ``fedhop compare``
 draws, with hover values and a legend that hides a run), a finished run's page read from its folder with its
-curves, per-link table and route; and a page opened on a PS's address as the PS closes, which shows the run's
-final state instead of "connecting...". Screenshots go to the test's artifacts folder (printed; under
-pytest's tmp_path).
+curves, per-link table and route, a running run's page following its journal; and a page opened on a PS's
+address as the PS closes, which shows the run's final state instead of "connecting...". Screenshots go to the
+test's artifacts folder (printed; under pytest's tmp_path).
 """
 
 from __future__ import annotations
@@ -161,9 +161,23 @@ def test_run_list_overlay_and_a_finished_runs_page(chrome: webdriver.Chrome, run
         chrome.save_screenshot(str(artifacts / "finished_run_page.png"))
         chrome.find_element(By.ID, "home").click()
         wait_count(chrome, "#runs-body tr", 3)
+
+        # -- a running run's page follows its journal, and links to its PS's own page ------------------------
+        chrome.find_element(By.LINK_TEXT, LIVE).click()
+        wait_text(chrome, "phase", "running")
+        assert shown(chrome, "conn") == "run folder (following)" and shown(chrome, "round") == "2 / 5"
+        assert chrome.find_element(By.LINK_TEXT, "the PS's live page").get_attribute("href") == \
+            "http://127.0.0.1:8123/"
+        with (runs / LIVE / "rounds.jsonl").open("a") as f:
+            f.write(json.dumps({"round": 3, "accuracy": 0.8125, "loss": 0.5, "elapsed_s": 1.5, "round_s": 0.5}) + "\n")
+        wait_text(chrome, "round", "3 / 5")
+        assert shown(chrome, "last-accuracy") == "0.8125"
+        assert "bytes are written when the run ends" in shown(chrome, "chart-acc-bytes")
+        assert not severe(chrome)
+        chrome.save_screenshot(str(artifacts / "running_run_page.png"))
     finally:
         ui.stop()
-    for shot in ("run_list.png", "runs_overlaid.png", "finished_run_page.png"):
+    for shot in ("run_list.png", "runs_overlaid.png", "finished_run_page.png", "running_run_page.png"):
         assert (artifacts / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -74,12 +74,16 @@ function draw() {
   drawFacts();
   const evaluated = (key) => state.rounds.filter((r) => typeof r[key] === "number");
   const acc = evaluated("accuracy"), loss = evaluated("loss");
+  // a run folder being written has no byte counts before its end (fedhop ui; the PS's own page has them live)
+  const st = state.status, noBytes = st && st.source === "folder" && !(state.links && state.links.links.length);
+  const bytes = (rows) => (noBytes ? [] : rows);
+  const why = noBytes ? "bytes are written when the run ends" : undefined;
   lineChart(el("chart-acc-round"), acc.map((r) => [r.round, r.accuracy]), "round", fmtInt, true);
-  lineChart(el("chart-acc-bytes"), acc.map((r) => [r.payload_bytes, r.accuracy]), "cumulative payload",
-            fmtBytesShort);
+  lineChart(el("chart-acc-bytes"), bytes(acc.map((r) => [r.payload_bytes, r.accuracy])), "cumulative payload",
+            fmtBytesShort, false, why);
   lineChart(el("chart-loss-round"), loss.map((r) => [r.round, r.loss]), "round", fmtInt, true);
-  lineChart(el("chart-loss-bytes"), loss.map((r) => [r.payload_bytes, r.loss]), "cumulative payload",
-            fmtBytesShort);
+  lineChart(el("chart-loss-bytes"), bytes(loss.map((r) => [r.payload_bytes, r.loss])), "cumulative payload",
+            fmtBytesShort, false, why);
   drawLinks();
   drawTopology();
   drawRoute();
@@ -129,13 +133,13 @@ function niceTicks(lo, hi, n) {
   return out;
 }
 
-function lineChart(svg, pts, xLabel, xFmt, integerX) {
+function lineChart(svg, pts, xLabel, xFmt, integerX, empty) {
   svg.replaceChildren();
   const W = svg.clientWidth || 460, H = svg.clientHeight || 220;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   const L = 52, R = 14, T = 10, B = 34;
   if (!pts.length) {
-    text(svg, W / 2, H / 2, "no evaluated round yet", { "text-anchor": "middle", class: "empty" });
+    text(svg, W / 2, H / 2, empty || "no evaluated round yet", { "text-anchor": "middle", class: "empty" });
     return;
   }
   let x0 = Math.min(...pts.map((p) => p[0])), x1 = Math.max(...pts.map((p) => p[0]));
