@@ -126,7 +126,7 @@ class LiveMarker:
             _write_json(self.path, self.data)
         except OSError as e:
             self._broken = True
-            log.warning("cannot write %s (%s); fedhop ls will infer this run's status", self.path,
+            log.info("cannot write %s (%s); fedhop ls will infer this run's status", self.path,
                         e.strerror or e)
         self._written = self._clock()
 

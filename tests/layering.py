@@ -5,7 +5,7 @@ docs/design.md ("Layers") draws it::
     core (fedhop.common's torch-free modules: spec, validation, exit codes, ...)
       <- wire (fedhop.common.wire, fedhop.v1)
       <- ml (fedhop.common.models, fedhop.common.data: torch)
-      <- engine (fedhop.common.engine)
+      <- engine (fedhop.common.engine; fedhop.browse, which reads the run folders it writes)
       <- algorithms (fedhop.common.algorithms)
     engine <- transport (fedhop.transport)
     engine <- web (fedhop.server.web)
