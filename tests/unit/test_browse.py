@@ -255,3 +255,19 @@ def test_the_page_rebuilt_from_the_folder_is_the_live_one(simulated: tuple[Path,
     for key in ("run_id", "name", "algorithm", "rounds_completed", "rounds_total", "last", "nodes", "spec"):
         assert mine[key] == ref[key], key
     assert (mine["phase"], mine["source"], mine["folder"]) == ("finished", "folder", "fedchs-run")
+
+
+
+def test_the_commands_web_start_writes_live_json(tmp_path: Path) -> None:
+    """The command line's wiring (simulate, launch, server): start_web subscribes a LiveMarker to the run's events."""
+    from fedhop.cli.console import HttpArgs, start_web
+
+    page = start_web(HttpArgs(), tmp_path, "inprocess")
+    try:
+        page.events.emit("run_started", run_id="r-2", spec=spec(), nodes=[], resumed_at=0)
+        page.events.emit("run_finished", ok=True, wall_s=1.0, error=None)
+    finally:
+        page.close()
+    live = json.loads((tmp_path / "live.json").read_text())
+    assert (live["pid"], live["engine"], live["run_id"], live["ok"], live["url"]) == \
+        (os.getpid(), "inprocess", "r-2", True, None)
