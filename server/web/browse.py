@@ -83,20 +83,21 @@ class FolderStatus(RunStatus):
                   run_id=st["run_id"] or info.run_id or info.name)
         if info.status != "running":
             st["phase"] = info.status
-        if st["name"] is None:
-            st["name"] = info.spec_name or info.name
+        if st["spec"] is None:  # a spec this fedhop cannot read, or none yet: what the folder says
+            st.update(name=info.spec_name or info.name, algorithm=info.algorithm,
+                      rounds_total=info.rounds_total or st["rounds_total"])
         return st
 
 
 def replay(status: FolderStatus, run: RunFolder) -> None:
     """Feed ``status`` the events the run's files stand for (see the module docstring)."""
-    if run.spec is None:
-        return
     try:
-        status("run_started", {"run_id": run.info.run_id or run.info.name, "spec": run.spec, "nodes": None,
-                               "resumed_at": 0})
+        if run.spec is not None:
+            status("run_started", {"run_id": run.info.run_id or run.info.name, "spec": run.spec, "nodes": None,
+                                   "resumed_at": 0})
     except (ValueError, KeyError, TypeError) as e:  # a spec this fedhop cannot read (pydantic's error: ValueError)
-        log.warning("%s: its spec cannot be read (%s); the page shows the rounds only", run.info.path, e)
+        log.warning("%s: its spec cannot be read (%s); the page shows the rounds only", run.info.path,
+                    str(e).splitlines()[0])
     topo = status.topology()
     for node, about in topo["nodes"].items():
         if node != topo["server"]:

@@ -271,3 +271,17 @@ def test_the_commands_web_start_writes_live_json(tmp_path: Path) -> None:
     live = json.loads((tmp_path / "live.json").read_text())
     assert (live["pid"], live["engine"], live["run_id"], live["ok"], live["url"]) == \
         (os.getpid(), "inprocess", "r-2", True, None)
+
+
+def test_a_folder_whose_spec_this_fedhop_cannot_read_still_shows_its_rounds(tmp_path: Path) -> None:
+    from fedhop.server.web.browse import FolderStatus
+
+    folder = finished(tmp_path / "run")
+    res = json.loads((folder / "results.json").read_text())
+    res["spec"]["algorithm"]["name"] = "not-an-algorithm"
+    (folder / "results.json").write_text(json.dumps(res))
+    page = FolderStatus(read_folder(folder))
+    st = page.status()
+    assert (st["phase"], st["algorithm"], st["rounds_completed"], st["rounds_total"]) == \
+        ("finished", "not-an-algorithm", 3, 3)
+    assert [r["accuracy"] for r in page.rounds()] == [r["accuracy"] for r in rounds(3)]
