@@ -193,9 +193,6 @@ class RunFolder:
     timeline: list[dict[str, Any]] = field(default_factory=list)  # timeline.csv's rows (1-based rounds)
     marker: dict[str, Any] | None = None
 
-    def signature(self) -> tuple[Any, ...]:
-        return files_signature(Path(self.info.path))
-
 
 def is_run_folder(folder: Path) -> bool:
     return any((folder / f).is_file() for f in RUN_FILES)
