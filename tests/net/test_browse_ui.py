@@ -157,3 +157,28 @@ def test_a_page_connecting_while_the_ps_closes_gets_the_final_state() -> None:
         assert msgs[0]["status"]["phase"] == "finished" and [r["round"] for r in msgs[0]["rounds"]] == [1, 2]
     finally:
         server.stop()
+
+
+def test_the_page_carries_the_runs_state(ui: UiServer) -> None:
+    """Served with the run's state in it, the page shows the run even when its event stream never connects;
+    nothing in the state can end the script element (a missing-log reason here)."""
+    status = RunStatus()
+    status("run_started", {"run_id": "r-1", "spec": spec(2), "nodes": None, "resumed_at": 0})
+    status("round_started", {"round": 0})
+    status("round_ended", {"round": 0, "duration_s": 0.5, "record": {"round": 1, "accuracy": 0.625}})
+    status("missing", {"entry": {"round": 1, "by": "edge-0", "node": "client-1", "task": "t",
+                                 "reason": "</script><script>alert(1)</script>"}})
+    server = start_http(status, "127.0.0.1", 0)
+    try:
+        html = httpx.get(server.url, timeout=30).text
+    finally:
+        server.stop()
+    head, _, rest = html.partition('<script id="snapshot" type="application/json">')
+    body, _, _ = rest.partition("</script>")
+    snap = json.loads(body)
+    assert snap["reset"] and snap["status"]["phase"] == "running" and snap["rounds"][0]["accuracy"] == 0.625
+    assert snap["missing"][0]["reason"] == "</script><script>alert(1)</script>"
+    assert "alert(1)</script>" not in html
+    # fedhop ui's run pages are the same page: they carry the folder's state
+    page = get(ui, f"runs/{DONE}/").text
+    assert '"phase": "finished"' in page.partition('id="snapshot"')[2]

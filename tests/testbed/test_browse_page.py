@@ -204,5 +204,18 @@ def test_a_page_opened_as_the_ps_closes_shows_the_run(chrome: webdriver.Chrome, 
         assert shown(chrome, "round") == "5 / 5"
         assert shown(chrome, "last-accuracy") == f"{res['rounds'][-1]['accuracy']:.4f}"
         chrome.save_screenshot(str(artifacts / "ps_page_after_the_run.png"))
+
+        # no event stream and no JSON API at all (the PS gone right after serving the page, or a proxy keeping
+        # them out): the page shows the state it was served with
+        chrome.execute_cdp_cmd("Network.enable", {})
+        chrome.execute_cdp_cmd("Network.setBlockedURLs", {"urls": ["*/api/*"]})
+        chrome.get(server.url)
+        wait_text(chrome, "phase", "finished")
+        assert shown(chrome, "round") == "5 / 5" and shown(chrome, "run-algorithm") == "fedchs"
+        points = chrome.find_element(By.CSS_SELECTOR, "#chart-acc-round polyline").get_attribute("points")
+        assert len(points.split()) == sum("accuracy" in r for r in res["rounds"])
+        WebDriverWait(chrome, WAIT_S).until(lambda d: shown(d, "conn") != "connecting…", "the page never gave up")
+        assert "run ended" in shown(chrome, "conn")
+        chrome.save_screenshot(str(artifacts / "ps_page_without_a_stream.png"))
     finally:
         server.stop()

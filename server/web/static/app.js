@@ -376,4 +376,9 @@ async function finalState() {
 
 window.addEventListener("resize", () => draw());
 setInterval(tickClock, 1000);
-connect();
+function start() {
+  const snapshot = el("snapshot");  // the state when the page was served (server/web/app.py), until the stream speaks
+  if (snapshot) apply(JSON.parse(snapshot.textContent));
+  connect();
+}
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
