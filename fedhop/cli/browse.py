@@ -168,14 +168,16 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 def cmd_ui(a: argparse.Namespace) -> int:
     from fedhop.server.web.browse import serve_forever
+    from fedhop.server.web.cli import TOKEN_ENV
     from fedhop.server.web.serve import HttpConfigError
 
     root = Path(a.runs_dir)
     if not root.is_dir():
         raise Fatal(ExitCode.USAGE, f"{root} is not a folder of runs")
+    token = a.http_token or os.environ.get(TOKEN_ENV) or None
     try:
-        serve_forever(root, a.http, token=a.http_token, announce=lambda line: print(f"fedhop ui: {line}",
-                                                                                    file=sys.stderr, flush=True))
+        serve_forever(root, a.http, token=token,
+                      announce=lambda line: print(f"fedhop ui: {line}", file=sys.stderr, flush=True))
     except HttpConfigError as e:
         raise _fatal(e) from None
     except OSError as e:
@@ -206,6 +208,6 @@ def add_commands(sub: argparse._SubParsersAction, formatter: type[argparse.HelpF
     s.add_argument("runs_dir", nargs="?", default=DEFAULT_ROOT, metavar="RUNS_DIR", help="folder of run folders")
     s.add_argument("--http", metavar="HOST:PORT", default="127.0.0.1:8090",
                    help="address to serve on (port 0 = a free port); a host beyond loopback needs --http-token")
-    s.add_argument("--http-token", metavar="TOKEN", default=os.environ.get(TOKEN_ENV),
+    s.add_argument("--http-token", metavar="TOKEN", default=None,  # the environment's is read when run (not in --help)
                    help=f"bearer token every request must carry (default: ${TOKEN_ENV}); required beyond loopback")
     s.set_defaults(fn=cmd_ui)
