@@ -17,7 +17,8 @@ The status of a run (:func:`run_status`; ``ls`` prints the reason with ``--json`
 
 1. ``results.json`` is there: ``interrupted`` when it says so (Ctrl-C: the rounds done, no final model);
    ``failed`` when ``live.json`` says the run ended with an error, or (without ``live.json``) its rounds stop
-   before the spec's last one; else ``finished``.
+   before the spec's last one; else ``finished``. Unless ``live.json``'s process is alive and started after
+   ``results.json`` was written: ``launch --resume`` goes on with the run, ``running``, read from its journal.
 2. No ``results.json``, but a ``live.json`` written on this host: ``running`` while its process is alive
    (the pid exists and started when the marker says: a reused pid is not taken for the run); once the
    process is gone, ``failed`` (killed, crashed, or its results could not be written).
@@ -293,6 +294,20 @@ def _newest_change(folder: Path) -> float | None:
     return max(times) if times else None
 
 
+def _resumed(folder: Path, marker: Mapping[str, Any] | None, host: str) -> bool:
+    """A live process on this host started after results.json was written: ``launch --resume`` goes on with an
+    interrupted run (its old results.json stays until the run writes the new one)."""
+    if marker is None or marker.get("host") != host or not isinstance(marker.get("pid"), int):
+        return False
+    try:
+        written = (folder / RESULTS).stat().st_mtime
+    except OSError:
+        return False
+    started = marker.get("started")
+    return (isinstance(started, (int, float)) and started > written and marker.get("ended") is None
+            and process_alive(marker["pid"], marker.get("proc_start")))
+
+
 def run_status(folder: Path, results: Mapping[str, Any] | None, marker: Mapping[str, Any] | None,
                rounds: list[dict[str, Any]], rounds_total: int | None, *, now: float | None = None,
                host: str | None = None) -> tuple[str, str]:
@@ -300,6 +315,9 @@ def run_status(folder: Path, results: Mapping[str, Any] | None, marker: Mapping[
     now = time.time() if now is None else now
     host = socket.gethostname() if host is None else host
     done = max((int(r["round"]) for r in rounds), default=0)
+    if results is not None and _resumed(folder, marker, host):
+        pid = (marker or {}).get("pid")
+        return "running", f"its process (pid {pid}) is alive and started after results.json was written (resumed)"
     if results is not None:
         if results.get("interrupted"):
             return "interrupted", "results.json says interrupted (stopped before the last round)"
@@ -341,6 +359,9 @@ def read_folder(folder: Path, root: Path | None = None, *, now: float | None = N
         rounds = read_journal(folder / JOURNAL)
     rounds_total = int(spec["rounds"]) if spec and isinstance(spec.get("rounds"), int) else None
     status, why = run_status(folder, results, marker, rounds, rounds_total, now=now)
+    if status == "running" and results is not None:  # resumed: the old results.json is not this run's
+        results = None
+        rounds = read_journal(folder / JOURNAL)
     links = list((results or {}).get("links") or [])
     missing = list((results or {}).get("missing") or [])
     totals = (results or {}).get("totals") or (marker or {}).get("totals") or None

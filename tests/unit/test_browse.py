@@ -76,8 +76,9 @@ def test_a_finished_run_reads_as_ls_shows_it(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("make", "status", "why"), [
     (lambda f: finished(f, interrupted=True, n=2), "interrupted", "interrupted"),
     (lambda f: finished(f, n=2), "failed", "rounds up to 2 of 3"),
-    (lambda f: (finished(f), marker(f, ok=False, error="RoundFailed: too few replies")), "failed", "too few"),
-    (lambda f: (finished(f), marker(f, ok=True)), "finished", "results.json written"),
+    (lambda f: (finished(f), marker(f, ended=NOW, ok=False, error="RoundFailed: too few replies")), "failed",
+     "too few"),
+    (lambda f: (finished(f), marker(f, ended=NOW, ok=True)), "finished", "results.json written"),
     (lambda f: (journal(f, 2), marker(f)), "running", "is alive"),
     (lambda f: (journal(f, 2), marker(f, proc_start=-1)), "failed", "is gone"),  # this pid, another process
     (lambda f: (journal(f, 2), marker(f, pid=2 ** 22 + 12345)), "failed", "is gone"),
@@ -90,6 +91,18 @@ def test_status_rule(tmp_path: Path, make, status: str, why: str) -> None:
     make(folder)
     info = read_folder(folder, now=NOW).info
     assert info.status == status and why in info.why, info.why
+
+
+def test_a_resumed_run_is_running_although_its_old_results_are_there(tmp_path: Path) -> None:
+    folder = finished(tmp_path / "run", n=2, total=5, interrupted=True)  # Ctrl-C after round 2 ...
+    journal(folder, 3)  # ... then `launch --resume`: the journal goes on, results.json stays until the end
+    written = (folder / "results.json").stat().st_mtime
+    marker(folder, started=written + 1)
+    info = read_folder(folder).info
+    assert (info.status, info.rounds_done, info.payload_bytes) == ("running", 3, 2500)
+    assert "resumed" in info.why
+    marker(folder, started=written - 1)  # a process that started before the results were written: not a resume
+    assert read_folder(folder).info.status == "interrupted"
 
 
 def test_a_running_run_reports_its_page_and_bytes_so_far(tmp_path: Path) -> None:
