@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
+    from fedhop.browse import LiveMarker
     from fedhop.common.engine.events import round_records
     from fedhop.common.engine.preflight import check_user_code
     from fedhop.common.engine.results import write_run_folder
@@ -44,9 +45,10 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     check_user_code(spec, source=a.spec or "<default spec>")
     check_device(a.device or spec.device)
     out = run_folder(a.out, a.force, spec.name, "simulate")
-    page = start_web(HttpArgs.of(a), out, "inprocess")  # the run's events (+ live page with --http, live.json)
+    page = start_web(HttpArgs.of(a))  # the run's events; with --http, the live page / API / metrics serving them
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
     page.events.subscribe(round_records(bar.on_round))
+    page.events.subscribe(LiveMarker(out, url=page.url, engine="inprocess"))  # live.json: fedhop ls / ui read it
     try:
         result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl")
     finally:
