@@ -298,3 +298,17 @@ def test_a_folder_whose_spec_this_fedhop_cannot_read_still_shows_its_rounds(tmp_
     assert (st["phase"], st["algorithm"], st["rounds_completed"], st["rounds_total"]) == \
         ("finished", "not-an-algorithm", 3, 3)
     assert [r["accuracy"] for r in page.rounds()] == [r["accuracy"] for r in rounds(3)]
+
+
+def test_simulate_writes_live_json_that_ls_reads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fedhop simulate`` leaves live.json: this process, the run's id and spec, how it ended."""
+    from tests.unit.test_cli import SMALL
+
+    out = tmp_path / "runs" / "sim"
+    assert main(["simulate", "--out", str(out), *SMALL]) == 0
+    capsys.readouterr()
+    live = json.loads((out / "live.json").read_text())
+    assert (live["pid"], live["engine"], live["ok"], live["url"]) == (os.getpid(), "inprocess", True, None)
+    assert live["run_id"] and live["spec"]["rounds"] == 3 and live["ended"] >= live["started"]
+    info = read_folder(out, out.parent).info
+    assert (info.status, info.run_id, info.rounds_done, info.engine) == ("finished", live["run_id"], 3, "inprocess")
