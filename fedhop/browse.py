@@ -19,9 +19,10 @@ The status of a run (:func:`run_status`; ``ls`` prints the reason with ``--json`
    ``failed`` when ``live.json`` says the run ended with an error, or (without ``live.json``) its rounds stop
    before the spec's last one; else ``finished``. Unless ``live.json``'s process is alive and started after
    ``results.json`` was written: ``launch --resume`` goes on with the run, ``running``, read from its journal.
-2. No ``results.json``, but a ``live.json`` written on this host: ``running`` while its process is alive
-   (the pid exists and started when the marker says: a reused pid is not taken for the run); once the
-   process is gone, ``failed`` (killed, crashed, or its results could not be written).
+2. No ``results.json``, and a process holds the folder's lock (``.fedhop.lock``, an exclusive flock, where
+   the command takes one): ``running``. Else, with a ``live.json`` written on this host: ``running`` while
+   its process is alive (the pid exists and started when the marker says: a reused pid is not taken for the
+   run); once the process is gone, ``failed`` (killed, crashed, or its results could not be written).
 3. Neither (a folder from an older fedhop, or a PS on another machine writing a shared folder): ``running`` if
    its journal, checkpoints or logs changed within :data:`STALE_S` seconds (or three times its slowest round
    so far, if longer); else ``failed``.
@@ -48,6 +49,7 @@ from typing import Any
 log = logging.getLogger("fedhop.browse")
 
 MARKER = "live.json"
+LOCK_FILE = ".fedhop.lock"  # the run folder's lock, where the command running it takes one (an exclusive flock)
 RESULTS = "results.json"
 JOURNAL = "rounds.jsonl"
 TIMELINE = "timeline.csv"
@@ -75,6 +77,29 @@ def _proc_start(pid: int) -> int | None:
         return int(stat.rsplit(")", 1)[1].split()[19])
     except (IndexError, ValueError):
         return None
+
+
+def lock_holder(folder: Path) -> int | None:
+    """The pid holding an exclusive flock on ``folder``'s :data:`LOCK_FILE` (Linux: read from /proc/locks, so
+    looking never takes the lock itself: a run starting now is not refused because of us); None when there is no
+    lock file, nobody holds it, or this cannot be told."""
+    try:
+        st = (folder / LOCK_FILE).stat()
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return None
+    for line in table.splitlines():
+        parts = line.split()  # "4: FLOCK  ADVISORY  WRITE 32674 fe:00:1549645 0 EOF"; waiters have a "->"
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[3] != "WRITE" or "->" in parts:
+            continue
+        dev = parts[5].split(":")
+        try:
+            if len(dev) == 3 and int(dev[2]) == st.st_ino and \
+                    os.makedev(int(dev[0], 16), int(dev[1], 16)) == st.st_dev:
+                return int(parts[4])
+        except ValueError:
+            continue
+    return None
 
 
 def process_alive(pid: int, started: int | None) -> bool:
@@ -315,6 +340,9 @@ def run_status(folder: Path, results: Mapping[str, Any] | None, marker: Mapping[
     now = time.time() if now is None else now
     host = socket.gethostname() if host is None else host
     done = max((int(r["round"]) for r in rounds), default=0)
+    holder = lock_holder(folder)
+    if holder is not None and (results is None or _resumed(folder, marker, host)):
+        return "running", f"process {holder} holds its lock ({LOCK_FILE})"
     if results is not None and _resumed(folder, marker, host):
         pid = (marker or {}).get("pid")
         return "running", f"its process (pid {pid}) is alive and started after results.json was written (resumed)"

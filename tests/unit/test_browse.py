@@ -114,6 +114,28 @@ def test_a_running_run_reports_its_page_and_bytes_so_far(tmp_path: Path) -> None
     assert info.duration_s == pytest.approx(60.0)
 
 
+def test_a_held_run_folder_lock_means_running(tmp_path: Path) -> None:
+    """Where the command running a folder holds an exclusive flock on its .fedhop.lock, that decides (read from
+    /proc/locks: looking takes no lock)."""
+    import fcntl
+
+    folder = journal(tmp_path / "run", 2)
+    (folder / browse.LOCK_FILE).write_text("")
+    old = time.time() - 3600
+    for p in (folder / "rounds.jsonl", folder):
+        os.utime(p, (old, old))
+    assert read_folder(folder).info.status == "failed"  # an old folder, its lock file free
+    fd = os.open(folder / browse.LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        info = read_folder(folder).info
+        assert info.status == "running" and f"process {os.getpid()} holds its lock" in info.why
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # still ours alone: looking took no lock
+    finally:
+        os.close(fd)
+    assert read_folder(folder).info.status == "failed"
+
+
 def test_without_a_marker_the_files_age_decides(tmp_path: Path) -> None:
     folder = journal(tmp_path / "run", 2, tail='{"round": 3, "accur')  # a line cut short: skipped
     now = time.time()
