@@ -47,8 +47,8 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     out = run_folder(a.out, a.force, spec.name, "simulate")
     page = start_web(HttpArgs.of(a))  # the run's events; with --http, the live page / API / metrics serving them
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
-    page.events.subscribe(round_records(bar.on_round))
     page.events.subscribe(LiveMarker(out, url=page.url, engine="inprocess"))  # live.json: fedhop ls / ui read it
+    page.events.subscribe(round_records(bar.on_round))
     try:
         result = simulate(spec, page.events, device=a.device, journal=out / "rounds.jsonl")
     finally:
