@@ -140,9 +140,9 @@ def test_run_list_overlay_and_a_finished_runs_page(chrome: webdriver.Chrome, run
 
         # -- a finished run's page, read from its folder -------------------------------------------------------
         chrome.find_element(By.LINK_TEXT, FEDCHS).click()
-        wait_text(chrome, "phase", "finished")
+        wait_text(chrome, "conn", "run folder")  # (the page shows the run before its stream connects, too)
         res = results[FEDCHS]
-        assert shown(chrome, "conn") == "run folder"
+        assert shown(chrome, "phase") == "finished"
         assert shown(chrome, "round") == "5 / 5" and shown(chrome, "run-algorithm") == "fedchs"
         assert shown(chrome, "last-accuracy") == f"{res['rounds'][-1]['accuracy']:.4f}"
         assert as_int(shown(chrome, "total-payload")) == res["totals"]["payload_bytes"]
@@ -164,8 +164,8 @@ def test_run_list_overlay_and_a_finished_runs_page(chrome: webdriver.Chrome, run
 
         # -- a running run's page follows its journal, and links to its PS's own page ------------------------
         chrome.find_element(By.LINK_TEXT, LIVE).click()
-        wait_text(chrome, "phase", "running")
-        assert shown(chrome, "conn") == "run folder (following)" and shown(chrome, "round") == "2 / 5"
+        wait_text(chrome, "conn", "run folder (following)")
+        assert shown(chrome, "phase") == "running" and shown(chrome, "round") == "2 / 5"
         assert chrome.find_element(By.LINK_TEXT, "the PS's live page").get_attribute("href") == \
             "http://127.0.0.1:8123/"
         with (runs / LIVE / "rounds.jsonl").open("a") as f:
