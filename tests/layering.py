@@ -5,7 +5,7 @@ docs/design.md ("Layers") draws it::
     core (fedhop.common's torch-free modules: spec, validation, exit codes, ...)
       <- wire (fedhop.common.wire, fedhop.v1)
       <- ml (fedhop.common.models, fedhop.common.data: torch)
-      <- engine (fedhop.common.engine)
+      <- engine (fedhop.common.engine; fedhop.browse, which reads the run folders it writes)
       <- algorithms (fedhop.common.algorithms)
     engine <- transport (fedhop.transport)
     engine <- web (fedhop.server.web)
@@ -67,6 +67,7 @@ LAYER_OF = [
     ("fedhop.check", "testbeds"),
     ("fedhop.testing", "testbeds"),
     ("fedhop.run_folders", "testbeds"),
+    ("fedhop.browse", "engine"),  # the run folders' reader (ls, show, ui): what the engine writes, read back
     ("fedhop.api", "algorithms"),  # the public protocol API: re-exports the engine's and the algorithms' helpers
     ("fedhop", "cli"),
 ]

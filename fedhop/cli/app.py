@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from fedhop.cli import check, deploy, identity, new, plan, reproduce, roles, run, spec
+from fedhop.cli import browse, check, deploy, identity, new, plan, reproduce, roles, run, spec
 from fedhop.cli.console import HelpFormatter
 from fedhop.cli.errors import run_command
 
@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     identity.add_commands(sub)
     check.add_commands(sub)
     new.add_commands(sub, HelpFormatter)
+    browse.add_commands(sub, HelpFormatter)  # ls, show, ui
     return p
 
 

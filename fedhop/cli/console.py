@@ -128,12 +128,18 @@ class HttpArgs:
         return cls(http=a.http, http_token=a.http_token)
 
 
-def start_web(http: HttpArgs) -> LivePage:
+def start_web(http: HttpArgs, folder: Path | None = None, engine: str | None = None) -> LivePage:
     """The run's events and, with --http, the live page / JSON API / metrics fed by them (``page.close()`` at
-    the end). A bad setting is a Fatal (USAGE; a taken address: ADDRESS_IN_USE)."""
+    the end). A bad setting is a Fatal (USAGE; a taken address: ADDRESS_IN_USE). ``folder``: the run folder,
+    which gets ``live.json`` (this process, the page's URL, how the run ends: ``fedhop ls`` / ``ui`` read it)."""
     from fedhop.server.web.cli import page_from_args
 
-    return page_from_args(http.http, http.http_token)
+    page = page_from_args(http.http, http.http_token)
+    if folder is not None:
+        from fedhop.browse import LiveMarker
+
+        page.events.subscribe(LiveMarker(folder, url=page.url, engine=engine))
+    return page
 
 
 def on_run_clock(bar: Any, record: dict[str, Any]) -> None:

@@ -52,7 +52,7 @@ def cmd_server(a: argparse.Namespace) -> int:
     check_device(a.device or spec.device)
     out = Path(a.resume) if resume is not None else run_folder(a.out, a.force, spec.name, "server")
     exit_zero_on_sigterm_once_written(out)
-    page = start_web(HttpArgs.of(a))
+    page = start_web(HttpArgs.of(a), out, "network")
     try:
         with run_failures(RunPlace(spec.rounds, out)):
             result = run_server(spec, a.listen, out=out, device=a.device, resume=resume, events=page.events,

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
+    from fedhop.browse import LiveMarker
     from fedhop.common.engine.events import round_records
     from fedhop.common.engine.preflight import check_user_code
     from fedhop.common.engine.results import write_run_folder
@@ -49,6 +50,7 @@ def cmd_simulate(a: argparse.Namespace) -> int:
     out = run_folder(a.out, a.force, spec.name, "replay" if replay is not None else "simulate")
     page = start_web(HttpArgs.of(a))  # the run's events; with --http, the live page / API / metrics serving them
     bar = Progress(spec.rounds, f"simulate {spec.algorithm.name}", a.quiet)
+    page.events.subscribe(LiveMarker(out, url=page.url, engine="inprocess"))  # live.json: fedhop ls / ui read it
     page.events.subscribe(round_records(bar.on_round))
     with run_lock.hold(out):  # one process runs a run folder (common/run_lock.py)
         try:
@@ -136,7 +138,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
               f"{spec.topology.clients} clients in {hosts} client processes) beside the PS; logs in {logs}",
               file=sys.stderr)
     security, child_security = launch_security(SecurityArgs.of(a), spec, out)
-    page = start_web(HttpArgs.of(a))
+    page = start_web(HttpArgs.of(a), out, "network")
     bar = Progress(spec.rounds, f"launch {spec.algorithm.name}", a.quiet, clients=spec.topology.clients)
     page.events.subscribe(readiness(bar.on_join))
     page.events.subscribe(round_records(bar.on_round))

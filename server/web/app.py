@@ -140,7 +140,12 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         return int(raw)
 
     async def index(request: Request) -> Response:
-        return HTMLResponse(index_html, headers={"Cache-Control": "no-store"})
+        # the run's state as of now, in the page: it shows the run even if its event stream never connects (the
+        # PS stops serving as the run ends; a proxy that keeps event streams out)
+        snapshot = json.dumps(next_message(status, Cursor())[1]).replace("<", "\\u003c")  # no "</script>" inside
+        html = index_html.replace("</body>", f'<script id="snapshot" type="application/json">{snapshot}</script>\n'
+                                  "</body>", 1)
+        return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
     async def api_status(request: Request) -> Response:
         return JSONResponse(status.status())
@@ -182,7 +187,7 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         async def stream() -> AsyncIterator[str]:
             cur = Cursor()
             yield "retry: 2000\n\n"
-            while not notifier.closing:
+            while not notifier.closing or not cur.sent_any:  # closing: a page that connects now gets the state
                 version, msg = next_message(status, cur)
                 yield f"id: {version}\nevent: update\ndata: {json.dumps(msg)}\n\n"
                 while not await notifier.wait_beyond(version, KEEPALIVE_S):

@@ -74,12 +74,16 @@ function draw() {
   drawFacts();
   const evaluated = (key) => state.rounds.filter((r) => typeof r[key] === "number");
   const acc = evaluated("accuracy"), loss = evaluated("loss");
+  // a run folder being written has no byte counts before its end (fedhop ui; the PS's own page has them live)
+  const st = state.status, noBytes = st && st.source === "folder" && !(state.links && state.links.links.length);
+  const bytes = (rows) => (noBytes ? [] : rows);
+  const why = noBytes ? "bytes are written when the run ends" : undefined;
   lineChart(el("chart-acc-round"), acc.map((r) => [r.round, r.accuracy]), "round", fmtInt, true);
-  lineChart(el("chart-acc-bytes"), acc.map((r) => [r.payload_bytes, r.accuracy]), "cumulative payload",
-            fmtBytesShort);
+  lineChart(el("chart-acc-bytes"), bytes(acc.map((r) => [r.payload_bytes, r.accuracy])), "cumulative payload",
+            fmtBytesShort, false, why);
   lineChart(el("chart-loss-round"), loss.map((r) => [r.round, r.loss]), "round", fmtInt, true);
-  lineChart(el("chart-loss-bytes"), loss.map((r) => [r.payload_bytes, r.loss]), "cumulative payload",
-            fmtBytesShort);
+  lineChart(el("chart-loss-bytes"), bytes(loss.map((r) => [r.payload_bytes, r.loss])), "cumulative payload",
+            fmtBytesShort, false, why);
   drawLinks();
   drawTopology();
   drawRoute();
@@ -95,6 +99,7 @@ function drawFacts() {
     document.title = `fedhop · ${state.spec.name} · ${st.phase}`;
   }
   el("run-id").textContent = st.run_id || "–";
+  if (st.source === "folder") folderNav(st);
   const phase = el("phase");
   phase.textContent = st.phase;
   phase.className = `phase ${st.phase}`;
@@ -128,13 +133,13 @@ function niceTicks(lo, hi, n) {
   return out;
 }
 
-function lineChart(svg, pts, xLabel, xFmt, integerX) {
+function lineChart(svg, pts, xLabel, xFmt, integerX, empty) {
   svg.replaceChildren();
   const W = svg.clientWidth || 460, H = svg.clientHeight || 220;
   svg.setAttribute("viewBox", `0 0 ${W} ${H}`);
   const L = 52, R = 14, T = 10, B = 34;
   if (!pts.length) {
-    text(svg, W / 2, H / 2, "no evaluated round yet", { "text-anchor": "middle", class: "empty" });
+    text(svg, W / 2, H / 2, empty || "no evaluated round yet", { "text-anchor": "middle", class: "empty" });
     return;
   }
   let x0 = Math.min(...pts.map((p) => p[0])), x1 = Math.max(...pts.map((p) => p[0]));
@@ -303,22 +308,77 @@ function lineAttrs(a, b, cls) {
   return { x1: a[0], y1: a[1], x2: b[0], y2: b[1], class: cls };
 }
 
+// A run served by `fedhop ui` from its folder (server/web/browse.py): a way back to the list, and to the PS's
+// own page while the run is live.
+function folderNav(st) {
+  let nav = el("folder-nav");
+  if (!nav) {
+    nav = document.createElement("nav");
+    nav.id = "folder-nav";
+    nav.className = "legend";
+    document.querySelector("header").after(nav);
+  }
+  const home = document.createElement("a");
+  home.id = "home";
+  home.href = st.home || "../../";
+  home.textContent = "← all runs";
+  nav.replaceChildren(home, ` · read from the run folder ${st.folder}`);
+  if (st.live_url) {
+    const live = document.createElement("a");
+    live.href = st.live_url;
+    live.textContent = "the PS's live page";
+    nav.append(" · running: ", live);
+  }
+}
+
 // ---- the feed -------------------------------------------------------------------------------------------------
+const ENDED = ["finished", "failed", "interrupted"];
 function connect() {
   const conn = el("conn");
   const es = new EventSource("api/events");
   es.addEventListener("update", (ev) => {
-    conn.textContent = "live";
-    conn.className = "conn live";
-    apply(JSON.parse(ev.data));
+    const msg = JSON.parse(ev.data);
+    const folder = msg.status.source === "folder";
+    conn.textContent = folder ? (msg.status.phase === "running" ? "run folder (following)" : "run folder") : "live";
+    conn.className = folder ? "conn folder" : "conn live";
+    apply(msg);
   });
   es.onerror = () => {
-    const done = state.status && (state.status.phase === "finished" || state.status.phase === "failed");
-    conn.textContent = done ? "run ended; server gone" : "reconnecting…";
+    if (!state.status) finalState();
+    const st = state.status, done = st && ENDED.includes(st.phase);
+    conn.textContent = !done ? "reconnecting…" : st.source === "folder" ? "run folder (fedhop ui stopped)"
+      : "run ended; server gone (fedhop ui shows it from its run folder)";
     conn.className = "conn down";
   };
 }
 
+// The stream gave nothing (the server was closing, or a proxy keeps event streams out): the run's state from
+// the JSON API once, so a page opened as a run ends shows that run rather than an empty page.
+async function finalState() {
+  const get = async (path) => {
+    const r = await fetch(path, { cache: "no-store" });
+    if (!r.ok) throw new Error(`${path}: ${r.status}`);
+    return r.json();
+  };
+  try {
+    const [status, rounds, links, topology, missing] = await Promise.all(
+      ["api/status", "api/rounds", "api/links", "api/topology", "api/missing"].map(get));
+    if (state.status) return;  // the stream came back meanwhile
+    apply({ reset: true, status, rounds: rounds.rounds, route: topology.route, missing: missing.missing, links,
+            topology });
+    const conn = el("conn");
+    conn.textContent = ENDED.includes(status.phase) ? "run ended (final state)" : "no live stream (state as read)";
+    conn.className = "conn down";
+  } catch (e) {
+    // the server is gone too: nothing to show
+  }
+}
+
 window.addEventListener("resize", () => draw());
 setInterval(tickClock, 1000);
-connect();
+function start() {
+  const snapshot = el("snapshot");  // the state when the page was served (server/web/app.py), until the stream speaks
+  if (snapshot) apply(JSON.parse(snapshot.textContent));
+  connect();
+}
+if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start); else start();
