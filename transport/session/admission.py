@@ -61,8 +61,7 @@ class Admission:
             if old is not None and old.alive:  # whatever the Hello carries (a run id is no proof under plaintext)
                 return reject(self.node, link, Refusal(pb.ERROR_CODE_ALREADY_CONNECTED,
                                                        f"duplicate Hello: {node} is already connected",
-                                                       f" (from {old.peer}; the new session from {link.peer} is "
-                                                       "refused)"))
+                                                       f" (from {old.peer})"))
             if self.started and node not in roster.admitted and not hello.run_id \
                     and self.config.transport.late_join == "refuse":
                 return reject(self.node, link, Refusal(
