@@ -242,6 +242,8 @@ class ChildSession:
             stream.close()
             if rejoin and first.error.code == pb.ERROR_CODE_ALREADY_CONNECTED:
                 raise _StillConnected(first.error.message)
+            if first.error.code == pb.ERROR_CODE_DEADLINE_EXCEEDED:  # our Hello came too late (a crowded parent)
+                raise _Retry(f"the parent did not see this node's Hello in time: {first.error.message}")
             raise JoinError(f"{self.node}: parent {self.parent_addr} refused: {first.error.message}",
                             _REFUSALS.get(first.error.code, ExitCode.JOIN_FAILED))
         if not isinstance(first, pb.Frame) or first.WhichOneof("body") != "welcome":

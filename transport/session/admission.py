@@ -66,7 +66,7 @@ class Admission:
                     and self.config.transport.late_join == "refuse":
                 return reject(self.node, link, Refusal(
                     pb.ERROR_CODE_LATE_JOIN_REFUSED,
-                    f"{node} joined after the run started, and transport.late_join is 'refuse'",
+                    f"{node} joined the run after it started, and transport.late_join is 'refuse'",
                     f" (run {self.config.run_id!r})"))
             if old is not None and old is not link:
                 old.superseded = True  # its stream ended; its calls stay as they were left
