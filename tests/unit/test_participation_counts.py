@@ -30,6 +30,13 @@ def test_a_round_in_which_no_client_trained_under_edges_is_not_trained() -> None
         InProcessEngine(s, faults=FaultPlan(lambda node, task, rnd: node.startswith("client") and rnd == 1)).run()
 
 
+def test_a_focus_round_in_which_no_client_pushed_under_edges_is_not_trained() -> None:
+    s = run_spec("focus", {}, clients=4, edges=2, name="n0-focus", rounds=2, seed=5, data=DIGITS,
+                 model={"name": "mlp", "hidden": [8]})
+    with pytest.raises(RoundFailed, match=r"round 2: 0 usable replies of 2 tasks"):
+        InProcessEngine(s, faults=FaultPlan(lambda node, task, rnd: node.startswith("client") and rnd == 1)).run()
+
+
 def test_an_edge_whose_clients_all_failed_is_named_and_the_others_train() -> None:
     s = hier(rounds=2)
     engine = InProcessEngine(s)
