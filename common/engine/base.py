@@ -164,10 +164,8 @@ class BaseComm(ABC):
                     reason = size_claim_error(self.topology, t, r.scalars, sizes)
                 if reason is None:
                     self.last_ok[t] = rnd
-                    if trained_nothing(r.scalars):
+                    if trained_nothing(r.scalars):  # its clients are in the missing log already (by its edge)
                         untrained += 1
-                        self.missing.add(rnd, self.node, t, task, f"{t} replied, but trained on no sample (n = 0: "
-                                         "none of its clients' replies was usable)")
                     if fold is None:
                         out[t] = r
                     else:
