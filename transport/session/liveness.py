@@ -1,9 +1,9 @@
 """Liveness: a parent hub's watch over its children's sessions.
 
-A session must say Hello within ``transport.handshake_timeout_s`` (sooner where many wait: :class:`HelloWaits`); a
-quiet stream gets a keep-alive every
-``transport.keepalive_s``; a session that ends fails its pending calls (unless the node re-joined); a child
-that leaves the tasks of ``transport.drop_after_missed`` consecutive rounds without any reply is dropped."""
+A session must say Hello within ``transport.handshake_timeout_s`` (sooner where many wait: :class:`HelloWaits`);
+a quiet stream gets a keep-alive every ``transport.keepalive_s``; a session that ends fails its pending calls
+(unless the node re-joined); a child that leaves the tasks of ``transport.drop_after_missed`` consecutive rounds
+without any reply is dropped."""
 
 from __future__ import annotations
 
