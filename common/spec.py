@@ -161,6 +161,9 @@ class TransportSpec(Strict):
     rpc_timeout_s: float = Field(30.0, gt=0, description="deadline of unary RPCs (describe, hand-off ack)")
     handoff_retries: int = Field(3, ge=0)
     max_bundle_bytes: int = Field(16 << 30, ge=1, description="largest bundle a node accepts")
+    max_data_size: int = Field(1 << 31, ge=1, description="largest data size (samples) a client may declare when "
+                               "it joins; a parent refuses a Ready over it, naming another node, or changing a "
+                               "size declared before")
     min_participants: int = Field(1, ge=0, description="a round in which the PS sent tasks and got fewer usable "
                                   "replies than this (or than the tasks sent, if fewer) is redone; 0 = never")
     round_retries: int = Field(2, ge=0, description="how often a round with too few participants is redone "

@@ -11,7 +11,8 @@ reports Ready with its data sizes, and then serves what its parent pushes (the p
   ``transport.keepalive_timeout_s``, is dialed again with backoff for ``transport.reconnect_s``; the child
   re-joins the same run (Hello with its run_id) and moves what it had not sent yet to the new stream. The
   old stream stays open until the new one works, so a parent that was only stalled still gets what the
-  child sent before.
+  child sent before; a parent that still holds the old session refuses the new one, and the child stays on
+  the old stream (or, where that one ended, retries until the parent notices).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class JoinError(RuntimeError):
 
 class _Retry(Exception):
     """This attempt failed in a way worth retrying (nobody answers yet)."""
+
+
+class _StillConnected(Exception):
+    """The parent refused a re-join: it still holds this node's session (``ERROR_CODE_ALREADY_CONNECTED``)."""
 
 
 class LeafComm(BaseComm):
@@ -268,6 +273,10 @@ class ChildSession:
             raise JoinError(f"{self.node}: parent {self.parent_addr}: {e.code().name}: {e.details()}") from None
         if isinstance(first, pb.Frame) and first.WhichOneof("body") == "error":
             stream.close()
+            if rejoin and first.error.code == pb.ERROR_CODE_ALREADY_CONNECTED:
+                raise _StillConnected(first.error.message)
+            if first.error.code == pb.ERROR_CODE_DEADLINE_EXCEEDED:  # our Hello came too late (a crowded parent)
+                raise _Retry(f"the parent did not see this node's Hello in time: {first.error.message}")
             raise JoinError(f"{self.node}: parent {self.parent_addr} refused: {first.error.message}",
                             _REFUSALS.get(first.error.code, ExitCode.JOIN_FAILED))
         if not isinstance(first, pb.Frame) or first.WhichOneof("body") != "welcome":
@@ -321,14 +330,28 @@ class ChildSession:
             f.ready.data_sizes[k] = v
         self.send([f])
 
-    def _rejoin(self) -> ExitCode | None:
-        """Dial the parent again for transport.reconnect_s; None once re-joined, else the exit code."""
+    def _rejoin(self, *, old_ended: bool) -> ExitCode | None:
+        """Dial the parent again for transport.reconnect_s; None once re-joined, else the exit code.
+
+        ``old_ended``: the current stream ended (else the parent was only silent). A parent that still holds
+        this node's session refuses the new one (``ERROR_CODE_ALREADY_CONNECTED``): a stream that has not ended
+        is then kept (the parent was only slow, and gets what was sent on it); one that ended here is retried
+        until the parent notices too."""
         mark(f"rejoining-{self.node}")  # test hooks (common/testhooks.py): the tests await states, not log lines
         end = time.monotonic() + self.transport.reconnect_s
         delay = 0.25
         while time.monotonic() < end:
             try:
                 self._open(rejoin=True)
+            except _StillConnected as e:
+                if not old_ended:
+                    log.info("%s: parent %s still holds this node's session (%s); staying on it", self.node,
+                             self.parent_addr, e)
+                    mark(f"rejoined-{self.node}")
+                    return None
+                time.sleep(max(0.0, min(delay, end - time.monotonic())))
+                delay = min(delay * 2, 5.0)
+                continue
             except _Retry:
                 time.sleep(max(0.0, min(delay, end - time.monotonic())))
                 delay = min(delay * 2, 5.0)
@@ -400,7 +423,7 @@ class ChildSession:
                     continue
                 log.warning("%s: nothing from parent %s for %.0fs (stalled or gone); re-joining", self.node,
                             self.parent_addr, quiet * tick)
-                code = self._rejoin()
+                code = self._rejoin(old_ended=False)
                 if code is not None:
                     return self._give_up(proto, code, on_bye)
                 quiet = 0
@@ -410,7 +433,7 @@ class ChildSession:
                 if not current:
                     continue
                 log.warning("%s: stream to parent %s ended (%s); re-joining", self.node, self.parent_addr, item)
-                code = self._rejoin()
+                code = self._rejoin(old_ended=True)
                 if code is not None:
                     return self._give_up(proto, code, on_bye)
                 quiet = 0

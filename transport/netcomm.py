@@ -221,7 +221,7 @@ class NetComm(BaseComm):
             return None
         return Failure(f"{node} came back with state from round {int(said) + 1 if int(said) >= 0 else 'none'}, "
                        f"but its last accepted reply was in round {last + 1}: it lost state this run depends on "
-                       "and is left out (restart it with its --state-dir to keep it in)")
+                       "and is left out (restart it with its --state-dir to keep it in)", left_out=True)
 
     # -- edge -> edge -------------------------------------------------------------------------------------------
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar] | None = None) -> None:

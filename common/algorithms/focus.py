@@ -61,7 +61,9 @@ Choices the paper leaves open (options, spec defaults):
   computes g_i = grad f_i(x0), y = sum_i g_i and x = x0 - eta y: the engine's set-up step, whose messages are
   counted under round index SETUP_ROUND (-1). It involves every client, whoever decides participation.
 - A participant whose push does not arrive is treated as a non-participant: its g_i is rolled back at its
-  next pull (participation.ServerLedger / ClientLedger), which keeps y = sum_i g_i exact.
+  next pull (participation.ServerLedger / ClientLedger), which keeps y = sum_i g_i exact. An edge none of whose
+  clients' pushes arrived fails its task instead of pushing zeros (the same y), so that a round in which no
+  client trained is not counted as trained (``transport.min_participants``).
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ def focus_edge(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
     chosen = [c for c in str(args["clients"]).split(",") if c in mine]
     fwd: dict[str, Scalar] = {"local_steps": args["local_steps"], "rollback": args.get("rollback", "")}
     replies = ctx.comm.scatter(chosen, "focus.local", x, fwd, expect=x)
+    if chosen and not replies:  # no client of its trained: the edge is a missing participant, not a zero push
+        raise RuntimeError(f"{ctx.node_id}: no push of its clients {chosen} arrived (see missing.csv)")
     total = weighted_sum((1.0, r.bundle) for r in replies.values()) if replies else zeros_like(x)
     return Reply(total, {"pushed": ",".join(replies)})
 

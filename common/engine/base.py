@@ -12,7 +12,7 @@ import torch
 
 from fedhop.common import timeline, timing
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
-from fedhop.common.engine.size_claims import size_claim_error
+from fedhop.common.engine.size_claims import SIZE_KEY, size_claim_error
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle, non_finite
 
@@ -24,10 +24,21 @@ class HandOffError(RuntimeError):
 @dataclass(frozen=True)
 class Failure:
     """A target that did not produce a usable reply. ``silent``: it did not answer at all (it chose not to, or
-    no reply came before the deadline or the quorum), as opposed to answering with an error."""
+    no reply came before the deadline or the quorum), as opposed to answering with an error. ``left_out``: it
+    was not asked, being left out of the run (e.g. it came back without state the run depends on): it is
+    named in the missing log, but a round is not redone for it (it is not a task sent)."""
 
     reason: str
     silent: bool = False
+    left_out: bool = False
+
+
+def trained_nothing(scalars: Mapping[str, Any]) -> bool:
+    """A reply that says it trained on no sample (its ``n`` is 0: an edge none of whose clients' replies was
+    usable). It is still returned to the algorithm, but it is no participant: a round whose usable replies are
+    all such does not count as trained under ``transport.min_participants``."""
+    n = scalars.get(SIZE_KEY)
+    return isinstance(n, int | float) and not isinstance(n, bool) and n == 0
 
 
 def check_bundle(bundle: Mapping[str, torch.Tensor], expect: Mapping[str, torch.Tensor] | None = None) -> str | None:
@@ -157,21 +168,26 @@ class BaseComm(ABC):
         targets = self.topology.sort(to)
         out: dict[NodeId, Reply] = {}
         silent = 0
+        untrained = 0  # usable replies that say they trained on no sample (n = 0): not participants
 
         def settle(t: NodeId, r: Reply | Failure) -> None:
-            nonlocal silent
+            nonlocal silent, untrained
             rnd = self.current_round()
             r = self._usable(t, r, expect)
             if isinstance(r, Reply):
                 self.last_ok[t] = rnd
+                if trained_nothing(r.scalars):  # its clients are in the missing log already (by its edge)
+                    untrained += 1
                 if fold is None:
                     out[t] = r
                 else:
                     fold(t, r)
                     out[t] = Reply({}, r.scalars)
                 return
-            if optional and r.silent:
+            if (optional and r.silent) or r.left_out:
                 silent += 1
+                if r.left_out:
+                    self.missing.add(rnd, self.node, t, task, r.reason)
                 return
             self.missing.add(rnd, self.node, t, task, r.reason)
             if r.silent:
@@ -189,7 +205,7 @@ class BaseComm(ABC):
         self.clock().add(self.current_round(), self.node, "wait", time.perf_counter() - began)
         timing.event("scatter_end", at=self.node)
         self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed
-        self._ok += len(out)
+        self._ok += len(out) - untrained  # a reply of n = 0 (an edge none of whose clients trained) trained no one
         return out
 
     def _usable(self, t: NodeId, r: Reply | Failure, expect: Mapping[str, torch.Tensor] | None) -> Reply | Failure:
@@ -241,10 +257,10 @@ class BaseComm(ABC):
                 break
             t, r = got
             p = self._pending.pop(t)
-            self._sent += 1
             r = self._usable(t, r, p.expect)
+            self._sent += 0 if isinstance(r, Failure) and r.left_out else 1  # as in scatter
             if isinstance(r, Reply):
-                self._ok += 1
+                self._ok += 0 if trained_nothing(r.scalars) else 1
                 self.last_ok[t] = p.round
                 out.append((t, r, p.round))
                 taken.append(f"{t}:{p.round + 1}")

@@ -185,7 +185,9 @@ class MessageAssembler:
 
     Hostile input is bounded before anything is allocated: ``accept(head)`` (the receiver's rule, e.g. "a
     Result only for a call sent to this peer and still pending") may refuse a Task/Result frame, which raises
-    FrameError and drops the call's later frames unread; ``budget`` caps the bundles and announced bytes in
+    FrameError; so does that call's bundle header, at once and before anything is reserved or allocated (a
+    header needs an accepted head of its call that announced a bundle, and gets it once), and the call's
+    chunks are then dropped unread, without a word each; ``budget`` caps the bundles and announced bytes in
     flight (a header over the cap fails its message); ``max_bytes`` caps one bundle (checked by the decoder
     before it allocates).
     """
@@ -200,6 +202,7 @@ class MessageAssembler:
         self._open: dict[int, tuple[pb.Frame, int, BundleDecoder | None]] = {}
         self._reserved: dict[int, int] = {}
         self._dropped: OrderedDict[int, None] = OrderedDict()
+        self._refused: OrderedDict[int, str] = OrderedDict()  # calls whose head was refused: why (for the header)
 
     def _drop(self, cid: int) -> None:
         self._dropped[cid] = None
@@ -228,18 +231,28 @@ class MessageAssembler:
             refused = self.accept(frame) if self.accept is not None else None
             if refused is not None:
                 self._drop(cid)
+                self._refused[cid] = refused
+                while len(self._refused) > self.DROPPED_KEPT:
+                    self._refused.popitem(last=False)
                 raise FrameError(refused, cid)
             self._dropped.pop(cid, None)
+            self._refused.pop(cid, None)
             has = frame.task.has_bundle if body == "task" else frame.result.has_bundle
             if not has:
                 return Message(cid, frame, {}, 0, size)
             self._open[cid] = (frame, size, None)
             return None
         if body == "header":
+            why = self._refused.pop(cid, None)
+            if why is not None:  # refused at once, before any reservation; its chunks are dropped unread
+                raise FrameError(f"bundle header for call {cid} refused ({why}); its chunks are dropped unread", cid)
             if cid in self._dropped:
                 return None
-            if cid not in self._open or self._open[cid][2] is not None:
+            if cid not in self._open:  # a call never opened here, or closed: refused, its chunks dropped unread
+                self._drop(cid)
                 raise FrameError(f"bundle header for call {cid}, which announced no bundle", cid)
+            if self._open[cid][2] is not None:
+                raise FrameError(f"second bundle header for call {cid}", cid)
             head, n, _ = self._open[cid]
             claimed = int(frame.header.total_bytes)
             if self.max_bytes is not None and claimed > self.max_bytes:  # before any reservation or allocation
@@ -264,6 +277,8 @@ class MessageAssembler:
         if cid in self._dropped:
             return None
         if cid not in self._open or self._open[cid][2] is None:
+            if cid not in self._open:
+                self._drop(cid)  # one complaint per call: its later chunks are dropped unread
             raise FrameError(f"chunk for call {cid}, which has no open bundle", cid)
         head, n, dec = self._open[cid]
         assert dec is not None

@@ -115,7 +115,8 @@ def test_idle_connections_forged_bundles_and_a_silent_client_do_not_stop_the_run
             ch.close()
         fed.close()
     log = fed.ps_log()
-    assert log.count("no Hello within transport.handshake_timeout_s = 2s") >= IDLE, log[-3000:]
+    # each within transport.handshake_timeout_s, or sooner while many waited (issue 20: transport/session/liveness.py)
+    assert log.count(": no Hello within ") >= IDLE, log[-3000:]
     assert log.count("which is not pending for it") >= 4
     res, _ = load_result(fed.out)
     assert len(res["rounds"]) == spec.rounds

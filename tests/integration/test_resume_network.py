@@ -172,6 +172,31 @@ def test_client_back_without_its_state_is_left_out_and_said_so(tmp_path: Path, g
     assert {m["round"] for m in lost} == {3, 4}
 
 
+def test_client_back_without_its_state_alone_in_a_round_does_not_end_the_run(tmp_path: Path, gate: Path) -> None:
+    """Issue 20: the same, with the default rejoin_grace_s and one client drawn per round. A round whose only
+    participant is the client left out used to be redone for it and then ended the run (PS exit 1, every
+    client 12, no model.pt). A node left out is not a task sent: the round goes on without it (FOCUS steps with
+    the y it has), missing.csv says why, and the run ends with exit 0 and its model."""
+    spec = small_spec("focus", clients=3, rounds=4, options={"participation": {"kind": "uniform", "m": 1}})
+    fed = Federation(spec, tmp_path)
+    try:
+        wait_file(gate / "at-2", fed)
+        fed.procs.kill("client-1")
+        fed.wait_lost("client-1", timeout=60)
+        fed.start_node("client-1")
+        fed.wait_seen("ready-ps-client-1", timeout=60, times=2)  # back (without its state) before round 3
+        (gate / "go-2").touch()
+        assert fed.wait(240) == 0, fed.all_logs()
+    finally:
+        fed.close()
+    res, _ = load_result(fed.out)
+    assert len(res["rounds"]) == spec.rounds and (fed.out / "model.pt").is_file()
+    lost = [m for m in res["missing"] if m["node"] == "client-1"]
+    assert lost and all("lost state" in m["reason"] for m in lost)
+    alone = [r for r in res["rounds"] if r.get("participants") == 1 and r["round"] in {m["round"] for m in lost}]
+    assert alone, "the draw must leave client-1 alone in some round after 2 for this test to mean anything"
+
+
 def test_resume_skips_a_truncated_checkpoint(tmp_path: Path, gate: Path) -> None:
     """The newest PS checkpoint is cut short: the resume names it, uses the previous one, every node rolls
     back one round further (its traffic since counted as redo), and the model is still bit-identical."""

@@ -90,8 +90,11 @@ def test_a_reply_to_a_call_never_sent_opens_no_bundle(allocations) -> None:
             assert hub.on_frame(link, pb.Frame(call_id=cid, chunk=pb.Chunk(offset=0, data=b"x" * 1024)))
         frames, closed = drain(link)
         assert not closed and link.alive  # the child's session goes on; only the forged calls are refused
-        assert errors(frames) == [f"client-0: client-0 answered call {CALL_ID_BASE + 1000 + k}, which is not pending "
-                                  f"for it" for k in range(4)]
+        refused = [f"client-0 answered call {CALL_ID_BASE + 1000 + k}, which is not pending for it" for k in range(4)]
+        assert errors(frames) == [m for k, why in enumerate(refused) for m in (  # the head, then its header (issue 20)
+            f"client-0: {why}",
+            f"client-0: bundle header for call {CALL_ID_BASE + 1000 + k} refused ({why}); its chunks are dropped "
+            "unread")]
         assert allocations == [] and link.asm.open_bundles == 0
 
 

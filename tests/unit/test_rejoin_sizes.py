@@ -11,9 +11,10 @@ from tests.unit.hostile import RUN_ID, configured_hub, drain, join, spec_for
 
 def test_a_re_joining_child_keeps_its_sizes_until_its_new_ready() -> None:
     with configured_hub(spec_for(clients=2)) as (hub, _):
-        join(hub, "client-0", size=11)
+        old = join(hub, "client-0", size=11)
         join(hub, "client-1", size=7)
         assert hub.start() == {"client-0": 11, "client-1": 7}
+        hub.lost(old, "stream broken")  # a Hello for a node whose session is alive is refused (issue 20)
         again = hub.open("ipv4:127.0.0.1:40001", None)
         assert hub.on_frame(again, hello_frame("client-0", "client", "", {}, RUN_ID))  # re-joins: Hello only
         assert hub.admit() == {"client-0": 11, "client-1": 7}

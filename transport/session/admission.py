@@ -1,9 +1,13 @@
 """Admission: which children a parent hub takes, and when they may get calls.
 
 Hello -> the checks (``checks.py``; then duplicates and late joins) -> Welcome (the RunSpec); Ready (data
-sizes) -> the child is ready; at the next round boundary (:meth:`Admission.admit`) it is admitted to calls.
-A child whose stream broke re-joins with ``Hello.run_id`` set and takes its node's place (the old session is
-*superseded*: its calls stay pending and may still be answered on either session)."""
+sizes, each node's own, bounded, once: :meth:`Admission.ready_refusal`) -> the child is ready; at the next
+round boundary (:meth:`Admission.admit`) it is admitted to calls.
+A child whose stream broke re-joins with ``Hello.run_id`` set and takes its node's place once its old session
+has ended. A Hello for a node whose session is alive is refused (``ERROR_CODE_ALREADY_CONNECTED``), whatever it
+carries: under plaintext a run id proves nothing (any newcomer with a free id learns it from its Welcome), so
+it must not let one process take over another's session. A re-joining child told so stays on its old stream
+when that still works (its parent was only slow) and retries while it ends (``transport/child.py``)."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from fedhop.common.wire.messages import MessageAssembler
 from fedhop.common.wire.scalars import get_scalars, put_scalars
 from fedhop.transport.session.checks import Refusal, first_frame_refusal, hello_refusal, reject
 from fedhop.transport.session.config import HubConfig, HubListener
-from fedhop.transport.session.link import ROLES, ChildLink, Frame, Roster
+from fedhop.transport.session.link import ROLES, ChildLink, Frame, Roster, complain
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.session")
@@ -38,6 +42,7 @@ class Admission:
         self.sizes_at_ready: dict[NodeId, dict[NodeId, int]] = {}  # each child's data sizes at its latest Ready
         self.peers: dict[NodeId, str] = {}  # edge addresses sent with the start
         self.hello_info: dict[NodeId, dict[str, Any]] = {}  # what each child said in its last Hello
+        self.declared: dict[NodeId, int] = {}  # each client's data size as first declared (ready_refusal)
 
     # -- one session's Hello and Ready ----------------------------------------------------------------------
     def hello(self, link: ChildLink, frame: Frame) -> bool:
@@ -53,17 +58,18 @@ class Admission:
         roster = self.roster
         with roster.changed:
             old = roster.links.get(node)
-            if old is not None and old.alive and not hello.run_id:
-                return reject(self.node, link, Refusal(pb.ERROR_CODE_BAD_REQUEST,
+            if old is not None and old.alive:  # whatever the Hello carries (a run id is no proof under plaintext)
+                return reject(self.node, link, Refusal(pb.ERROR_CODE_ALREADY_CONNECTED,
                                                        f"duplicate Hello: {node} is already connected",
                                                        f" (from {old.peer})"))
             if self.started and node not in roster.admitted and not hello.run_id \
                     and self.config.transport.late_join == "refuse":
                 return reject(self.node, link, Refusal(
                     pb.ERROR_CODE_LATE_JOIN_REFUSED,
-                    f"{node} joined run {self.config.run_id!r} after it started, and transport.late_join is 'refuse'"))
+                    f"{node} joined the run after it started, and transport.late_join is 'refuse'",
+                    f" (run {self.config.run_id!r})"))
             if old is not None and old is not link:
-                old.superseded = True  # its stream ends when the child closes it; its calls stay pending
+                old.superseded = True  # its stream ended; its calls stay as they were left
             link.node_id, link.role, link.address = node, role, hello.address
             link.asm = self.assembler(link)
             roster.links[node] = link
@@ -83,10 +89,41 @@ class Admission:
         self.listener.child_joined(node, role)
         return True
 
+    def ready_refusal(self, link: ChildLink, sizes: Mapping[NodeId, int]) -> str | None:
+        """Why a Ready's data sizes are refused (None: they are fine). The caller holds the roster's lock.
+
+        A node declares only its own size (a client: itself; an edge: the clients of its cluster, which are its
+        children), each at most ``transport.max_data_size``, and once: the size a client was first declared with
+        (on any session, by it or its edge) is the one it keeps. Taken at a Hello's word, sizes were weights
+        anyone could set: a client claiming 10^12 samples took the model over, and one naming a neighbour's size
+        got the neighbour's honest replies rejected. The same rules hold under TLS or tokens."""
+        node = link.node_id
+        assert node is not None
+        own = {node} if link.role == "client" else set(self.config.topology.cluster(node))
+        cap = self.config.transport.max_data_size
+        for k, n in sizes.items():
+            if k not in own:
+                whose = "itself" if link.role == "client" else "a client of its cluster"
+                return f"{node} declared a data size for {k!r}, which is not {whose}"
+            if not 0 <= n <= cap:
+                return f"{node} declared {n} samples for {k}, outside [0, transport.max_data_size = {cap}]"
+            if self.declared.get(k, n) != n:
+                return f"{node} declared {n} samples for {k}, which was declared with {self.declared[k]} before"
+        return None
+
     def ready(self, link: ChildLink, ready: pb.Ready) -> None:
+        sizes = {k: int(v) for k, v in ready.data_sizes.items()}
+        with self.roster.changed:
+            refused = self.ready_refusal(link, sizes)
+            if refused is None:
+                self.declared.update(sizes)
+        if refused is not None:  # the Ready is ignored: the child stays as it was (not ready: not admitted)
+            complain(self.node, link, 0, pb.ERROR_CODE_BAD_REQUEST, f"Ready refused: {refused}")
+            mark(f"ready-refused-{self.node}-{link.node_id}")
+            return
         with self.roster.changed:
             update = link.ready.is_set()
-            link.data_sizes = {k: int(v) for k, v in ready.data_sizes.items()}
+            link.data_sizes = sizes
             if link.node_id is not None:
                 self.sizes_at_ready[link.node_id] = dict(link.data_sizes)
             link.ready.set()

@@ -2,7 +2,8 @@
 identity, its place in the topology, its role and its run. Pure: they read the frame, the session's identity
 and the hub's configuration; the checks that need the hub's state (duplicates, late joins) are admission's.
 
-A refusal names the problem to the peer without telling a stranger the topology (the log line does)."""
+A refusal names the problem to the peer without telling a stranger the topology or the run id (the log line
+does): under plaintext the run id is what a re-joining child says, so no refusal may teach it to a newcomer."""
 
 from __future__ import annotations
 
@@ -59,9 +60,9 @@ def hello_refusal(config: HubConfig, link: ChildLink, hello: pb.Hello) -> Refusa
     if ROLE_NAMES.get(hello.role, "") != role:
         return Refusal(pb.ERROR_CODE_BAD_REQUEST,
                        f"{node} is a {role} in this run, but said Hello as {ROLE_NAMES.get(hello.role, '?')}")
-    if hello.run_id and hello.run_id != config.run_id:
-        return Refusal(pb.ERROR_CODE_RUN_MISMATCH,
-                       f"{node} re-joins run {hello.run_id!r}, but {config.node} now runs {config.run_id!r}")
+    if hello.run_id and hello.run_id != config.run_id:  # the refusal does not say this parent's run id (the log does)
+        return Refusal(pb.ERROR_CODE_RUN_MISMATCH, f"{node} re-joins run {hello.run_id!r}, which {config.node} does "
+                       "not run", f" (it runs {config.run_id!r})")
     return None
 
 

@@ -1,14 +1,16 @@
 """Liveness: a parent hub's watch over its children's sessions.
 
-A session must say Hello within ``transport.handshake_timeout_s``; a quiet stream gets a keep-alive every
-``transport.keepalive_s``; a session that ends fails its pending calls (unless the node re-joined); a child
-that leaves the tasks of ``transport.drop_after_missed`` consecutive rounds without any reply is dropped."""
+A session must say Hello within ``transport.handshake_timeout_s`` (sooner where many wait: :class:`HelloWaits`);
+a quiet stream gets a keep-alive every ``transport.keepalive_s``; a session that ends fails its pending calls
+(unless the node re-joined); a child that leaves the tasks of ``transport.drop_after_missed`` consecutive rounds
+without any reply is dropped."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,16 +28,58 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedhop.session")
 
 
+CROWD = 8  # sessions of one node that may wait for their Hello at once for the whole handshake timeout
+CROWDED_HELLO_S = 0.2  # beyond them, each waits this long at most (a child's Hello comes with its stream)
+
+
+class HelloWaits:
+    """The sessions of one node that have not said Hello yet, oldest first.
+
+    Each holds a server worker thread while it lasts (the PS has its children's plus 16), so streams that never
+    say Hello, if each could wait ``transport.handshake_timeout_s``, would hold every spare worker and queue a
+    real Hello behind them (200 such streams held a mid-run Hello for minutes, and a start past its join
+    timeout). So at most :data:`CROWD` wait that long: while they wait, a new session gets
+    :data:`CROWDED_HELLO_S` to say Hello, and the waiting sessions older than that beyond the first
+    :data:`CROWD` are disconnected at once. A real child that is told so (``ERROR_CODE_DEADLINE_EXCEEDED``
+    before its Welcome) dials again (``transport/child.py``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiting: OrderedDict[ChildLink, float] = OrderedDict()
+
+    def enter(self, link: ChildLink) -> tuple[bool, list[ChildLink]]:
+        """A new session waits for its Hello: (whether it came into a crowd, the older sessions to disconnect)."""
+        now = time.monotonic()
+        with self._lock:
+            for old in [w for w in self._waiting if w.hello_seen.is_set() or not w.alive]:
+                del self._waiting[old]
+            crowded = len(self._waiting) >= CROWD
+            evicted: list[ChildLink] = []
+            for old, since in self._waiting.items():  # oldest first
+                if len(self._waiting) - len(evicted) < CROWD or now - since < CROWDED_HELLO_S:
+                    break
+                evicted.append(old)
+            for old in evicted:
+                del self._waiting[old]
+            self._waiting[link] = now
+        return crowded, evicted
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(1 for w in self._waiting if not w.hello_seen.is_set() and w.alive)
+
+
 def open_session(at: NodeId, security: Security, handshake_timeout_s: float, max_bytes: int | None,
                  peer: str, identity: str | None = None, unauthenticated: str = "",
-                 cancel: Callable[[], Any] | None = None) -> ChildLink:
+                 cancel: Callable[[], Any] | None = None, waits: HelloWaits | None = None) -> ChildLink:
     """A new session from ``peer`` to node ``at``; ``identity``: the node id its certificate or token proves
     (the servicer's :func:`~fedhop.transport.credentials.peer_identity`), or why it could not be proved;
-    ``cancel``: ends the transport's stream.
+    ``cancel``: ends the transport's stream; ``waits``: the node's sessions waiting for their Hello.
 
     A session holds a server thread while it lasts, so a peer holds none for long before it is known: with
     TLS or tokens, one that is not authenticated is refused at once (the reason is logged, not echoed); any
-    peer that has not said Hello within ``handshake_timeout_s`` is disconnected."""
+    peer that has not said Hello within ``handshake_timeout_s`` is disconnected, and sooner where many wait
+    (:class:`HelloWaits`)."""
     link = ChildLink(peer, max_bytes, identity, unauthenticated)
     link.cancel = cancel
     if not security.plaintext and identity is None:
@@ -43,19 +87,31 @@ def open_session(at: NodeId, security: Security, handshake_timeout_s: float, max
         mark(f"rejected-{at}")  # a test hook (common/testhooks.py)
         link.end(pb.ERROR_CODE_BAD_REQUEST, "unauthenticated peer")
         return link
-    timer = threading.Timer(handshake_timeout_s, hello_overdue, (at, link, handshake_timeout_s))
+    timeout_s = handshake_timeout_s
+    if waits is not None:
+        crowded, evicted = waits.enter(link)
+        for old in evicted:
+            hello_overdue(at, old, CROWDED_HELLO_S, crowded=True)
+        if crowded:
+            timeout_s = min(timeout_s, CROWDED_HELLO_S)
+    timer = threading.Timer(timeout_s, hello_overdue, (at, link, timeout_s, timeout_s < handshake_timeout_s))
     timer.daemon = True
     timer.start()
     return link
 
 
-def hello_overdue(at: NodeId, link: ChildLink, handshake_timeout_s: float) -> None:
-    """The handshake timer fired: a session that has not said Hello yet is disconnected."""
+def hello_overdue(at: NodeId, link: ChildLink, handshake_timeout_s: float, crowded: bool = False) -> None:
+    """The handshake timer fired (or, ``crowded``, the session was among too many waiting for their Hello): a
+    session that has not said Hello yet is disconnected."""
     if link.hello_seen.is_set() or not link.alive:
         return
-    log.warning("%s: disconnected %s: no Hello within transport.handshake_timeout_s = %gs", at, link.peer,
-                handshake_timeout_s)
-    link.end(pb.ERROR_CODE_BAD_REQUEST, f"no Hello within {handshake_timeout_s:g}s")
+    if crowded:
+        log.warning("%s: disconnected %s: no Hello within %gs while %d sessions waited for theirs", at, link.peer,
+                    handshake_timeout_s, CROWD)
+    else:
+        log.warning("%s: disconnected %s: no Hello within transport.handshake_timeout_s = %gs", at, link.peer,
+                    handshake_timeout_s)
+    link.end(pb.ERROR_CODE_DEADLINE_EXCEEDED, f"no Hello within {handshake_timeout_s:g}s")
 
 
 def close_session(link: ChildLink) -> None:
@@ -74,6 +130,7 @@ class Liveness:
         self.roster = roster
         self.calls = calls
         self.listener = listener
+        self.waits = HelloWaits()
         self._stop = threading.Event()
 
     def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
@@ -81,7 +138,7 @@ class Liveness:
         """A new session (:func:`open_session`, with this run's transport settings)."""
         t = self.config.transport
         return open_session(self.node, self.config.security, t.handshake_timeout_s, t.max_bundle_bytes, peer,
-                            identity, unauthenticated, cancel)
+                            identity, unauthenticated, cancel, self.waits)
 
     def hello_overdue(self, link: ChildLink) -> None:
         """What the handshake timer of a session of this hub does when it fires."""

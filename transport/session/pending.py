@@ -17,7 +17,7 @@ from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.session.checks import Refusal, first_frame_refusal, reject
 from fedhop.transport.session.hub import ParentHub
 from fedhop.transport.session.link import ChildLink, Frame
-from fedhop.transport.session.liveness import close_session, open_session
+from fedhop.transport.session.liveness import HelloWaits, close_session, open_session
 from fedhop.v1 import fedhop_pb2 as pb
 
 RUN_WAIT_S = 600.0  # how long an early Hello waits for its parent to learn the run, unless told otherwise
@@ -33,6 +33,7 @@ class PendingHub:
         self.run_wait_s = run_wait_s
         self._hub: ParentHub | None = None
         self._served = threading.Event()
+        self.waits = HelloWaits()  # the sessions waiting for their Hello before the hub exists
 
     @property
     def hub(self) -> ParentHub | None:
@@ -53,7 +54,7 @@ class PendingHub:
         if self._hub is not None:
             return self._hub.open(peer, identity, unauthenticated, cancel)
         return open_session(self.node, self.security, TransportSpec().handshake_timeout_s, None, peer, identity,
-                            unauthenticated, cancel)
+                            unauthenticated, cancel, self.waits)
 
     def on_frame(self, link: ChildLink, frame: Frame) -> bool:
         """A frame of a session; a Hello that comes before the hub waits for it (``run_wait_s``)."""

@@ -27,6 +27,7 @@ class ErrorCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CODE_INTERNAL: _ClassVar[ErrorCode]
     ERROR_CODE_LATE_JOIN_REFUSED: _ClassVar[ErrorCode]
     ERROR_CODE_RUN_MISMATCH: _ClassVar[ErrorCode]
+    ERROR_CODE_ALREADY_CONNECTED: _ClassVar[ErrorCode]
 ROLE_UNSPECIFIED: Role
 ROLE_CLIENT: Role
 ROLE_EDGE: Role
@@ -42,6 +43,7 @@ ERROR_CODE_PROTOCOL_MISMATCH: ErrorCode
 ERROR_CODE_INTERNAL: ErrorCode
 ERROR_CODE_LATE_JOIN_REFUSED: ErrorCode
 ERROR_CODE_RUN_MISMATCH: ErrorCode
+ERROR_CODE_ALREADY_CONNECTED: ErrorCode
 
 class Frame(_message.Message):
     __slots__ = ("call_id", "hello", "welcome", "task", "result", "header", "chunk", "error", "bye", "ready", "report")
