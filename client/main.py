@@ -115,13 +115,13 @@ def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: P
         return ExitCode.RUN_MISMATCH
     if got.tag is not None:
         log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
+    if peers is not None and has_peers:  # before Ready: a peer may hand off as soon as the run starts
+        peers.service.serve(ctx)  # peers' hand-offs land in ctx.inbox (saved with the state after its next task)
     session.send_ready({node_id: n})
     if on_ready is not None:
         on_ready(node_id)
     log.info("%s: joined run %s under %s with %d samples on %s", node_id, welcome.run_id, welcome.parent_id, n,
              ws.device)
-    if peers is not None and has_peers:
-        peers.service.serve(ctx)  # peers' hand-offs land in ctx.inbox (saved with the state after its next task)
     code = session.serve(ctx, report=(lambda: (meter.rows(), missing.entries)) if has_peers else None)
     ctx.comm.close()
     session.close()
