@@ -243,3 +243,67 @@ class VirtualClock:
         f.cursor += t
         f.mark = self.now()
         self.timeline.add(self.round, asker, "p_transfer", t, peer=other)
+
+
+# -- a networked run: the same prediction from what the PS holds ------------------------------------------
+SEQUENTIAL_KINDS = frozenset({"handoff", "describe"})  # exchanges the asking node waits out one after the other
+SKIPPED_KINDS = frozenset({"hello", "welcome", "ready", "bye", "keepalive", "wire"})  # outside the rounds' calls
+REPORT_KIND = "report"  # a child's Report goes just before its result on the same stream: bytes, no extra delay
+
+
+def link_seconds(shape: Shape, messages: int, message_bytes: float) -> float:
+    """The predicted time of ``messages`` messages of ``message_bytes`` in all on one direction of a link (each
+    pays the delay; the bytes pay the rate): the sum of :func:`transfer_s` over the messages."""
+    delay = shape.delay_ms / 1000.0
+    return messages * delay + transfer_s(shape, message_bytes) - delay
+
+
+def predict_rounds(derived: list[dict], meter_rows: list[dict], net: NetworkSpec,
+                   children: dict[str, list[str]], server: str = "ps") -> list[dict]:
+    """The prediction of a networked run (the PS, at the run's end), as raw ``p_*`` timeline rows, from each
+    round's measured compute (``derived``: :func:`~fedhop.common.timeline.derive`'s rows, driver rounds) and its
+    messages (``meter_rows``: the byte meter's rows, driver rounds) on the profile ``net``.
+
+    The rows hold sums per round, not the order of the calls, so the clock is rebuilt bottom-up: a node's time
+    in a round is its compute, plus the hand-offs and describes it asked for, plus, for its tasks' children,
+    the slowest child's (task messages on the link + that child's time). Exact when the same child is the
+    slowest in every scatter of the round (a lower bound otherwise). A node's measured compute already holds
+    its emulated slow-down (``compute``) and its describes' time (the networked engine does not time those)."""
+    links = LinkModel(net)
+    compute: dict[tuple[int, str], float] = {}
+    for r in derived:
+        if r["phase"] == "compute":
+            compute[(int(r["round"]), str(r["node"]))] = float(r["seconds"])
+    # per round: task traffic per (parent, child) link, sequential traffic per (asker, other)
+    task: dict[tuple[int, str, str], float] = {}
+    seq: dict[tuple[int, str, str], float] = {}
+    parent_of = {c: p for p, cs in children.items() for c in cs}
+    rounds: set[int] = {k[0] for k in compute}
+    for m in meter_rows:
+        kind, src, dst, rnd = str(m["kind"]), str(m["src"]), str(m["dst"]), int(m["round"])
+        if kind in SKIPPED_KINDS:
+            continue
+        messages = 0 if kind == REPORT_KIND else int(m.get("messages", 1))
+        t = link_seconds(links.shape(src, dst), messages, float(m["message_bytes"]))
+        rounds.add(rnd)
+        if kind in SEQUENTIAL_KINDS:
+            asker, other = (src, dst) if m.get("phase") == "request" else (dst, src)
+            seq[(rnd, asker, other)] = seq.get((rnd, asker, other), 0.0) + t
+        else:
+            parent, child = (src, dst) if parent_of.get(dst) == src else (dst, src)
+            task[(rnd, parent, child)] = task.get((rnd, parent, child), 0.0) + t
+    out: list[dict] = []
+
+    def busy(rnd: int, node: str) -> float:
+        own = compute.get((rnd, node), 0.0)
+        waits = [task[(rnd, node, c)] + busy(rnd, c) for c in children.get(node, []) if (rnd, node, c) in task]
+        return own + sum(v for (r, a, _), v in seq.items() if r == rnd and a == node) + max(waits, default=0.0)
+
+    for rnd in sorted(rounds):
+        out.append({"round": rnd, "node": server, "peer": "", "phase": "p_round", "seconds": busy(rnd, server)})
+    for rnd, a, b in sorted({*task, *seq}):
+        both = task.get((rnd, a, b), 0.0) + seq.get((rnd, a, b), 0.0)
+        out.append({"round": rnd, "node": a, "peer": b, "phase": "p_transfer", "seconds": both})
+    for (rnd, node), v in sorted(compute.items()):
+        out.append({"round": rnd, "node": node, "peer": "", "phase": "p_compute", "seconds": v})
+    return out
