@@ -64,8 +64,13 @@ def role_of(node: str) -> str:
 
 
 def shape_of(net: NetworkSpec, src: str, dst: str) -> Shape:
-    """The resolved shape of the direction ``src`` -> ``dst``."""
-    return directed_shape(net, link_class(role_of(src), role_of(dst)), src, dst)
+    """The resolved shape of the direction ``src`` -> ``dst``; a link of no class (client <-> client gossip, which
+    no testbed shapes) is unshaped."""
+    try:
+        cls = link_class(role_of(src), role_of(dst))
+    except (ValueError, KeyError):
+        return Shape()
+    return directed_shape(net, cls, src, dst)
 
 
 def mathis_bps(loss: float, rtt_s: float, mss: int = MSS) -> float:

@@ -207,8 +207,17 @@ class Run:
         return result
 
     def round_timeline(self, t: int) -> list[dict[str, Any]]:
-        """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`)."""
-        return timelines.derive(self.timeline.rows(t))
+        """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`); with a
+        ``[network]`` table, a networked run's prediction of the round from what it holds so far."""
+        raw = self.timeline.rows(t)
+        if self.spec.network is not None and not any(r["phase"] == "p_round" for r in raw):
+            from fedhop.common.virtual_clock import predict_rounds
+
+            topo = self.topology
+            raw += predict_rounds(timelines.derive(raw), [m for m in self.meter.rows() if m["round"] == t],
+                                  self.spec.network, {n: list(topo.children(n)) for n in topo.all_nodes()},
+                                  topo.server)
+        return timelines.derive(raw)
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _predicted(self, raw: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -127,3 +127,9 @@ def test_a_fed_chs_round_the_rows_rebuild_what_the_clock_saw() -> None:
         assert rebuilt[rec["round"] - 1] == pytest.approx(live, rel=0.10)
         # 3 interactions x (30 ms down + 30 ms up) at least, plus the hand-off's 20 ms each way
         assert live > 3 * 0.060 + 2 * 0.020
+
+
+def test_a_link_of_no_class_is_unshaped() -> None:
+    net = NetworkSpec.model_validate({"client_edge": {"mbit": 1, "delay_ms": 20}})
+    assert shape_of(net, "client-0", "client-1") == Shape()
+    assert shape_of(net, "ps", "ps") == Shape()
