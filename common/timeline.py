@@ -12,10 +12,12 @@ points for its nodes. What is recorded (raw phases, seconds summed per round, no
     rtt      parent    from a request sent to child ``peer``'s whole reply held
     transfer src       a hand-off to edge ``peer`` (sent until acknowledged)
     round    PS        the round's duration (the driver's)
+    p_round, p_compute, p_transfer    the same, predicted from the ``[network]`` profile (common/virtual_clock.py)
 
 :func:`derive` turns them into the four phases of ``timeline.csv``: ``compute`` (busy - wait - hand-offs), ``wait``
 (wait - the requests' encode), ``encode``, ``transfer`` (per link: rtt - the child's served time, i.e. the
-messages' time on the wire and in queues, both directions), plus the ``round`` reference row.
+messages' time on the wire and in queues, both directions), plus the ``round`` reference row. A run with a
+``[network]`` table also has a ``predicted_s`` column: what the profile predicts for that row (the ``p_*`` rows).
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 PHASES = ("compute", "encode", "transfer", "wait")
-RAW_PHASES = ("busy", "wait", "encode", "encode_req", "served", "rtt", "transfer", "round")
-COLUMNS = ["round", "node", "peer", "phase", "seconds"]
+RAW_PHASES = ("busy", "wait", "encode", "encode_req", "served", "rtt", "transfer", "round",
+              "p_round", "p_compute", "p_transfer")
+PREDICTED = {"p_round": "round", "p_compute": "compute", "p_transfer": "transfer"}  # raw -> the row it predicts
+COLUMNS = ["round", "node", "peer", "phase", "seconds", "predicted_s"]
 
 Key = tuple[int, str, str, str]  # (round, node, peer, phase)
 
@@ -83,8 +87,11 @@ class Timeline:
         return [_row(k, v) for k, v in sorted(pending.items())]
 
 
-def _row(k: Key, seconds: float) -> dict[str, Any]:
-    return {"round": k[0], "node": k[1], "peer": k[2], "phase": k[3], "seconds": seconds}
+def _row(k: Key, seconds: float, predicted: float | None = None) -> dict[str, Any]:
+    row = {"round": k[0], "node": k[1], "peer": k[2], "phase": k[3], "seconds": seconds}
+    if predicted is not None:
+        row["predicted_s"] = predicted
+    return row
 
 
 # -- one timeline per node of this process ---------------------------------------------------------------
@@ -113,7 +120,8 @@ def reset(node: str, keep: bool = True) -> Timeline:
 def derive(raw: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The rows of ``timeline.csv`` from raw rows: per round, ``compute`` / ``encode`` / ``wait`` per node,
     ``transfer`` per link (``node`` the sender of the request or hand-off, ``peer`` the other end) and the
-    PS's ``round`` duration. Every value is >= 0 (a difference of two clocks is clipped at 0)."""
+    PS's ``round`` duration. Every value is >= 0 (a difference of two clocks is clipped at 0). A row that has a
+    prediction (``p_*`` raw rows) carries it as ``predicted_s``."""
     s: defaultdict[Key, float] = defaultdict(float)
     for r in raw:
         s[(int(r["round"]), str(r["node"]), str(r.get("peer", "")), str(r["phase"]))] += float(r["seconds"])
@@ -138,7 +146,13 @@ def derive(raw: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 max(0.0, v - served.get((rnd, peer), 0.0))
         elif phase in ("transfer", "round"):
             out[(rnd, node, peer, phase)] = out.get((rnd, node, peer, phase), 0.0) + v
-    return [_row(k, v) for k, v in sorted(out.items())]
+    pred: dict[Key, float] = {}
+    for (rnd, node, peer, phase), v in s.items():
+        if phase in PREDICTED:
+            k = (rnd, node, peer, PREDICTED[phase])
+            pred[k] = pred.get(k, 0.0) + v
+            out.setdefault(k, 0.0)
+    return [_row(k, v, pred.get(k)) for k, v in sorted(out.items())]
 
 
 @dataclass(frozen=True)
@@ -180,17 +194,25 @@ def per_round(rows: Iterable[Mapping[str, Any]], first: int = 0) -> dict[int, di
 
 def write_csv(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
     """``timeline.csv`` from derived rows: round (as in every file of the run folder, 1-based; 0 = set-up and
-    tear-down), node, peer, phase, seconds."""
+    tear-down), node, peer, phase, seconds; and ``predicted_s`` (empty where a row has none) when any row has a
+    prediction (a run with a ``[network]`` table)."""
+    rows = list(rows)
+    predicted = any(r.get("predicted_s") is not None for r in rows)
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=COLUMNS if predicted else COLUMNS[:-1])
         w.writeheader()
         for r in rows:
-            w.writerow({"round": int(r["round"]) + 1, "node": r["node"], "peer": r.get("peer", ""), "phase": r["phase"],
-                        "seconds": f"{float(r['seconds']):.6f}"})
+            out = {"round": int(r["round"]) + 1, "node": r["node"], "peer": r.get("peer", ""), "phase": r["phase"],
+                   "seconds": f"{float(r['seconds']):.6f}"}
+            if predicted:
+                out["predicted_s"] = "" if r.get("predicted_s") is None else f"{float(r['predicted_s']):.6f}"
+            w.writerow(out)
 
 
 def read_csv(path: Path) -> list[dict[str, Any]]:
-    """``timeline.csv``'s rows (the file's 1-based rounds)."""
+    """``timeline.csv``'s rows (the file's 1-based rounds); ``predicted_s`` where the file has one."""
     with path.open(newline="") as f:
         return [{"round": int(r["round"]), "node": r["node"], "peer": r["peer"], "phase": r["phase"],
-                 "seconds": float(r["seconds"])} for r in csv.DictReader(f)]
+                 "seconds": float(r["seconds"]),
+                 **({"predicted_s": float(r["predicted_s"])} if r.get("predicted_s") else {})}
+                for r in csv.DictReader(f)]

@@ -42,6 +42,7 @@ from fedhop.common.engine.run_checkpoint import load_latest
 from fedhop.common.engine.snapshot import restore, snapshot
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
+from fedhop.common.virtual_clock import VirtualClock
 from fedhop.common.wire.bundle import Bundle, clone, payload_bytes
 from fedhop.common.wire.frames import message_bytes
 from fedhop.common.wire.meter import ByteMeter
@@ -65,6 +66,8 @@ class InProcessEngine:
         self.meter = ByteMeter()
         self.missing = MissingLog()
         self.timeline = timeline.Timeline()  # every node's timing (common/timeline.py): one process, one timeline
+        # with a [network] table: each round's time on the profile's network, predicted (common/virtual_clock.py)
+        self.vclock = VirtualClock(spec.network, self.timeline) if spec.network is not None else None
         self.faults = faults or FaultPlan()
         # ``replay``: a recorded run's rounds (its ``arrivals`` column): collects take replies in that order
         self.replay: dict[int, list[list[tuple[str, bool]]]] | None = None if replay is None else {
@@ -110,6 +113,8 @@ class InProcessEngine:
                   events=events, run_id=run_id, records=records, journal=journal, store=store,
                   snapshots=lambda: {n: snapshot(c) for n, c in self.nodes.items() if n != ps.node_id},
                   after_commit=after_commit, timeline=self.timeline)
+        if self.vclock is not None:
+            run.events.subscribe(self._predict)
         run.start(resumed_at=start.next_round)
         self._join(run)
         return run.finish(run.drive(self.algo, ps, start))
@@ -122,6 +127,16 @@ class InProcessEngine:
             run.joined(child, topo.role(child))
             clients = (child,) if topo.role(child) == "client" else topo.children(child)
             run.ready(child, {c: self.client_sizes[c] for c in clients})
+
+    def _predict(self, kind: str, data: dict[str, Any]) -> None:
+        """The virtual clock follows the rounds; a round's record gets its ``predicted_round_s``."""
+        assert self.vclock is not None
+        if kind == "round_started":
+            self.vclock.begin_round(int(data["round"]))
+        elif kind == "round_ended":
+            predicted = self.vclock.end_round()
+            if data.get("record"):
+                data["record"]["predicted_round_s"] = round(predicted, 6)
 
     def _restore(self, store: CheckpointStore, run_id: str | None) -> tuple[Start, list[dict[str, Any]], str | None]:
         got, ck = load_latest(store)
@@ -137,9 +152,13 @@ class InProcessEngine:
              scalars: dict[str, Scalar]) -> Bundle:
         """``kind``: the task (or ``handoff`` / ``describe``); counted under its :func:`meter_kind`."""
         chunk = self.spec.transport.chunk_bytes
-        self.meter.record(src, dst, meter_kind(kind, phase), phase, payload_bytes(bundle),
-                          message_bytes(kind, phase, bundle, scalars, chunk), self.round)
-        return clone(bundle)
+        began = time.perf_counter()
+        size = message_bytes(kind, phase, bundle, scalars, chunk)
+        self.meter.record(src, dst, meter_kind(kind, phase), phase, payload_bytes(bundle), size, self.round)
+        out = clone(bundle)
+        if self.vclock is not None:  # observes only: what it predicts never reaches the math
+            self.vclock.message(src, dst, phase, size, began)
+        return out
 
 
 class ReplayError(RuntimeError):
@@ -227,7 +246,22 @@ class _LocalComm(BaseComm):
         for t in targets:  # each reply is settled (folded) before the next node runs its task
             settle(t, self._one(t, task, bundle, args))
 
+    def scatter(self, *args: Any, **kwargs: Any) -> dict[NodeId, Reply]:  # type: ignore[override]
+        """:meth:`BaseComm.scatter`; the virtual clock (with a ``[network]`` table) sees its calls go out together."""
+        vc = self.engine.vclock
+        if vc is None:
+            return super().scatter(*args, **kwargs)
+        with vc.scatter(self.node):
+            return super().scatter(*args, **kwargs)
+
     def _one(self, t: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar]) -> Reply | Failure:
+        vc = self.engine.vclock
+        if vc is None:
+            return self._call(t, task, bundle, args)
+        with vc.call(self.node, t):
+            return self._call(t, task, bundle, args)
+
+    def _call(self, t: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar]) -> Reply | Failure:
         handler = get_task(task)
         if self.engine.faults.dead(t, task, self.engine.round):
             self.engine.send(self.node, t, task, "request", bundle, args)
@@ -242,6 +276,9 @@ class _LocalComm(BaseComm):
         reason = check_bundle(received)
         if reason is not None:
             return Failure(f"{t} rejected the request: {reason}")
+        vc = self.engine.vclock
+        if vc is not None:
+            vc.handler_begin(t)
         arrived = time.perf_counter()
         try:
             reply = handler(ctx, received, dict(args))
@@ -251,6 +288,8 @@ class _LocalComm(BaseComm):
             return Failure(f"{type(e).__name__}: {e}")
         finally:
             clock.add(rnd, t, "busy", time.perf_counter() - arrived)
+            if vc is not None:
+                vc.handler_end(t)
         del received
         encoding = time.perf_counter()
         back = self.engine.send(t, self.node, task, "reply", reply.bundle, reply.scalars)

@@ -190,6 +190,9 @@ class Run:
         recorder = self.recorder
         assert recorder is not None, "finish follows drive"
         links = self._progress()
+        raw = self.timeline.rows()
+        if self.spec.network is not None and not any(r["phase"] == "p_round" for r in raw):
+            raw += self._predicted(raw, links)  # a networked run: its prediction beside what it measured
         entries = list(self.missing.entries)
         if sort_missing:
             order = {n: i for i, n in enumerate(self.topology.all_nodes())}
@@ -197,17 +200,41 @@ class Run:
         result = RunResult(spec=self.spec, engine=self.engine,
                            rounds=attach_cumulative_bytes(recorder.records, links), links=links, missing=entries,
                            final=clone(outcome.final), wall_s=outcome.wall_s, interrupted=not outcome.finished,
-                           timeline=timelines.derive(self.timeline.rows()), started_at=self._started_at,
+                           timeline=timelines.derive(raw), started_at=self._started_at,
                            resumed_at=self._resumed_at)
         self.events.emit("run_finished", ok=outcome.finished, wall_s=outcome.wall_s,
                          error=str(outcome.failed) if outcome.failed is not None else None)
         return result
 
     def round_timeline(self, t: int) -> list[dict[str, Any]]:
-        """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`)."""
-        return timelines.derive(self.timeline.rows(t))
+        """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`); with a
+        ``[network]`` table, a networked run's prediction of the round from what it holds so far."""
+        raw = self.timeline.rows(t)
+        if self.spec.network is not None and not any(r["phase"] == "p_round" for r in raw):
+            from fedhop.common.virtual_clock import predict_rounds
+
+            topo = self.topology
+            raw += predict_rounds(timelines.derive(raw), [m for m in self.meter.rows() if m["round"] == t],
+                                  self.spec.network, {n: list(topo.children(n)) for n in topo.all_nodes()},
+                                  topo.server)
+        return timelines.derive(raw)
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _predicted(self, raw: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The ``[network]`` profile's prediction of each round and link (common/virtual_clock.py), from the
+        compute times measured and the messages counted; each round's record gets its ``predicted_round_s``."""
+        from fedhop.common.virtual_clock import predict_rounds
+
+        assert self.spec.network is not None and self.recorder is not None
+        topo = self.topology
+        rows = predict_rounds(timelines.derive(raw), links, self.spec.network,
+                              {n: list(topo.children(n)) for n in topo.all_nodes()}, topo.server)
+        predicted = {int(r["round"]) + 1: float(r["seconds"]) for r in rows if r["phase"] == "p_round"}
+        for rec in self.recorder.records:
+            if int(rec.get("round", 0)) in predicted:
+                rec["predicted_round_s"] = round(predicted[int(rec["round"])], 6)
+        return rows
+
     def _round_time(self, kind: str, data: dict[str, Any]) -> None:
         """The PS's share of the timeline: each round's duration (its step, waits inside)."""
         if kind == "round_ended":

@@ -187,14 +187,20 @@ class RunStatus:
 
     # -- reads (each a consistent snapshot) ---------------------------------------------------------------------
     def timeline(self, since: int = -1) -> dict[str, Any]:
-        """Where each round's time went (``timeline.csv``'s rows: round, node, peer, phase, seconds) for the
-        rounds >= ``since`` (-1: the set-up step too), and the slowest link and node so far."""
+        """Where each round's time went (``timeline.csv``'s rows: round, node, peer, phase, seconds, and
+        ``predicted_s`` with a ``[network]`` table) for the rounds >= ``since`` (-1: the set-up step too), the
+        slowest link and node so far, and ``chart``: the last round's Gantt rows and per-link achieved vs
+        configured rate (server/web/gantt.py)."""
         from fedhop.common.timeline import slowest
+        from fedhop.server.web.gantt import round_chart
 
         with self._lock:
             rows = [dict(r) for r in self._s.timeline if int(r["round"]) >= since]
+            everything = list(self._s.timeline)
+            links = list(self._s.links)
+            network = (self._s.spec or {}).get("network")
         slow = slowest(rows)
-        return {"rows": rows,
+        return {"rows": rows, "chart": round_chart(everything, links, network),
                 "slowest_link": {"src": slow.link[0], "dst": slow.link[1], "transfer_s": slow.link_s}
                 if slow.link else None,
                 "slowest_node": {"node": slow.node, "compute_s": slow.node_s} if slow.node else None}

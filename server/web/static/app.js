@@ -85,6 +85,7 @@ function draw() {
   lineChart(el("chart-loss-bytes"), bytes(loss.map((r) => [r.payload_bytes, r.loss])), "cumulative payload",
             fmtBytesShort, false, why);
   drawLinks();
+  refreshTimeline();
   drawTopology();
   drawRoute();
   drawMissing();
@@ -328,6 +329,67 @@ function folderNav(st) {
     live.href = st.live_url;
     live.textContent = "the PS's live page";
     nav.append(" · running: ", live);
+  }
+}
+
+// ---- where the last round's time went: /api/timeline's chart (server/web/gantt.py) ------------------------------
+let timelineKey = null, timelineBusy = false;
+function refreshTimeline() {
+  const st = state.status;
+  if (!st || timelineBusy) return;
+  const key = `${st.run_id}/${st.rounds_completed}/${st.phase}`;
+  if (key === timelineKey) return;
+  timelineBusy = true;
+  fetch(`api/timeline?since=${Math.max(0, (st.rounds_completed || 1) - 1)}`, { cache: "no-store" })
+    .then((r) => (r.ok ? r.json() : null))
+    .then((got) => { if (got) { timelineKey = key; drawGantt(got.chart); } })
+    .catch(() => {})
+    .finally(() => { timelineBusy = false; });
+}
+
+function drawGantt(chart) {
+  const svg = el("gantt"), body = el("rates-body");
+  svg.replaceChildren();
+  body.replaceChildren();
+  if (!chart || !chart.nodes.length) { el("gantt-note").textContent = "no timed round yet"; return; }
+  const fmtS = (x) => (typeof x === "number" ? x.toFixed(3) : "–");
+  el("gantt-note").textContent = `round ${chart.round + 1}: ${fmtS(chart.round_s)} s measured` +
+    (chart.predicted_round_s !== null && chart.predicted_round_s !== undefined
+      ? `, ${fmtS(chart.predicted_round_s)} s predicted` : "");
+  const rowH = 18, left = 80, w = Math.max(300, svg.clientWidth || 800), h = chart.nodes.length * rowH + 24;
+  svg.style.height = `${h}px`;
+  const ends = chart.nodes.map((n) => n.segments.reduce((m, s) => Math.max(m, s.start + s.seconds), 0));
+  const span = Math.max(...ends, chart.round_s || 0, chart.predicted_round_s || 0, 1e-6);
+  const x = (t) => left + (t / span) * (w - left - 10);
+  chart.nodes.forEach((n, i) => {
+    const y = 4 + i * rowH;
+    text(svg, 4, y + rowH * 0.7, n.node);
+    for (const s of n.segments) {
+      const r = svgEl("rect", { x: x(s.start), y, width: Math.max(1, x(s.start + s.seconds) - x(s.start)),
+                                height: rowH - 4, class: s.phase }, svg);
+      svgEl("title", {}, r).textContent = `${n.node} ${s.phase}: ${s.seconds.toFixed(4)} s`;
+    }
+  });
+  const bottom = 4 + chart.nodes.length * rowH;
+  text(svg, left, bottom + 14, "0 s");
+  text(svg, w - 60, bottom + 14, `${span.toFixed(3)} s`);
+  if (typeof chart.predicted_round_s === "number") {
+    svgEl("line", { x1: x(chart.predicted_round_s), x2: x(chart.predicted_round_s), y1: 0, y2: bottom,
+                    class: "predicted" }, svg);
+  }
+  const mbit = (v) => (v === null || v === undefined ? "unlimited" : String(v));
+  for (const lk of chart.links) {
+    const tr = document.createElement("tr");
+    const conf = lk.configured_mbit ? `${mbit(lk.configured_mbit.out)} / ${mbit(lk.configured_mbit.back)}` : "–";
+    const cells = [`${lk.src} ↔ ${lk.dst}`, fmtInt(lk.bytes), fmtS(lk.transfer_s), fmtS(lk.predicted_s),
+                   typeof lk.achieved_mbit === "number" ? lk.achieved_mbit.toFixed(2) : "–", conf];
+    cells.forEach((c, j) => {
+      const td = document.createElement("td");
+      td.textContent = c;
+      if (j) td.className = "num";
+      tr.appendChild(td);
+    });
+    body.appendChild(tr);
   }
 }
 
