@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import shutil
 import signal
 import socket
@@ -238,16 +239,19 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     rc = child.wait()
+    # the role is gone: its port closes now (its children take that as the end of the run, and compose may stop
+    # this container any moment after), so report and leave at once, a stop signal no longer interrupting
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    if proxy is not None:
+        proxy.kill()
+        proxy.wait()
     replay.stop()
     resolver.stop()
     stats = shaper.stats()
     stats["steps"] = [{"t": t, "late_s": round(late, 4)} for t, late in replay.applied]
     stats["errors"] = resolver.errors + replay.errors
     print(STATS_PREFIX + json.dumps(stats), file=sys.stderr, flush=True)
-    if proxy is not None:
-        proxy.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proxy.wait(5)
     return rc
 
 
@@ -264,4 +268,7 @@ def read_stats(log_text: str) -> dict[str, dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if code >= 0 else 128 - code)  # no slow interpreter shutdown: the container ends with the role
