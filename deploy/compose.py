@@ -15,10 +15,10 @@ Node ids cannot be derived inside a replicated service (Compose gives a replica 
 parent edge follows from its id, so every node is its own service; ``--scale`` does not apply.
 
 With a ``[network]`` profile, every service with a shaped link (a rate on what it sends, a loss on what it
-receives, a delay into its server, at any time of the profile's traces) shapes its own namespace: its entrypoint
-is deploy/container_net.py (which then runs the role), it gets ``cap_add: [NET_ADMIN]``, the spec and the trace
-files are mounted into it, and a listening node behind the delay proxy runs its role on 127.0.0.1 (the proxy takes
-the service's address and port). Swarm applies ``cap_add`` from Docker 20.10.
+receives or sends, a delay into its server, at any time of the profile's traces) shapes its own namespace: its
+entrypoint is deploy/container_net.py (which then runs the role), it gets ``cap_add: [NET_ADMIN]``, the spec and
+the trace files are mounted into it, and a listening node behind the delay proxy runs its role on 127.0.0.1 (the
+proxy takes the service's address and port). Swarm applies ``cap_add`` from Docker 20.10.
 
 Ports inside the network: PS 50051, edges 50061 (the testbed contract's), client health 50070. Every container
 reaches the others by service name (the node id), also on a Swarm overlay network; the commands are the contract's
@@ -110,11 +110,13 @@ def shaping_of(spec: RunSpec, spec_dir: Path) -> dict[str, Shaping]:
         steps = profile.timeline(topo, spec.network, load_traces(spec.network, spec_dir))
     except (TraceError, ValueError) as e:
         raise SpecError(f"{spec.name}: invalid run spec: {e}") from None
+    # the sender of a lossy direction too: it turns its segmentation offloads off (deploy/container_net.py)
+    sends_lossy = {a for _, links in steps for lk in links for a, _, s in lk.directions() if s.loss}
     out = {}
     for n in topo.all_nodes():
         rated, lossy, delayed = profile.ever(n, steps)
         delayed = delayed and topo.role(n) != "client"  # a client's delays are held by its parent's proxy
-        if rated or lossy or delayed:
+        if rated or lossy or delayed or n in sends_lossy:
             out[n] = Shaping(n, delayed)
     return out
 

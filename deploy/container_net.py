@@ -12,7 +12,9 @@ own namespace, what concerns it:
 - **rate** of what it sends: htb on the interface that leads to each peer, one class per peer (deploy/shaping.py's
   commands, matching ``ip dst PEER``). Each direction is limited by its sender, so both ends of a link together
   shape both directions.
-- **loss** of what it receives: the nftables rule of deploy/loss.py (``ip saddr PEER numgen random ...``).
+- **loss** of what it receives: the nftables rule of deploy/loss.py (``ip saddr PEER numgen random ...``); the
+  sender of a lossy direction runs this entrypoint too and turns its segmentation offloads off (as the namespace
+  testbed does), so the rule drops single segments, not 64 KiB GSO super-packets.
 - **delay and jitter**: a listening node (PS, edge) runs the delay proxy (deploy/delay_proxy.py) on its own
   address and port, in front of its role, which then listens on 127.0.0.1 (``--proxy-port``); the proxy holds each
   chunk per connecting peer, as in the namespace testbed.
@@ -47,7 +49,7 @@ from fedhop.common.spec import RunSpec
 from fedhop.common.topology import build_topology
 from fedhop.deploy import profile, shaping
 from fedhop.deploy.loss import LossTable
-from fedhop.deploy.netns import run_cmd
+from fedhop.deploy.netns import TestbedError, offload_commands, run_cmd
 from fedhop.deploy.profile import Link, Replay
 
 log = logging.getLogger("fedhop.container_net")
@@ -88,6 +90,7 @@ class SelfShaper:
         self.classes = {p: k for k, p in enumerate(sorted(self.rated), start=1)}  # class 1:k per rated peer
         self.addresses: dict[str, str] = {}
         self.devices: set[str] = set()  # interfaces with our htb
+        self.offloaded: set[str] = set()  # interfaces whose segmentation offloads are off
         self.loss = LossTable(_local)
         self.control: Path | None = None
         self.lock = threading.Lock()
@@ -96,6 +99,19 @@ class SelfShaper:
         return bool(self.rated or self.lossy or self.delayed)
 
     # -- each change under the lock -----------------------------------------------------------------------
+    def _offloads_off(self, dev: str) -> None:
+        """MTU-sized segments on ``dev``, as in the namespace testbed: the peer's loss rule then drops single
+        segments, not 64 KiB GSO super-packets (which a veth passes on whole), and htb paces segments."""
+        if dev in self.offloaded:
+            return
+        for cmd, check in offload_commands(dev):
+            try:
+                _local(cmd)
+            except TestbedError:
+                if check:
+                    raise
+        self.offloaded.add(dev)
+
     def _device(self, dev: str) -> None:
         if dev in self.devices:
             return
@@ -110,8 +126,9 @@ class SelfShaper:
         """``peer`` resolved to ``addr``: its class's filter, its loss rule, its hold."""
         with self.lock:
             self.addresses[peer] = addr
+            dev = route_device(addr)
+            self._offloads_off(dev)
             if peer in self.classes:
-                dev = route_device(addr)
                 self._device(dev)
                 _local(shaping.filter_command(dev, self.classes[peer], addr, "dst"))
             self._apply_loss_and_holds()

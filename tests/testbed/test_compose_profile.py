@@ -23,8 +23,9 @@ from tests.specs import DIGITS, run_spec
 from tests.testbed.docker_env import sh, wait_for
 
 MBIT, DELAY_MS, LOSS = 4.0, 50.0, 0.01
-SLOW = "client-2"  # the last child: a folding scatter reads replies in child order, so a child after the slow one
-#                    would show the slow one's time as its own (its reply waits for its turn, common/timeline.py)
+# The slow client is the last child: a folding scatter reads the replies in child order, so a child after the slow
+# one would show the slow one's time as its own transfer time (its reply waits for its turn; transport/session).
+SLOW = "client-2"
 ROUNDS = 3
 
 

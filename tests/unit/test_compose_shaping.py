@@ -59,6 +59,7 @@ def test_delay_puts_the_listening_nodes_behind_the_proxy_and_mounts_the_traces(t
         assert flag(svc[e]["command"], "--advertise") == f"{e}:50061"  # its peers still dial the service name
         assert "./traces/loss.csv:/etc/fedhop/traces/loss.csv:ro" in svc[e]["volumes"]
     assert "cap_add" not in svc["ps"]  # edge <-> PS is not shaped
+    # the edges send on the lossy direction: they turn their segmentation offloads off (through the entrypoint)
     client = svc["client-0"]  # loss on what it receives (after 30 s): shaped, but it runs no proxy
     assert client["cap_add"] == ["NET_ADMIN"] and "--proxy-port" not in client["entrypoint"]
     assert client["healthcheck"]["test"][:3] == ["CMD", "fedhop", "health"]

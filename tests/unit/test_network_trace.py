@@ -25,7 +25,7 @@ from fedhop.common.topology import build_topology
 from fedhop.deploy import container_net, profile, shaping
 from fedhop.deploy.delay_proxy import Hold, PeerDelay, read_control
 from fedhop.deploy.loss import TABLE, LossTable
-from fedhop.deploy.netns import plan_network
+from fedhop.deploy.netns import offload_commands, plan_network
 from tests.specs import spec_dict
 
 BASE = spec_dict("fedavg", clients=2, edges=0, device=None)
@@ -180,9 +180,10 @@ def test_a_container_shapes_its_own_egress_as_peers_resolve_and_at_trace_steps(t
     ps.control = tmp_path / "delays.json"
     assert ps.needed() and ps.peers == ["client-0", "client-1"] and ps.delayed
     ps.add_peer("client-1", "10.0.0.4")
-    assert ran[:4] == [*shaping.qdisc_commands("eth0"), shaping.class_command("eth0", 1, 20.0),
-                       shaping.class_command("eth0", 2, 20.0)]
-    assert ran[4] == shaping.filter_command("eth0", 2, "10.0.0.4", "dst")  # client-1's class, sent to it
+    assert ran[:2] == [cmd for cmd, _ in offload_commands("eth0")]  # MTU-sized segments, as in the netns testbed
+    assert ran[2:6] == [*shaping.qdisc_commands("eth0"), shaping.class_command("eth0", 1, 20.0),
+                        shaping.class_command("eth0", 2, 20.0)]
+    assert ran[6] == shaping.filter_command("eth0", 2, "10.0.0.4", "dst")  # client-1's class, sent to it
     assert "ip saddr 10.0.0.4 numgen random mod 1000000 < 10000" in nft.scripts[-1]
     assert json.loads(ps.control.read_text()) == {"10.0.0.4": "30~0,30~0"}
     ps.add_peer("client-0", "10.0.0.3")
