@@ -135,14 +135,19 @@ def trace_mounts(spec: RunSpec, spec_path: str) -> list[str]:
     return out
 
 
-def _shaped(svc: dict[str, Any], sh: Shaping, spec_mount: str, traces: list[str], port: int | None) -> dict[str, Any]:
-    """``svc`` run through deploy/container_net.py with NET_ADMIN, the spec and the traces mounted."""
+def _shaped(svc: dict[str, Any], sh: Shaping, spec_mount: str, traces: list[str], port: int | None,
+            interval: str | None = None) -> dict[str, Any]:
+    """``svc`` run through deploy/container_net.py with NET_ADMIN, the spec and the traces mounted (and its
+    healthcheck every ``interval``)."""
     entry = ["python", "-m", "fedhop.deploy.container_net", "--node", sh.node, "--spec", SPEC_TARGET]
     if sh.proxy and port is not None:
         entry += ["--proxy-port", str(port)]
     volumes = list(svc.get("volumes", []))
     volumes = [v for v in [spec_mount, *traces] if v not in volumes] + volumes
-    return {**svc, "entrypoint": [*entry, "--"], "cap_add": ["NET_ADMIN"], "volumes": volumes}
+    out = {**svc, "entrypoint": [*entry, "--"], "cap_add": ["NET_ADMIN"], "volumes": volumes}
+    if interval is not None:  # Swarm's DNS lists a task once healthy: its peers shape its links from then on
+        out["healthcheck"] = {**svc["healthcheck"], "interval": interval}
+    return out
 
 
 def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -207,7 +212,8 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     spec_mount = f"{opts.spec_path}:{SPEC_TARGET}:ro"
     ports = {topo.server: PS_PORT, **dict.fromkeys(topo.edges, EDGE_PORT)}
     for n, sh in shaped.items():
-        services[n] = _shaped(services[n], sh, spec_mount, traces, ports.get(n))
+        services[n] = _shaped(services[n], sh, spec_mount, traces, ports.get(n),
+                              f"{opts.health_interval_s}s" if n in topo.clients else None)
     base = {
         "version": COMPOSE_VERSION,
         "services": services,

@@ -19,9 +19,10 @@ own namespace, what concerns it:
   address and port, in front of its role, which then listens on 127.0.0.1 (``--proxy-port``); the proxy holds each
   chunk per connecting peer, as in the namespace testbed.
 
-Peers are known by their service names (the node ids); a name resolves once its container runs, so a thread
-resolves them every 0.2 s and adds each peer's filter, rule and hold as its address appears (a child's container
-starts before its process dials; until then nothing flows to it). A trace (``trace = "file.csv"``) is replayed by
+Peers are known by their service names (the node ids); a name resolves once its container runs (under Swarm: once
+its task is healthy), so a thread resolves them every 0.2 s and adds each peer's filter, rule and hold as its
+address appears (a child's container starts, and under Swarm reports healthy, before its process has imported
+torch and dials; until then nothing flows to it). A trace (``trace = "file.csv"``) is replayed by
 a :class:`~fedhop.deploy.profile.Replay` thread, its time 0 when this process starts. The role runs as a child
 process (signals are passed on); its exit code is this process's. At the end one line ``[fedhop-net] {...}`` on
 stderr gives, per peer, the configured rate and what htb let through (bytes, overlimits) and the packets dropped.
@@ -40,7 +41,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -207,14 +207,14 @@ class Resolver:
             self._thread.join()
 
 
-def own_address(node: str, timeout_s: float = 120.0) -> str:
-    """This container's address on the run's network: what its service name resolves to."""
-    end = time.monotonic() + timeout_s
-    while (addr := resolve(node)) is None:
-        if time.monotonic() > end:
-            raise RuntimeError(f"{node} does not resolve to an address within {timeout_s:g}s")
-        time.sleep(RESOLVE_S)
-    return addr
+def own_addresses() -> list[str]:
+    """This container's IPv4 addresses (scope global: its networks', not loopback). Not its service name's: Swarm
+    lists a task in its DNS only once the task is healthy, which a role behind a proxy not yet up never is."""
+    out = []
+    for line in run_cmd(["ip", "-o", "-4", "addr", "show", "scope", "global"]).splitlines():
+        words = line.split()
+        out.append(words[words.index("inet") + 1].split("/")[0])
+    return out
 
 
 def plan(node: str, spec_path: Path) -> tuple[RunSpec, SelfShaper]:
@@ -245,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     if shaper.delayed and a.proxy_port is not None:
         shaper.control = CONTROL
         profile.write_holds(CONTROL, {})
-        proxy = subprocess.Popen([sys.executable, "-m", "fedhop.deploy.delay_proxy", "--listen",
-                                  f"{own_address(a.node)}:{a.proxy_port}", "--target", f"127.0.0.1:{a.proxy_port}",
-                                  "--control", str(CONTROL), "--seed", str(spec.seed)])
+        listen = [x for addr in own_addresses() for x in ("--listen", f"{addr}:{a.proxy_port}")]
+        proxy = subprocess.Popen([sys.executable, "-m", "fedhop.deploy.delay_proxy", *listen,
+                                  "--target", f"127.0.0.1:{a.proxy_port}", "--control", str(CONTROL),
+                                  "--seed", str(spec.seed)])
     resolver = Resolver(shaper)
     replay = Replay(list(shaper.steps), shaper.step)
     replay.start()

@@ -179,6 +179,11 @@ async def serve(listen: tuple[str, int] | socket.socket, target: tuple[str, int]
         await server.serve_forever()
 
 
+async def _serve_all(listens: list, target: tuple[str, int], delays: dict[str, PeerDelay], seed: int,
+                     control: Path | None) -> None:
+    await asyncio.gather(*(serve(lst, target, delays, seed, control) for lst in listens))
+
+
 def _hostport(s: str) -> tuple[str, int]:
     host, _, port = s.rpartition(":")
     if not host or not port.isdigit():
@@ -212,7 +217,8 @@ def _delay(s: str) -> tuple[str, PeerDelay]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedhop.deploy.delay_proxy", description=__doc__.split("\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--listen", type=_hostport, help="HOST:PORT to accept connections on")
+    where.add_argument("--listen", type=_hostport, action="append",
+                       help="HOST:PORT to accept connections on (repeatable: one table for all)")
     where.add_argument("--listen-fd", type=int, metavar="FD",
                        help="accept on this inherited listening socket (e.g. one made in another network namespace)")
     p.add_argument("--target", type=_hostport, required=True, help="HOST:PORT to forward them to")
@@ -224,8 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        listen = socket.socket(fileno=a.listen_fd) if a.listen_fd is not None else a.listen
-        asyncio.run(serve(listen, a.target, dict(a.delay), a.seed, a.control))
+        listens = [socket.socket(fileno=a.listen_fd)] if a.listen_fd is not None else a.listen
+        asyncio.run(_serve_all(listens, a.target, dict(a.delay), a.seed, a.control))
     return 0
 
 

@@ -63,6 +63,12 @@ def test_delay_puts_the_listening_nodes_behind_the_proxy_and_mounts_the_traces(t
     client = svc["client-0"]  # loss on what it receives (after 30 s): shaped, but it runs no proxy
     assert client["cap_add"] == ["NET_ADMIN"] and "--proxy-port" not in client["entrypoint"]
     assert client["healthcheck"]["test"][:3] == ["CMD", "fedhop", "health"]
+    # Swarm's DNS lists a task once healthy, and its peers shape their links to it from then on: a shaped client
+    # is probed as often as the PS and the edges (an unshaped one every 30 s)
+    assert client["healthcheck"]["interval"] == "3s" and svc["ps"]["healthcheck"]["interval"] == "3s"
+    assert svc["client-3"]["healthcheck"]["interval"] == "3s"
+    unshaped = yaml.safe_load(write_compose(spec({"edge_ps": {"mbit": 5}}), "spec.toml", tmp_path)[0].read_text())
+    assert unshaped["services"]["client-0"]["healthcheck"]["interval"] == "30s"
 
 
 def test_a_trace_that_cannot_be_read_is_refused_when_the_file_is_generated(tmp_path: Path) -> None:
