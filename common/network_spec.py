@@ -21,6 +21,15 @@ Every link between two processes belongs to one class, named by its two ends' ro
     loss = 0.02
     [network.nodes.client-3.receive]  # what the node receives
 
+    [network.edge_ps]
+    trace = "traces/uplink.csv" # time_s -> mbit / delay_ms / jitter_ms / loss (and compute on a node), replayed
+
+A trace is a CSV file with a ``time_s`` column and any of ``mbit``, ``delay_ms``, ``jitter_ms``, ``loss`` (and
+``compute`` on a node's own table): from each row's time on (seconds since the testbed started shaping), its
+non-empty cells replace the table's own values; before the first row the table's own values hold. A relative path
+is read from the spec's folder. :func:`load_traces` reads and checks every trace of a profile (errors name the
+file, row and column); the testbeds replay them (deploy/profile.py).
+
 Resolution of a directed link a -> b: the class value for that direction (its ``up`` / ``down`` table, else the
 class's own fields); a node override (a's ``send`` or own fields, b's ``receive`` or own fields) replaces it;
 where both ends override, the smaller value wins. Only the table's shape is checked here; node ids are checked
@@ -32,7 +41,12 @@ The old ``[testbed.mbit]`` / ``[testbed.delay_ms]`` / ``[testbed.nodes]`` keys a
 
 from __future__ import annotations
 
+import csv
+import io
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -52,6 +66,8 @@ class Direction(_Strict):
     delay_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS, description="one-way delay in ms")
     jitter_ms: float | None = Field(None, ge=0, le=MAX_DELAY_MS, description="+- random jitter around the delay")
     loss: float | None = Field(None, ge=0, lt=1, description="fraction of packets dropped, 0 <= loss < 1")
+    trace: str | None = Field(None, min_length=1, description="CSV file: time_s -> mbit / delay_ms / jitter_ms / "
+                              "loss (and compute on a node), replayed during the run; relative to the spec's folder")
 
     @model_validator(mode="after")
     def _jitter_within_delay(self) -> Direction:
@@ -119,6 +135,174 @@ class Shape:
 
 
 _FIELDS = ("mbit", "delay_ms", "jitter_ms", "loss")
+TRACE_TIME = "time_s"
+TRACE_FIELDS = (*_FIELDS, "compute")
+_BOUNDS: dict[str, tuple[float, bool, float, bool]] = {  # (low, low included, high, high included)
+    "mbit": (0.0, False, math.inf, False),
+    "delay_ms": (0.0, True, MAX_DELAY_MS, True),
+    "jitter_ms": (0.0, True, MAX_DELAY_MS, True),
+    "loss": (0.0, True, 1.0, False),
+    "compute": (0.0, False, 1.0, True),
+}
+
+
+@dataclass(frozen=True)
+class TracePoint:
+    """From ``time_s`` on, the fields of ``values`` take these values."""
+
+    time_s: float
+    values: tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace file, read and checked (:func:`parse_trace`): its points in time order."""
+
+    path: str
+    points: tuple[TracePoint, ...]
+
+    def at(self, t: float) -> dict[str, float]:
+        """The values set at ``t`` seconds: each field's value in the last row at or before ``t`` that sets it."""
+        out: dict[str, float] = {}
+        for p in self.points:
+            if p.time_s > t:
+                break
+            out.update(p.values)
+        return out
+
+    def times(self) -> list[float]:
+        return [p.time_s for p in self.points]
+
+
+Traces = Mapping[str, Trace]  # a table's place in [network] ("client_edge", "client_edge.up", "nodes.ps.send") ->
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the table, the file, the row and the column."""
+
+
+def _number(text: str, where: str, col: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise TraceError(f"{where}, column {col}: {text!r} is not a number") from None
+    if not math.isfinite(v):
+        raise TraceError(f"{where}, column {col}: {text!r} is not a finite number")
+    return v
+
+
+def parse_trace(text: str, path: str, *, compute: bool = False) -> Trace:
+    """The trace in ``text`` (CSV with a header; ``path`` names it in errors). ``compute``: a node's own table,
+    where a ``compute`` column is allowed. Rows: ``time_s`` >= 0, strictly increasing; an empty cell leaves that
+    field as it was; every value within the bounds of the spec's own field; jitter_ms <= delay_ms where a row
+    sets both."""
+    rows = list(csv.reader(io.StringIO(text)))
+    rows = [r for r in rows if any(c.strip() for c in r)]
+    if not rows:
+        raise TraceError(f"trace {path}: empty (expected a header: {TRACE_TIME},{','.join(TRACE_FIELDS)})")
+    header = [c.strip() for c in rows[0]]
+    allowed = TRACE_FIELDS if compute else _FIELDS
+    if TRACE_TIME not in header:
+        raise TraceError(f"trace {path}, row 1: no {TRACE_TIME} column (header {header})")
+    for col in header:
+        if col not in (TRACE_TIME, *allowed):
+            extra = " (compute is allowed in a node's own table only)" if col == "compute" else ""
+            raise TraceError(f"trace {path}, row 1, column {col!r}: unknown column; known: "
+                             f"{', '.join((TRACE_TIME, *allowed))}{extra}")
+    if len(set(header)) != len(header):
+        raise TraceError(f"trace {path}, row 1: a column is named twice ({header})")
+    if len(header) < 2:
+        raise TraceError(f"trace {path}, row 1: no value column besides {TRACE_TIME} (any of {', '.join(allowed)})")
+    points: list[TracePoint] = []
+    for n, row in enumerate(rows[1:], start=2):
+        where = f"trace {path}, row {n}"
+        if len(row) != len(header):
+            raise TraceError(f"{where}: {len(row)} cells, the header has {len(header)}")
+        cells = dict(zip(header, (c.strip() for c in row), strict=True))
+        t = _number(cells[TRACE_TIME], where, TRACE_TIME)
+        if t < 0:
+            raise TraceError(f"{where}, column {TRACE_TIME}: {t:g} < 0")
+        if points and t <= points[-1].time_s:
+            raise TraceError(f"{where}, column {TRACE_TIME}: {t:g} is not after the row before ({points[-1].time_s:g})")
+        values: dict[str, float] = {}
+        for col in (h for h in header if h != TRACE_TIME):
+            if cells[col] == "":
+                continue
+            v = _number(cells[col], where, col)
+            lo, lo_in, hi, hi_in = _BOUNDS[col]
+            if v < lo or (v == lo and not lo_in) or v > hi or (v == hi and not hi_in):
+                rng = f"{'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
+                raise TraceError(f"{where}, column {col}: {v:g} is outside {rng}")
+            values[col] = v
+        if values.get("jitter_ms", 0.0) > values.get("delay_ms", math.inf):
+            raise TraceError(f"{where}: jitter_ms {values['jitter_ms']:g} > delay_ms {values['delay_ms']:g}")
+        points.append(TracePoint(t, tuple(sorted(values.items()))))
+    if not points:
+        raise TraceError(f"trace {path}: no rows after the header")
+    return Trace(path, tuple(points))
+
+
+def _tables(net: NetworkSpec) -> list[tuple[str, Direction, bool]]:
+    """Every table of ``net`` that may carry a trace: (place, table, compute allowed)."""
+    out: list[tuple[str, Direction, bool]] = []
+    for c in LINK_CLASSES:
+        lp: LinkProfile = getattr(net, c)
+        out += [(c, lp, False), *((f"{c}.{d}", getattr(lp, d), False) for d in ("up", "down")
+                                  if getattr(lp, d) is not None)]
+    for n, np_ in net.nodes.items():
+        out += [(f"nodes.{n}", np_, True), *((f"nodes.{n}.{d}", getattr(np_, d), False) for d in ("send", "receive")
+                                              if getattr(np_, d) is not None)]
+    return out
+
+
+def trace_path(trace: str, spec_dir: Path | None) -> Path:
+    """Where ``trace`` is: absolute as it is, relative to the spec's folder (the working folder without one)."""
+    p = Path(trace)
+    return p if p.is_absolute() or spec_dir is None else spec_dir / p
+
+
+def load_traces(net: NetworkSpec, spec_dir: Path | None) -> dict[str, Trace]:
+    """Every trace of ``net`` read and checked (:func:`parse_trace`), by its table's place; raises TraceError
+    naming ``network.<place>.trace``, the file, the row and the column."""
+    out: dict[str, Trace] = {}
+    for place, table, compute in _tables(net):
+        if table.trace is None:
+            continue
+        path = trace_path(table.trace, spec_dir)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise TraceError(f"network.{place}.trace: cannot read {path} ({e.strerror or e})") from None
+        try:
+            out[place] = parse_trace(text, str(table.trace), compute=compute)
+        except TraceError as e:
+            raise TraceError(f"network.{place}.trace: {e}") from None
+    return out
+
+
+def trace_files(net: NetworkSpec) -> list[str]:
+    """The trace paths ``net`` names, as written, each once."""
+    return sorted({t.trace for _, t, _ in _tables(net) if t.trace is not None})
+
+
+def change_times(traces: Traces) -> list[float]:
+    """Every time (seconds) at which some trace sets a value, in order."""
+    return sorted({t for tr in traces.values() for t in tr.times()})
+
+
+def _level(d: Direction | None, place: str, traces: Traces | None, t: float) -> dict[str, float | None]:
+    """A table's own values at time ``t``: its fields, replaced by its trace's values at ``t``."""
+    if d is None:
+        return dict.fromkeys(_FIELDS)
+    out: dict[str, float | None] = {f: getattr(d, f) for f in _FIELDS}
+    tr = traces.get(place) if traces is not None else None
+    if tr is not None:
+        out.update({k: v for k, v in tr.at(t).items() if k in _FIELDS})
+    return out
+
+
+def _over(base: dict[str, float | None], over: dict[str, float | None]) -> dict[str, float | None]:
+    return {f: over[f] if over[f] is not None else base[f] for f in _FIELDS}
 
 
 def _merge(base: Direction, over: Direction | None) -> Direction:
@@ -132,23 +316,38 @@ def _rank(node: str) -> tuple[int, int]:
     return {"client": 0, "edge": 1, "ps": 2}[role], int(k or 0)
 
 
-def directed_shape(net: NetworkSpec, cls: str, src: str, dst: str) -> Shape:
+def directed_shape(net: NetworkSpec, cls: str, src: str, dst: str, traces: Traces | None = None,
+                   t: float = 0.0) -> Shape:
     """The shape of the direction ``src`` -> ``dst`` of a link of class ``cls`` (node ids ps / edge-N /
-    client-N)."""
+    client-N), at ``t`` seconds into the run where ``traces`` (:func:`load_traces`) are given."""
     if cls not in LINK_CLASSES:
         raise ValueError(f"unknown link class {cls!r} (known: {', '.join(LINK_CLASSES)})")
-    base = getattr(net, cls).direction(up=_rank(src) < _rank(dst))
-    ns, nd = net.nodes.get(src), net.nodes.get(dst)
-    sides = [_merge(ns, ns.send) if ns else None, _merge(nd, nd.receive) if nd else None]
+    lp: LinkProfile = getattr(net, cls)
+    d = "up" if _rank(src) < _rank(dst) else "down"
+    base = _over(_level(lp, cls, traces, t), _level(getattr(lp, d), f"{cls}.{d}", traces, t))
+    sides = []
+    for node, way in ((src, "send"), (dst, "receive")):
+        np_ = net.nodes.get(node)
+        if np_ is not None:
+            sides.append(_over(_level(np_, f"nodes.{node}", traces, t),
+                               _level(getattr(np_, way), f"nodes.{node}.{way}", traces, t)))
     out: dict[str, float | None] = {}
     for f in _FIELDS:
-        overrides = [getattr(s, f) for s in sides if s is not None and getattr(s, f) is not None]
-        out[f] = min(overrides) if overrides else getattr(base, f)
+        overrides = [v for s in sides if (v := s[f]) is not None]
+        out[f] = min(overrides) if overrides else base[f]
     jitter = out["jitter_ms"] or 0.0
     delay = out["delay_ms"] or 0.0
     if jitter > delay:
-        raise ValueError(f"network: link {src} -> {dst} resolves to jitter_ms {jitter:g} > delay_ms {delay:g}")
+        when = f" at {t:g} s" if traces else ""
+        raise ValueError(f"network: link {src} -> {dst} resolves to jitter_ms {jitter:g} > delay_ms {delay:g}{when}")
     return Shape(mbit=out["mbit"], delay_ms=delay, jitter_ms=jitter, loss=out["loss"] or 0.0)
+
+
+def compute_at(net: NetworkSpec, node: str, traces: Traces | None = None, t: float = 0.0) -> float:
+    """``node``'s compute speed at ``t`` seconds (its table's ``compute``, replaced by its trace's)."""
+    base = net.compute(node)
+    tr = traces.get(f"nodes.{node}") if traces is not None else None
+    return tr.at(t).get("compute", base) if tr is not None else base
 
 
 def from_testbed(mbit: dict[str, float | None], delay_ms: dict[str, float | None],

@@ -14,6 +14,12 @@ Two documents come out of one spec (:func:`compose_files`):
 Node ids cannot be derived inside a replicated service (Compose gives a replica no index), and a client's
 parent edge follows from its id, so every node is its own service; ``--scale`` does not apply.
 
+With a ``[network]`` profile, every service with a shaped link (a rate on what it sends, a loss on what it
+receives or sends, a delay into its server, at any time of the profile's traces) shapes its own namespace: its
+entrypoint is deploy/container_net.py (which then runs the role), it gets ``cap_add: [NET_ADMIN]``, the spec and
+the trace files are mounted into it, and a listening node behind the delay proxy runs its role on 127.0.0.1 (the
+proxy takes the service's address and port). Swarm applies ``cap_add`` from Docker 20.10.
+
 Ports inside the network: PS 50051, edges 50061 (the testbed contract's), client health 50070. Every container
 reaches the others by service name (the node id), also on a Swarm overlay network; the commands are the contract's
 role command lines (deploy/contract.py).
@@ -21,14 +27,17 @@ role command lines (deploy/contract.py).
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedhop.common.spec import RunSpec
+from fedhop.common.network_spec import TraceError, load_traces, trace_files
+from fedhop.common.spec import RunSpec, SpecError
 from fedhop.common.topology import build_topology
+from fedhop.deploy import profile
 from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, fixed_ports, link_security, plan
 
 HEALTH_PORT = 50070
@@ -51,6 +60,7 @@ class ComposeOptions:
     device: str = "cpu"
     health_interval_s: int = 3
     tls: str | None = None  # a `fedhop certs init` folder (relative to the compose file's folder): mutual TLS
+    base_dir: str = "."  # the compose file's folder here, where the spec's trace files are read at generation time
 
 
 def _tls_mounts(folder: str, node: str) -> list[str]:
@@ -82,8 +92,68 @@ def host_path(path: str) -> str:
     return path if path.startswith(("/", "./", "../", "$", "~")) else f"./{path}"
 
 
+@dataclass(frozen=True)
+class Shaping:
+    """What a node's service needs to shape its own links (:func:`shaping_of`)."""
+
+    node: str
+    proxy: bool  # a delay proxy in front of its server: the role listens on 127.0.0.1
+
+
+def shaping_of(spec: RunSpec, spec_dir: Path) -> dict[str, Shaping]:
+    """Node -> :class:`Shaping` for every node with a shaped link at some time of the run (the profile and its
+    traces, read from ``spec_dir``); raises SpecError naming a trace that cannot be read or replayed."""
+    if spec.network is None:
+        return {}
+    topo = build_topology(spec.topology, spec.seed)
+    try:
+        steps = profile.timeline(topo, spec.network, load_traces(spec.network, spec_dir))
+    except (TraceError, ValueError) as e:
+        raise SpecError(f"{spec.name}: invalid run spec: {e}") from None
+    # the sender of a lossy direction too: it turns its segmentation offloads off (deploy/container_net.py)
+    sends_lossy = {a for _, links in steps for lk in links for a, _, s in lk.directions() if s.loss}
+    out = {}
+    for n in topo.all_nodes():
+        rated, lossy, delayed = profile.ever(n, steps)
+        delayed = delayed and topo.role(n) != "client"  # a client's delays are held by its parent's proxy
+        if rated or lossy or delayed or n in sends_lossy:
+            out[n] = Shaping(n, delayed)
+    return out
+
+
+def trace_mounts(spec: RunSpec, spec_path: str) -> list[str]:
+    """Every trace file, mounted where the spec inside the container (``SPEC_TARGET``) reads it."""
+    if spec.network is None:
+        return []
+    host_dir, spec_dir = posixpath.dirname(spec_path) or ".", posixpath.dirname(SPEC_TARGET)
+    out = []
+    for t in trace_files(spec.network):
+        if posixpath.isabs(t):
+            out.append(f"{t}:{t}:ro")
+        else:
+            out.append(f"{host_path(posixpath.join(host_dir, t))}:{posixpath.normpath(posixpath.join(spec_dir, t))}:ro")
+    return out
+
+
+def _shaped(svc: dict[str, Any], sh: Shaping, spec_mount: str, traces: list[str], port: int | None,
+            interval: str | None = None) -> dict[str, Any]:
+    """``svc`` run through deploy/container_net.py with NET_ADMIN, the spec and the traces mounted (and its
+    healthcheck every ``interval``)."""
+    entry = ["python", "-m", "fedhop.deploy.container_net", "--node", sh.node, "--spec", SPEC_TARGET]
+    if sh.proxy and port is not None:
+        entry += ["--proxy-port", str(port)]
+    volumes = list(svc.get("volumes", []))
+    volumes = [v for v in [spec_mount, *traces] if v not in volumes] + volumes
+    out = {**svc, "entrypoint": [*entry, "--"], "cap_add": ["NET_ADMIN"], "volumes": volumes}
+    if interval is not None:  # Swarm's DNS lists a task once healthy: its peers shape its links from then on
+        out["healthcheck"] = {**svc["healthcheck"], "interval": interval}
+    return out
+
+
 def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], dict[str, Any]]:
     """The base and override documents for ``spec`` (see the module docstring)."""
+    shaped = shaping_of(spec, Path(opts.base_dir) / posixpath.dirname(opts.spec_path))
+    traces = trace_mounts(spec, host_path(opts.spec_path))
     opts = replace(opts, spec_path=host_path(opts.spec_path), runs=host_path(opts.runs),
                    tls=host_path(opts.tls).rstrip("/") if opts.tls else None)
     sec = link_security(TLS_TARGET if opts.tls else None)
@@ -97,6 +167,9 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     topo = build_topology(spec.topology, spec.seed)
     where = plan(topo, {n: n for n in topo.all_nodes()}, fixed_ports(topo, PS_PORT, EDGE_PORT))  # service = node
     ps_addr = where.address(topo.server)
+
+    def bind(node: str, port: int) -> str:  # behind the delay proxy the role listens on loopback only
+        return f"127.0.0.1:{port}" if node in shaped and shaped[node].proxy else f"0.0.0.0:{port}"
     role: dict[str, Any] = {
         "image": opts.image,
         "build": {"context": ".", "dockerfile": "deploy/Dockerfile"},
@@ -106,7 +179,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     services: dict[str, Any] = {
         topo.server: {
             **role,
-            "command": RoleCommand("server", SPEC_TARGET, listen=f"0.0.0.0:{PS_PORT}", security=sec,
+            "command": RoleCommand("server", SPEC_TARGET, listen=bind(topo.server, PS_PORT), security=sec,
                                    device=opts.device,
                                    extra=("--out", f"{RUNS_TARGET}/${{FEDHOP_RUN:-{spec.name}}}")).args(),
             "volumes": [f"{opts.spec_path}:{SPEC_TARGET}:ro", f"${{FEDHOP_RUNS:-{opts.runs}}}:{RUNS_TARGET}",
@@ -119,7 +192,7 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
     for e in topo.edges:
         services[e] = {
             **role,
-            "command": RoleCommand("edge", e, connect=where.connect(e), listen=f"0.0.0.0:{EDGE_PORT}",
+            "command": RoleCommand("edge", e, connect=where.connect(e), listen=bind(e, EDGE_PORT),
                                    advertise=where.address(e), security=sec, device=opts.device,
                                    extra=linger).args(),
             **tls_of(e),
@@ -136,6 +209,11 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
             "healthcheck": {**_healthcheck(HEALTH_PORT, opts.health_interval_s), "interval": "30s"},
             "deploy": _placement("clients"),
         }
+    spec_mount = f"{opts.spec_path}:{SPEC_TARGET}:ro"
+    ports = {topo.server: PS_PORT, **dict.fromkeys(topo.edges, EDGE_PORT)}
+    for n, sh in shaped.items():
+        services[n] = _shaped(services[n], sh, spec_mount, traces, ports.get(n),
+                              f"{opts.health_interval_s}s" if n in topo.clients else None)
     base = {
         "version": COMPOSE_VERSION,
         "services": services,
@@ -187,7 +265,7 @@ def dump(doc: dict[str, Any], header: str = "") -> str:
 
 def write_compose(spec: RunSpec, spec_path: str, out_dir: Path, **kw: Any) -> tuple[Path, Path]:
     """Write ``docker-compose.yml`` and ``docker-compose.override.yml`` for ``spec`` into ``out_dir``."""
-    opts = ComposeOptions(spec_path=spec_path, **kw)
+    opts = ComposeOptions(spec_path=spec_path, **{"base_dir": str(out_dir), **kw})
     base, override = compose_files(spec, opts)
     topo = build_topology(spec.topology, spec.seed)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,11 @@ sends) and ``node -> peer``. With jitter ``j``, each chunk is held ``delay + u``
 same sequence per connection order); a chunk never overtakes the one before it (a TCP stream stays in order),
 so a late chunk also holds back those behind it.
 
+With ``--control FILE`` the table can change while connections are open (a trace replayed, a peer whose address
+became known): the file holds ``{"ADDRESS": "MS[~JITTER][,MS[~JITTER]]", ...}`` (the ``--delay`` syntax) and
+replaces the whole table whenever its modification time changes (checked every 50 ms); each chunk is held by the
+table of the moment it is read.
+
 What it models: a fixed one-way latency added per direction to every byte of a connection, so a request
 answered at once sees its round-trip time grow by twice the delay, and each message arrives ``delay`` later.
 What it does not model: the kernel's TCP sees the proxy, not the far end, so congestion control, slow start
@@ -23,14 +28,18 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import random
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 CHUNK = 64 << 10
 QUEUE_CHUNKS = 64  # at most ~4 MiB in flight per direction
+CONTROL_POLL_S = 0.05
 
 log = logging.getLogger("fedhop.delay_proxy")
 
@@ -72,7 +81,7 @@ def due_times(arrivals: list[float], hold: Hold, rng: random.Random) -> list[flo
     return out
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hold: Hold,
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hold: Callable[[], Hold],
                 rng: random.Random) -> None:
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue(QUEUE_CHUNKS)
@@ -80,7 +89,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hold
     async def read() -> None:
         due = float("-inf")
         while data := await reader.read(CHUNK):
-            due = next_due(due, loop.time(), hold, rng)
+            due = next_due(due, loop.time(), hold(), rng)
             await q.put((due, data))
         await q.put(None)
 
@@ -102,7 +111,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hold
 async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, target: tuple[str, int],
                   delays: dict[str, PeerDelay], seed: int, counter: list[int]) -> None:
     peer = client_w.get_extra_info("peername")[0]
-    pd = delays.get(peer, PeerDelay(Hold(), Hold()))
+    none = PeerDelay(Hold(), Hold())
     counter[0] += 1
     base = f"{seed}:{peer}:{counter[0]}"
     rng_in, rng_out = random.Random(base + ":in"), random.Random(base + ":out")
@@ -113,20 +122,52 @@ async def _handle(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter
         client_w.close()
         return
     try:
-        await asyncio.gather(_pump(client_r, server_w, pd.inbound, rng_in),
-                             _pump(server_r, client_w, pd.outbound, rng_out))
+        await asyncio.gather(_pump(client_r, server_w, lambda: delays.get(peer, none).inbound, rng_in),
+                             _pump(server_r, client_w, lambda: delays.get(peer, none).outbound, rng_out))
     finally:
         for w in (client_w, server_w):
             w.close()
 
 
+def read_control(path: Path) -> dict[str, PeerDelay]:
+    """The table of a ``--control`` file (``{"ADDRESS": "MS[~JITTER][,MS[~JITTER]]"}``); ValueError if malformed."""
+    raw = json.loads(path.read_text())
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected an object ADDRESS -> delay")
+    try:
+        return dict(_delay(f"{a}={v}") for a, v in raw.items())
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+async def _follow(path: Path, table: dict[str, PeerDelay]) -> None:
+    """Replace ``table``'s contents with the control file's whenever the file changes."""
+    seen = None
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            mtime = path.stat().st_mtime_ns
+            if mtime != seen:
+                seen = mtime
+                try:
+                    new = read_control(path)
+                except (ValueError, OSError) as e:
+                    log.error("control file ignored: %s", e)
+                else:
+                    table.clear()
+                    table.update(new)
+                    log.info("delays now %s", {a: str(d) for a, d in table.items()})
+        await asyncio.sleep(CONTROL_POLL_S)
+
+
 async def serve(listen: tuple[str, int] | socket.socket, target: tuple[str, int],
-                delays: dict[str, PeerDelay] | dict[str, float], seed: int = 0) -> None:
+                delays: dict[str, PeerDelay] | dict[str, float], seed: int = 0, control: Path | None = None) -> None:
     """Forward connections accepted on ``listen`` (an address, or a listening socket, which may belong to
     another network namespace than this process) to ``target``; ``delays`` maps a peer address to its
-    :class:`PeerDelay` (or to one delay in ms, both directions, no jitter)."""
+    :class:`PeerDelay` (or to one delay in ms, both directions, no jitter). ``control``: a file whose table
+    replaces ``delays`` whenever it changes (see the module docstring)."""
     table = {a: d if isinstance(d, PeerDelay) else PeerDelay(Hold(float(d)), Hold(float(d)))
              for a, d in delays.items()}
+    follow = asyncio.ensure_future(_follow(control, table)) if control is not None else None  # noqa: F841
     handle = functools.partial(_handle, target=target, delays=table, seed=seed, counter=[0])
     if isinstance(listen, socket.socket):
         server = await asyncio.start_server(handle, sock=listen)
@@ -136,6 +177,11 @@ async def serve(listen: tuple[str, int] | socket.socket, target: tuple[str, int]
              {a: str(d) for a, d in table.items()})
     async with server:
         await server.serve_forever()
+
+
+async def _serve_all(listens: list, target: tuple[str, int], delays: dict[str, PeerDelay], seed: int,
+                     control: Path | None) -> None:
+    await asyncio.gather(*(serve(lst, target, delays, seed, control) for lst in listens))
 
 
 def _hostport(s: str) -> tuple[str, int]:
@@ -171,18 +217,21 @@ def _delay(s: str) -> tuple[str, PeerDelay]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fedhop.deploy.delay_proxy", description=__doc__.split("\n")[0])
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--listen", type=_hostport, help="HOST:PORT to accept connections on")
+    where.add_argument("--listen", type=_hostport, action="append",
+                       help="HOST:PORT to accept connections on (repeatable: one table for all)")
     where.add_argument("--listen-fd", type=int, metavar="FD",
                        help="accept on this inherited listening socket (e.g. one made in another network namespace)")
     p.add_argument("--target", type=_hostport, required=True, help="HOST:PORT to forward them to")
     p.add_argument("--delay", type=_delay, action="append", default=[],
                    help="PEER_ADDRESS=MS[~JITTER][,MS[~JITTER]] (repeatable): peer -> node, then node -> peer")
     p.add_argument("--seed", type=int, default=0, help="seed of the jitter's random draws")
+    p.add_argument("--control", type=Path, metavar="FILE",
+                   help="JSON file ADDRESS -> MS[~JITTER][,MS[~JITTER]] that replaces the table whenever it changes")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     with contextlib.suppress(KeyboardInterrupt):
-        listen = socket.socket(fileno=a.listen_fd) if a.listen_fd is not None else a.listen
-        asyncio.run(serve(listen, a.target, dict(a.delay), a.seed))
+        listens = [socket.socket(fileno=a.listen_fd)] if a.listen_fd is not None else a.listen
+        asyncio.run(_serve_all(listens, a.target, dict(a.delay), a.seed, a.control))
     return 0
 
 

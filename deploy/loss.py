@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,35 +47,95 @@ def ruleset(drops: list[tuple[str, str, float]]) -> str:
     ]) + "\n"
 
 
-def plan_loss(net: Network, losses: list[LinkLoss]) -> dict[str, str]:
-    """Namespace -> nft script for every lossy link (receiver's namespace)."""
-    by_dst: dict[str, list[tuple[str, str, float]]] = {}
-    for lk in losses:
-        if lk.loss > 0:
-            by_dst.setdefault(lk.dst, []).append((lk.src, net.nodes[lk.src].address, lk.loss))
-    return {net.nodes[dst].ns: ruleset(drops) for dst, drops in by_dst.items()}
+Runner = Callable[[list[str], str | None], str]  # (argv, stdin) -> stdout, run inside one namespace
 
 
-def apply_loss(net: Network, losses: list[LinkLoss]) -> None:
-    for ns, script in plan_loss(net, losses).items():
-        run_cmd(in_ns(ns, ["nft", "-f", "-"]), input_text=script)
+def in_namespace(ns: str) -> Runner:
+    """A :data:`Runner` for the testbed namespace ``ns``."""
+    return lambda cmd, stdin=None: run_cmd(in_ns(ns, cmd), input_text=stdin)
 
 
 _PEER = re.compile(r"loss:(\S+)")
 
 
-def drop_counts(net: Network, losses: list[LinkLoss]) -> list[dict[str, Any]]:
-    """One record per lossy link: configured loss, packets dropped by its rule."""
+def parse_counts(text: str) -> dict[str, int]:
+    """Peer -> packets dropped, from ``nft -j list table inet fedhop_loss``."""
+    counts: dict[str, int] = {}
+    for item in (json.loads(text).get("nftables", []) if text.strip() else []):
+        rule = item.get("rule")
+        if not rule or not (m := _PEER.fullmatch(rule.get("comment", ""))):
+            continue
+        counts[m[1]] = next((e["counter"]["packets"] for e in rule["expr"] if "counter" in e), 0)
+    return counts
+
+
+class LossTable:
+    """The loss rules of one namespace (what it receives), set whole and replaced whole when they change (a
+    trace): the table is deleted and written again in one ``nft -f`` transaction, and the drops counted so far
+    are carried over, so :meth:`counts` covers the whole run."""
+
+    def __init__(self, run: Runner) -> None:
+        self.run = run
+        self.carried: dict[str, int] = {}
+        self.installed = False
+        self.rules: tuple[tuple[str, str, float], ...] = ()
+
+    def _now(self) -> dict[str, int]:
+        if not self.installed:
+            return {}
+        return parse_counts(self.run(["nft", "-j", "list", "table", "inet", TABLE], None))
+
+    def set(self, drops: list[tuple[str, str, float]]) -> None:
+        """Make the rules ``drops`` ((peer node, peer address, loss); loss 0: no rule) the namespace's."""
+        drops = sorted((p, a, x) for p, a, x in drops if x > 0)
+        if tuple(drops) == self.rules and (self.installed or not drops):
+            return
+        for peer, n in self._now().items():
+            self.carried[peer] = self.carried.get(peer, 0) + n
+        script = (f"table inet {TABLE} {{}}\ndelete table inet {TABLE}\n" if self.installed else "") + ruleset(drops)
+        self.run(["nft", "-f", "-"], script)
+        self.installed = True
+        self.rules = tuple(drops)
+
+    def counts(self) -> dict[str, int]:
+        """Peer -> packets dropped since the first :meth:`set`."""
+        out = dict(self.carried)
+        for peer, n in self._now().items():
+            out[peer] = out.get(peer, 0) + n
+        return out
+
+
+def plan_loss(net: Network, losses: list[LinkLoss]) -> dict[str, str]:
+    """Namespace -> nft script for every lossy link (receiver's namespace)."""
+    return {net.nodes[dst].ns: ruleset(drops) for dst, drops in _by_dst(net, losses).items()}
+
+
+def _by_dst(net: Network, losses: list[LinkLoss]) -> dict[str, list[tuple[str, str, float]]]:
+    by_dst: dict[str, list[tuple[str, str, float]]] = {}
+    for lk in losses:
+        if lk.loss > 0:
+            by_dst.setdefault(lk.dst, []).append((lk.src, net.nodes[lk.src].address, lk.loss))
+    return by_dst
+
+
+def apply_loss(net: Network, losses: list[LinkLoss],
+               tables: dict[str, LossTable] | None = None) -> dict[str, LossTable]:
+    """Install the rules of ``losses``; returns (or updates) the receiver -> :class:`LossTable` map. A receiver
+    in ``tables`` whose links are no longer lossy gets an empty table."""
+    tables = {} if tables is None else tables
+    by_dst = _by_dst(net, losses)
+    for dst in sorted(set(by_dst) | set(tables)):
+        table = tables.setdefault(dst, LossTable(in_namespace(net.nodes[dst].ns)))
+        table.set(by_dst.get(dst, []))
+    return tables
+
+
+def drop_counts(losses: list[LinkLoss], tables: dict[str, LossTable]) -> list[dict[str, Any]]:
+    """One record per link direction that was lossy (``losses``: each direction once, its configured loss):
+    packets dropped by its rule over the run."""
     rows = []
-    for dst in sorted({lk.dst for lk in losses if lk.loss > 0}):
-        text = run_cmd(in_ns(net.nodes[dst].ns, ["nft", "-j", "list", "table", "inet", TABLE]), check=False)
-        counts: dict[str, int] = {}
-        for item in (json.loads(text).get("nftables", []) if text.strip() else []):
-            rule = item.get("rule")
-            if not rule or not (m := _PEER.fullmatch(rule.get("comment", ""))):
-                continue
-            counts[m[1]] = next((e["counter"]["packets"] for e in rule["expr"] if "counter" in e), 0)
-        for lk in losses:
-            if lk.dst == dst and lk.loss > 0:
-                rows.append({"src": lk.src, "dst": dst, "loss": lk.loss, "dropped_packets": counts.get(lk.src, 0)})
+    for dst in sorted({lk.dst for lk in losses}):
+        counts = tables[dst].counts() if dst in tables else {}
+        rows += [{"src": lk.src, "dst": dst, "loss": lk.loss, "dropped_packets": counts.get(lk.src, 0)}
+                 for lk in losses if lk.dst == dst]
     return rows

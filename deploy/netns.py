@@ -141,11 +141,18 @@ class Network:
         return left
 
 
+def offload_commands(dev: str) -> list[tuple[list[str], bool]]:
+    """(``ip`` argv, must succeed) that turn off segmentation offloads on ``dev`` (:func:`disable_offloads`)."""
+    return [(["ip", "link", "set", "dev", dev, "gso_max_segs", "1"], True),
+            (["ip", "link", "set", "dev", dev, "gso_max_size", "1500"], False)]
+
+
 def disable_offloads(ns: str, dev: str) -> None:
     """No segmentation offloads on ``dev``: TCP then hands the kernel MTU-sized packets, so the counters see
-    every packet with its own headers (with TSO/GSO a veth carries 64 KiB super-packets, one header each)."""
-    ip("link", "set", "dev", dev, "gso_max_segs", "1", ns=ns)
-    ip("link", "set", "dev", dev, "gso_max_size", "1500", ns=ns, check=False)
+    every packet with its own headers (with TSO/GSO a veth carries 64 KiB super-packets, one header each), a loss
+    rule drops one segment at a time and htb paces segments."""
+    for cmd, check in offload_commands(dev):
+        ip(*cmd[1:], ns=ns, check=check)
 
 
 def ns_pids(ns: str) -> list[int]:

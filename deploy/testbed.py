@@ -2,7 +2,8 @@
 
 One namespace per process (PS, each edge, each client) with its own address on a bridge (deploy/netns.py);
 the run's ``[network]`` profile (common/network_spec.py): per-direction rate with tc htb (deploy/shaping.py),
-delay and jitter with a proxy (deploy/delay_proxy.py), loss with an nftables rule (deploy/loss.py); the roles
+delay and jitter with a proxy (deploy/delay_proxy.py), loss with an nftables rule (deploy/loss.py), its traces
+replayed by a scheduler thread (deploy/profile.py); the roles
 started with their own commands (``fedhop server|edge|client``) through ``ip netns exec``; wire bytes per link
 from nftables counters (deploy/kernel_bytes.py). Everything created is removed at the end, also on failure,
 Ctrl-C or SIGTERM. :class:`Testbed` implements the testbed contract (deploy/contract.py: start / wait / wire /
@@ -12,7 +13,8 @@ Run folder (the PS's files plus): ``wire.csv`` (kernel counters per directed lin
 (payload, message and wire per link, with ratios), ``round_times.csv`` (when each round's record reached the
 PS's journal), ``testbed.json`` (namespaces, addresses, link shapes, pids), ``tc.json`` (htb statistics per shaped
 link and direction), ``loss.json`` (packets dropped per lossy direction), ``tcp.csv`` (TCP segments and
-retransmissions per node) and ``logs/``.
+retransmissions per node), ``trace.json`` (with traces: when each step was applied, and the clocks to place
+the rounds on the trace's time line) and ``logs/``.
 """
 
 from __future__ import annotations
@@ -32,15 +34,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhop.common.network_spec import NetworkSpec, Shape, directed_shape
+from fedhop.common.network_spec import TraceError, load_traces
 from fedhop.common.spec import RunSpec
-from fedhop.common.testbed_spec import TestbedSpec, link_class
-from fedhop.common.topology import Topology, build_topology
-from fedhop.deploy import contract, kernel_bytes, loss, shaping, testbed_http, testbed_tls
+from fedhop.common.testbed_spec import TestbedSpec
+from fedhop.common.topology import build_topology
+from fedhop.deploy import contract, kernel_bytes, loss, profile, shaping, testbed_http, testbed_tls
 from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, link_security
 from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
 from fedhop.deploy.processes import Processes
+from fedhop.deploy.profile import Link, Replay, peers_of, run_links  # noqa: F401  (run_links: re-exported)
 from fedhop.deploy.wire import WireReading
 
 log = logging.getLogger("fedhop.testbed")
@@ -56,52 +59,6 @@ class Interrupted(BaseException):  # noqa: N818  (like KeyboardInterrupt: not an
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-@dataclass(frozen=True)
-class Link:
-    """A link of the run and the shape of each direction (``ab``: a -> b, ``ba``: b -> a)."""
-
-    a: str
-    b: str
-    cls: str
-    ab: Shape
-    ba: Shape
-
-    @property
-    def mbit(self) -> float | None:
-        """The rate of a -> b (of both directions where the profile is symmetric)."""
-        return self.ab.mbit
-
-    @property
-    def delay_ms(self) -> float:
-        """The one-way delay of a -> b (of both directions where the profile is symmetric)."""
-        return self.ab.delay_ms
-
-    def directions(self) -> list[tuple[str, str, Shape]]:
-        return [(self.a, self.b, self.ab), (self.b, self.a, self.ba)]
-
-
-def run_links(topo: Topology, net: NetworkSpec) -> list[Link]:
-    """Every pair of nodes that talk: parent-child and neighbour edges, shaped by the profile ``net``."""
-    pairs = [(topo.parent[n], n) for n in (*topo.edges, *topo.clients)]
-    pairs += [(a, b) for a in topo.edges for b in topo.neighbours[a] if topo.sort([a, b])[0] == a]
-    out = []
-    for a, b in pairs:
-        cls = link_class(topo.role(a), topo.role(b))
-        try:
-            out.append(Link(a, b, cls, directed_shape(net, cls, a, b), directed_shape(net, cls, b, a)))
-        except ValueError as e:
-            raise TestbedError(str(e)) from None
-    return out
-
-
-def peers_of(links: list[Link]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for lk in links:
-        out.setdefault(lk.a, []).append(lk.b)
-        out.setdefault(lk.b, []).append(lk.a)
-    return out
 
 
 def check_host() -> None:
@@ -176,7 +133,12 @@ class Testbed:
             self.profile.check_nodes(self.topo.all_nodes())
         except ValueError as e:
             raise TestbedError(str(e)) from None
-        self.links = run_links(self.topo, self.profile)
+        try:
+            self.traces = load_traces(self.profile, spec_path.parent)
+            self.steps = profile.timeline(self.topo, self.profile, self.traces)  # every change checked now
+        except (TraceError, ValueError) as e:
+            raise TestbedError(str(e)) from None
+        self.links: list[Link] = self.steps[0][1]
         self.out = out
         self.device = device
         self.timeout_s = timeout_s
@@ -192,7 +154,11 @@ class Testbed:
         self.counters = kernel_bytes.NamespaceCounters(self.net, peers_of(self.links))
         self.children = Processes(out / "logs")
         self.shapes: list[shaping.LinkShape] = []
-        self.losses: list[loss.LinkLoss] = []
+        self.losses: list[loss.LinkLoss] = []  # every direction lossy at some time, with its loss at 0 s
+        self.loss_tables: dict[str, loss.LossTable] = {}
+        self.controls: dict[str, Path] = {}  # listening node -> its delay proxy's control file (with traces)
+        self.replay = Replay([t for t, _ in self.steps], self._step)
+        self._replay_t0_ns = 0
         self.clock = RoundClock(out / "rounds.jsonl")
         self._tearing_down = False
         # last: binds the host's port (a taken one fails here, before anything is created)
@@ -223,31 +189,26 @@ class Testbed:
                                             str(fd), "--target", inner], pass_fds=(fd,))
         return ["--http", inner], ({"FEDHOP_HTTP_TOKEN": self.http.token} if self.http.token else {})
 
-    def _delays_into(self, node: str) -> dict[str, str]:
-        """Peer address -> the proxy's ``--delay`` value (``IN[~JITTER],OUT[~JITTER]`` in ms: peer -> node, then
-        node -> peer) of the delayed links into ``node``'s server."""
-        out = {}
-        for lk in self.links:
-            if node not in (lk.a, lk.b):
-                continue
-            into, outof = (lk.ba, lk.ab) if lk.a == node else (lk.ab, lk.ba)
-            if into.delay_ms or outof.delay_ms:
-                peer = lk.b if lk.a == node else lk.a
-                out[self.net.nodes[peer].address] = (f"{into.delay_ms:g}~{into.jitter_ms:g},"
-                                                     f"{outof.delay_ms:g}~{outof.jitter_ms:g}")
-        return out
+    def _holds(self, node: str, links: list[Link]) -> dict[str, profile.PeerDelay]:
+        """Peer address -> the delay proxy's holds for the delayed links into ``node``'s server."""
+        return {self.net.nodes[peer].address: pd for peer, pd in profile.proxy_holds(node, links).items()}
 
     def _serve_addr(self, node: str) -> tuple[str, str]:
-        """(listen, public) addresses of a listening node: with delayed links a proxy takes the public one."""
+        """(listen, public) addresses of a listening node: with delayed links (at any time of the run's traces)
+        a proxy takes the public one."""
         public = self.plan.address(node)
-        delays = self._delays_into(node)
-        if not delays:
+        if not profile.ever(node, self.steps)[2]:
             return public, public
         listen = f"127.0.0.1:{self.plan.node(node).port}"
         args = [sys.executable, "-m", "fedhop.deploy.delay_proxy", "--listen", public, "--target", listen]
-        for addr, ms in sorted(delays.items()):
-            args += ["--delay", f"{addr}={ms}"]
+        for addr, pd in sorted(self._holds(node, self.links).items()):
+            args += ["--delay", f"{addr}={profile.hold_arg(pd)}"]
         args += ["--seed", str(self.spec.seed)]
+        if len(self.steps) > 1:  # a trace may change the delays: through a control file
+            control = self.out / f"delays-{node}.json"
+            profile.write_holds(control, self._holds(node, self.links))
+            self.controls[node] = control
+            args += ["--control", str(control)]
         self._start(f"proxy-{node}", self.net.nodes[node].ns, args)
         return listen, public
 
@@ -338,16 +299,40 @@ class Testbed:
         elif self.tls is not None:
             self.tls_dir = Path(self.tls).resolve()
         self.net.create()
+        rated = {(a, b) for _, links in self.steps for lk in links for a, b, s in lk.directions()
+                 if s.mbit is not None}
+        lossy = {(a, b) for _, links in self.steps for lk in links for a, b, s in lk.directions() if s.loss}
         self.shapes = [shaping.LinkShape(a, b, s.mbit) for lk in self.links for a, b, s in lk.directions()
-                       if s.mbit is not None]
+                       if (a, b) in rated]
         shaping.apply_shaping(self.net, self.shapes)
-        self.losses = [loss.LinkLoss(a, b, s.loss) for lk in self.links for a, b, s in lk.directions() if s.loss]
+        self.losses = [loss.LinkLoss(a, b, s.loss) for lk in self.links for a, b, s in lk.directions()
+                       if (a, b) in lossy]
         if self.losses and not kernel_bytes.nft_available():
             raise TestbedError("a [network] loss needs nftables (apt-get install -y nftables)")
-        loss.apply_loss(self.net, self.losses)
+        loss.apply_loss(self.net, self.losses, self.loss_tables)
         self.counters.install()
+        self._replay_t0_ns = time.time_ns()
+        self.replay.start()  # the traces' time 0: shaping in place, the roles about to start
         self.start_roles()
         self._write_plan()
+
+    def _step(self, t: float) -> None:
+        """A trace step: every direction whose rate, loss or delay changed at ``t`` is re-set (Replay's thread)."""
+        links = dict(self.steps)[t]
+        before = {(a, b): s for lk in self.links for a, b, s in lk.directions()}
+        installed = {(s.a, s.b) for s in self.shapes}
+        for lk in links:
+            for a, b, s in lk.directions():
+                if s.mbit != before[(a, b)].mbit and (a, b) in installed:
+                    for ns, cmd in shaping.rate_changes(self.net, self.shapes, a, b, s.mbit):
+                        run_cmd(in_ns(ns, cmd))
+        lossy = {(x.src, x.dst) for x in self.losses}
+        loss.apply_loss(self.net, [loss.LinkLoss(a, b, s.loss) for lk in links for a, b, s in lk.directions()
+                                   if (a, b) in lossy], self.loss_tables)
+        for node, control in self.controls.items():
+            profile.write_holds(control, self._holds(node, links))
+        self.links = links
+        log.info("trace step at %gs applied", t)
 
     def started_lines(self) -> list[str]:
         """What the testbed is, once started: namespaces, shaped and lossy directions, counters, link security,
@@ -369,6 +354,7 @@ class Testbed:
 
     def stop(self) -> None:
         """Every process, the live page's port, every namespace (with its veths, qdiscs and counters)."""
+        self.replay.stop()
         try:
             self.stop_roles()
             if self.http:
@@ -401,7 +387,15 @@ class Testbed:
                 notes.append(f"TCP retransmitted segments (counted in wire bytes): {retrans}")
             (self.out / "tc.json").write_text(json.dumps(shaping.class_stats(self.net, self.shapes), indent=1))
             if self.losses:
-                (self.out / "loss.json").write_text(json.dumps(loss.drop_counts(self.net, self.losses), indent=1))
+                (self.out / "loss.json").write_text(json.dumps(loss.drop_counts(self.losses, self.loss_tables),
+                                                               indent=1))
+            self.replay.stop()
+            if self.traces:
+                (self.out / "trace.json").write_text(json.dumps({
+                    "t0_unix_ns": self._replay_t0_ns, "rounds_start_unix_ns": self.clock.start_ns,
+                    "steps": [{"t": t, "late_s": round(late, 4)} for t, late in self.replay.applied],
+                    "errors": self.replay.errors, "files": {k: tr.path for k, tr in self.traces.items()}}, indent=1))
+                notes += [f"trace step failed: {e}" for e in self.replay.errors]
             if levels is None:
                 notes.append(f"the PS wrote no links.csv (exit code {rc}): no per-link table")
             return TestbedResult(rc=rc, out=self.out, levels=levels or [], rounds=rounds, notes=notes)

@@ -47,3 +47,46 @@ def test_lossy_jittery_link_drops_retransmits_and_the_run_finishes(tmp_path: Pat
     assert all(t >= 2 * 0.010 for t in times), times
     stats = json.loads((out / "tc.json").read_text())
     assert stats and all(s["mbit"] == 50.0 for s in stats)
+
+
+def test_a_rate_trace_changes_round_times_as_the_profile_says(tmp_path: Path) -> None:
+    """FedAvg, 2 clients straight to the PS; the client <-> PS links follow a trace (read from the spec's folder)
+    that repeats 1 s at 100 Mbit/s, then 4 s at 2 Mbit/s. Rounds that lie wholly inside a 2 Mbit/s period (from
+    0.5 s after it began: a step may be applied late) last about what moving the model down and up at 2 Mbit/s
+    takes (within 0.8x - 1.4x), at least 3x as long as the rounds wholly inside a 100 Mbit/s period; every step of
+    the trace was applied within 0.5 s of its time."""
+    fast_s, slow_s, slow, fast, margin = 1.0, 4.0, 2.0, 100.0, 0.5
+    cycle = fast_s + slow_s
+    rows = [f"{k * cycle + off:g},{rate:g}" for k in range(60) for off, rate in ((0, fast), (fast_s, slow))]
+    (tmp_path / "rate.csv").write_text("time_s,mbit\n" + "\n".join(rows) + "\n")
+    rounds = 30
+    spec = write_spec(tmp_path, "tb-trace", algorithm="fedavg",
+                      options={"lr": 0.05, "local_steps": 1, "batch_size": 16}, clients=2, edges=0, rounds=rounds,
+                      hidden=[512], testbed='[network.client_ps]\ntrace = "rate.csv"\n')
+    out = tmp_path / "run"
+    run_up(spec, out)
+    res = json.loads((out / "results.json").read_text())
+    assert len(res["rounds"]) == rounds and res["missing"] == [], logs(out)
+    trace = json.loads((out / "trace.json").read_text())
+    assert trace["errors"] == [] and trace["steps"], trace
+    assert all(s["late_s"] < margin for s in trace["steps"]), trace["steps"]
+    offset = (trace["rounds_start_unix_ns"] - trace["t0_unix_ns"]) / 1e9  # the rounds' clock on the trace's
+    spans = [(offset + float(r["end_s"]) - float(r["round_s"]), offset + float(r["end_s"]))
+             for r in read_csv(out / "round_times.csv")]
+    by_rate: dict[float, list[float]] = {slow: [], fast: []}
+    for s, e in spans:
+        k, into = divmod(s, cycle)
+        rate, begin, end = (fast, 0.0, fast_s) if into < fast_s else (slow, fast_s, cycle)
+        if begin + margin <= into and e - k * cycle <= end:  # wholly inside one period, after its step
+            by_rate[rate].append(e - s)
+    wire = {(r["src"], r["dst"]): int(r["wire_bytes"]) for r in read_csv(out / "wire.csv")}
+    per_round = max(wire[("ps", "client-0")], wire[("client-0", "ps")]) / rounds  # bytes each way, one client
+    predicted = 2 * per_round * 8 / (slow * 1e6)  # the model down, then the update up
+    print(f"rounds at {slow:g} Mbit/s: {[round(x, 2) for x in by_rate[slow]]} (predicted {predicted:.2f} s); at "
+          f"{fast:g} Mbit/s: {[round(x, 2) for x in by_rate[fast]]}; trace steps late by "
+          f"{max(s['late_s'] for s in trace['steps']):.3f} s at most")
+    assert by_rate[slow] and by_rate[fast], (spans, trace)
+    mean_slow = sum(by_rate[slow]) / len(by_rate[slow])
+    mean_fast = sum(by_rate[fast]) / len(by_rate[fast])
+    assert 0.8 * predicted <= mean_slow <= 1.4 * predicted, (mean_slow, predicted)
+    assert mean_slow >= 3 * mean_fast, (mean_slow, mean_fast)

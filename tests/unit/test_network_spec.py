@@ -16,7 +16,7 @@ from fedhop.common.topology import build_topology
 from fedhop.deploy import loss
 from fedhop.deploy.delay_proxy import Hold, due_times
 from fedhop.deploy.netns import plan_network
-from fedhop.deploy.testbed import run_links
+from fedhop.deploy.profile import run_links
 from tests.specs import spec_dict
 
 BASE = spec_dict("fedchs", clients=4, edges=2, edge_graph="ring", device=None)

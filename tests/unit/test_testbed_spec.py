@@ -9,7 +9,8 @@ from fedhop.common.testbed_spec import TestbedSpec, link_class
 from fedhop.common.topology import build_topology
 from fedhop.deploy import kernel_bytes, link_table, shaping
 from fedhop.deploy.netns import TestbedError, plan_network
-from fedhop.deploy.testbed import Testbed, peers_of, run_links
+from fedhop.deploy.profile import peers_of, run_links
+from fedhop.deploy.testbed import Testbed
 from fedhop.deploy.wire import WireCount, WireReading
 from tests.specs import spec_dict
 
