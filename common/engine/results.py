@@ -13,6 +13,7 @@ final model). In memory, :attr:`RunResult.links` keeps the byte meter's driver r
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import shutil
@@ -220,8 +221,10 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     title = f"{result.spec.name}: {result.spec.algorithm.name}"
     writers: list[tuple[str, Callable[[Path], None]]] = []
     if not result.interrupted:
-        model = {k: v.cpu() for k, v in result.final.items()}
-        writers.append(("model.pt", lambda p: torch.save(model, p)))
+        # serialized in memory first: torch.save onto a full disk raises a RuntimeError, not an OSError
+        buf = io.BytesIO()
+        torch.save({k: v.cpu() for k, v in result.final.items()}, buf)
+        writers.append(("model.pt", lambda p: p.write_bytes(buf.getvalue())))
     writers += [
         ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
         ("rounds.csv", lambda p: _csv(p, result.rounds)),
