@@ -187,22 +187,30 @@ def prepare_run_folder(folder: Path, force: bool = False) -> Path:
 class RunFolderNotWritten(OSError):
     """Files of the run folder could not be written (a full or read-only disk). Those written stay; the rest
     (the model first among them) went to a folder of their own under ``$TMPDIR`` where it had room.
-    ``saved`` says what is where, as the exit message lists it; ``lost`` names what could be written nowhere."""
+    ``saved`` says what is where, as the exit message lists it; ``spilled``: that folder; ``lost``: what could be
+    written nowhere. ``strerror``: the file system's word for the first failure."""
 
-    def __init__(self, folder: Path, cause: OSError, spilled: Path | None, moved: list[str], lost: list[str]) -> None:
-        super().__init__(cause.errno, cause.strerror or str(cause))
-        self.folder = folder
+    def __init__(self, message: str, *, cause: OSError | None = None, spilled: Path | None = None,
+                 saved: tuple[str, ...] = (), lost: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        if cause is not None:
+            self.errno, self.strerror = cause.errno, cause.strerror or str(cause)
         self.spilled = spilled
-        self.moved = tuple(moved)
-        self.lost = tuple(lost)
+        self.saved = saved
+        self.lost = lost
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @classmethod
+    def of(cls, folder: Path, cause: OSError, spilled: Path | None, moved: list[str],
+           lost: list[str]) -> RunFolderNotWritten:
         saved = [f"{', '.join(moved)} in {spilled}"] if spilled is not None and moved else []
         if lost:
             saved.append(f"NOT saved anywhere: {', '.join(lost)}")
-        self.saved = tuple(saved)
-
-    def __str__(self) -> str:
-        return (f"the results could not be written to {self.folder} ({self.strerror}); saved: "
-                f"{'; '.join(self.saved) or 'nothing'}")
+        message = (f"the results could not be written to {folder} ({cause.strerror or cause}); saved: "
+                   f"{'; '.join(saved) or 'nothing'}")
+        return cls(message, cause=cause, spilled=spilled, saved=tuple(saved), lost=tuple(lost))
 
 
 def write_run_folder(result: RunResult, folder: Path) -> Path:
@@ -265,7 +273,7 @@ def _spill(folder: Path, writers: list[tuple[str, Callable[[Path], None]]], caus
             except OSError as e:
                 log.error("%s could not be written to %s either (%s)", name, spill, e.strerror or e)
         lost.append(name)
-    raise RunFolderNotWritten(folder, cause, spill, moved, lost)
+    raise RunFolderNotWritten.of(folder, cause, spill, moved, lost)
 
 
 def _csv(path: Path, rows: list[dict[str, Any]], header: list[str] | None = None) -> None:
