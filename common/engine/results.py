@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -251,7 +251,7 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     return folder
 
 
-def _spill(folder: Path, writers: list[tuple[str, Callable[[Path], None]]], cause: OSError) -> None:
+def _spill(folder: Path, writers: list[tuple[str, Callable[[Path], None]]], cause: OSError) -> NoReturn:
     """Write what the run folder could not take into a new folder under $TMPDIR; raise RunFolderNotWritten."""
     log = logging.getLogger("fedhop.results")
     log.error("%s could not be written to %s (%s); it and the files after it go to $TMPDIR", writers[0][0],
