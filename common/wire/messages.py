@@ -170,8 +170,13 @@ def header_mismatch(header: pb.BundleHeader, expect: tuple[TensorShape, ...]) ->
         if shape != want_shape:
             return f"tensor {name!r} has shape {shape}, expected {want_shape}"
         if dtype != want_dtype:
-            return f"tensor {name!r} has dtype {dtype}, expected {want_dtype}"
+            return f"tensor {name!r} has dtype {_torch_name(dtype)}, expected {_torch_name(want_dtype)}"
     return None
+
+
+def _torch_name(dtype: str) -> str:
+    """A wire dtype name as torch prints it (``float32`` -> ``torch.float32``), as ``check_bundle`` words it."""
+    return str(DTYPES[dtype]) if dtype in DTYPES else dtype
 
 
 # -- reading messages --------------------------------------------------------------------------------------
