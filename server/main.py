@@ -267,7 +267,7 @@ def _write(result: RunResult, out: Path, store: CheckpointStore | None) -> None:
     try:
         write_run_folder(result, out)
     except OSError as e:
-        saved = [f"the rounds so far in {out / 'rounds.jsonl'}"]
+        saved = [*getattr(e, "saved", ()), f"the rounds so far in {out / 'rounds.jsonl'}"]  # RunFolderNotWritten
         if store is not None and store.tags():
             saved.insert(0, f"the trained state (the model) in {store.folder} (round {store.tags()[-1] + 1})")
         raise ResultsNotWritten(f"the results could not be written to {out} ({e.strerror or e}); saved: "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -49,6 +49,7 @@ class NetComm(BaseComm):
         self._budget_s = 0.0
         self._submitted: dict[NodeId, tuple[Call | Failure, float]] = {}  # submit(): the call, its expiry
         self._arrived: queue.Queue[Call | Failure] = queue.Queue()  # finished submitted calls, in arrival order
+        self._expect: Mapping[str, torch.Tensor] | None = None  # the scatter's expect: checked at reply headers
 
     def current_round(self) -> int:
         return self.ctx.round if self.ctx is not None else -1
@@ -82,6 +83,17 @@ class NetComm(BaseComm):
         return max(0.0, min(own, self._budget_end - time.monotonic() - margin))
 
     # -- scatter ----------------------------------------------------------------------------------------------
+    def scatter(self, to: Sequence[NodeId], task: str, bundle: Bundle | None = None,
+                args: Mapping[str, Scalar] | None = None, *, expect: Mapping[str, torch.Tensor] | None = None,
+                **kw: Any) -> dict[NodeId, Reply]:
+        """``BaseComm.scatter``; its ``expect`` also goes with every call, so that a reply whose bundle header
+        announces other names, shapes or dtypes is refused before its bytes are read (issue 20)."""
+        self._expect = expect
+        try:
+            return super().scatter(to, task, bundle, args, expect=expect, **kw)
+        finally:
+            self._expect = None
+
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                   deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
         rnd = self.current_round()
@@ -92,7 +104,7 @@ class NetComm(BaseComm):
         sent: dict[NodeId, Any] = {}
         for t in targets:
             self.hub.await_link(t)  # a node that is away gets transport.rejoin_grace_s to come back first
-            sent[t] = self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline)
+            sent[t] = self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline, expect=self._expect)
         end = time.monotonic() + deadline
         why = f"no reply within the deadline of {deadline:g}s"
         if quorum is not None and _wait_quorum([c for c in sent.values() if not isinstance(c, Failure)], quorum, end):
@@ -116,8 +128,8 @@ class NetComm(BaseComm):
                            deadline_s: float | None, settle: Settle) -> None:
         """A folding scatter: replies are admitted by a :class:`ReplyGate` (the next one to fold plus
         ``transport.reply_window`` more) and settled in canonical order as they complete, each dropped once
-        folded. A reply whose Result frame came before the deadline is waited for up to
-        ``transport.rpc_timeout_s`` longer (the gate may have held its bundle back)."""
+        folded. A reply whose Result frame came before the deadline is waited for as much longer as the gate held
+        its bundle back, at most ``transport.rpc_timeout_s`` (``Call.wait_settled``)."""
         rnd = self.current_round()
         if self._begun != rnd:
             self.begin_round(rnd)
@@ -127,7 +139,8 @@ class NetComm(BaseComm):
         sent: list[tuple[NodeId, Any]] = []
         for t in targets:
             self.hub.await_link(t)
-            sent.append((t, self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline, gate=gate)))
+            sent.append((t, self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline, gate=gate,
+                                                                expect=self._expect)))
         del snapshot
         end = time.monotonic() + deadline
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")
@@ -137,9 +150,7 @@ class NetComm(BaseComm):
                 if isinstance(c, Failure):
                     settle(t, c)
                     continue
-                if not c.done.wait(max(0.0, end - time.monotonic())) and c.answered.is_set():
-                    c.done.wait(max(0.0, end + self.transport.rpc_timeout_s - time.monotonic()))
-                if not c.done.is_set():
+                if not c.wait_settled(end, self.transport.rpc_timeout_s):  # a held-back reply: Call.wait_settled
                     self.hub.expire(c, f"no reply within the deadline of {deadline:g}s")
                 r, c.result = c.result, None
                 assert r is not None
@@ -160,7 +171,9 @@ class NetComm(BaseComm):
             self.begin_round(rnd)
         deadline = self.scatter_deadline(deadline_s)
         self.hub.await_link(to)
-        c = self.lost_state(to) or self.hub.call(to, task, on_host(bundle), args, rnd, deadline)
+        p = self._pending.get(to)  # BaseComm.submit records the task's expect before it starts it
+        c = self.lost_state(to) or self.hub.call(to, task, on_host(bundle), args, rnd, deadline,
+                                                 expect=p.expect if p is not None else None)
         if isinstance(c, Failure):
             self._submitted[to] = (c, time.monotonic())
             self._arrived.put(c)

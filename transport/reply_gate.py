@@ -4,8 +4,10 @@ A scatter with a fold (``Comm.scatter(..., fold=...)``) folds the replies in can
 arrive early would wait decoded, one model each; instead, the session reader of a child whose Result arrives
 early stops reading its stream until the reply's turn comes, so the bundle waits in the child (HTTP/2 flow
 control holds it there) and the parent holds the running aggregate, the reply being folded and at most
-``window`` more. A reply whose Result head came in before the scatter's deadline counts as in time, even when
-its bundle was held back by the gate (the gate must not turn a punctual node into a missing one).
+``window`` more. A reply whose Result head came in before the scatter's deadline is waited for as much longer
+as the gate held its bundle back (the gate must not turn a punctual node into a missing one), and no longer:
+a reply whose bytes stop arriving once it may send them is missing at the deadline (``Call.wait_settled`` in
+``transport/session/calls.py``; issue 20).
 """
 
 from __future__ import annotations

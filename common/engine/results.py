@@ -13,18 +13,20 @@ final model). In memory, :attr:`RunResult.links` keeps the byte meter's driver r
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
 import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
-from fedhop.common import provenance, run_lock
+from fedhop.common import atomic_files, provenance, run_lock
 from fedhop.common import timeline as timelines
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
@@ -46,7 +48,7 @@ class RoundRecorder:
     def __post_init__(self) -> None:
         if self.journal is not None:  # a resumed run starts its journal over from the rounds it restored
             self.journal.parent.mkdir(parents=True, exist_ok=True)
-            self.journal.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+            atomic_files.write_text(self.journal, "".join(json.dumps(r) + "\n" for r in self.records))
         if self.records:  # resumed: the clock goes on from the last restored round
             self.started -= float(self.records[-1].get("elapsed_s", 0.0))
         self._last = self.started
@@ -79,7 +81,7 @@ class RoundRecorder:
         self._last = self.started + float(kept[-1].get("elapsed_s", 0.0)) if kept else self.started
         if self.journal is not None:
             try:
-                self.journal.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+                atomic_files.write_text(self.journal, "".join(json.dumps(r) + "\n" for r in self.records))
             except OSError:
                 self.journal = None  # the next append reports the problem (as in __call__)
 
@@ -182,25 +184,96 @@ def prepare_run_folder(folder: Path, force: bool = False) -> Path:
     return folder
 
 
+class RunFolderNotWritten(OSError):
+    """Files of the run folder could not be written (a full or read-only disk). Those written stay; the rest
+    (the model first among them) went to a folder of their own under ``$TMPDIR`` where it had room.
+    ``saved`` says what is where, as the exit message lists it; ``spilled``: that folder; ``lost``: what could be
+    written nowhere. ``strerror``: the file system's word for the first failure."""
+
+    def __init__(self, message: str, *, cause: OSError | None = None, spilled: Path | None = None,
+                 saved: tuple[str, ...] = (), lost: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        if cause is not None:
+            self.errno, self.strerror = cause.errno, cause.strerror or str(cause)
+        self.spilled = spilled
+        self.saved = saved
+        self.lost = lost
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+    @classmethod
+    def of(cls, folder: Path, cause: OSError, spilled: Path | None, moved: list[str],
+           lost: list[str]) -> RunFolderNotWritten:
+        saved = [f"{', '.join(moved)} in {spilled}"] if spilled is not None and moved else []
+        if lost:
+            saved.append(f"NOT saved anywhere: {', '.join(lost)}")
+        message = (f"the results could not be written to {folder} ({cause.strerror or cause}); saved: "
+                   f"{'; '.join(saved) or 'nothing'}")
+        return cls(message, cause=cause, spilled=spilled, saved=tuple(saved), lost=tuple(lost))
+
+
 def write_run_folder(result: RunResult, folder: Path) -> Path:
-    """spec.toml (the resolved spec: every default filled in), results.json (with the run's ``provenance``,
-    common/provenance.py), rounds.csv, links.csv, missing.csv, timeline.csv, model.pt (not for an interrupted
-    run) and plots.png."""
+    """model.pt (not for an interrupted run), spec.toml (the resolved spec: every default filled in),
+    rounds.csv, links.csv, missing.csv, timeline.csv, results.json (with the run's ``provenance``,
+    common/provenance.py) and plots.png, in that order (the model first: it is what a run is for;
+    results.json and plots.png last: together they say the run is on disk, ``fedhop/lifecycle.py``).
+
+    Every file is written whole or not at all (``common/atomic_files.py``): a full disk never truncates one.
+    When a file cannot be written, it and every file after it go to a new folder under ``$TMPDIR``
+    (``fedhop-<run folder's name>-...``) instead, so that the model and the byte rows are kept and the run
+    folder is never taken for a finished one; then :class:`RunFolderNotWritten` says what is where."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spec.toml").write_text(provenance.resolved_spec(result.spec).to_toml())
     data = {**result.to_json(), "provenance": provenance.collect(
         result.spec, started_at=result.started_at, ended_at=time.time(), resumed_at=result.resumed_at)}
-    tmp = folder / "results.json.tmp"
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(folder / "results.json")
-    _csv(folder / "rounds.csv", result.rounds)
-    _csv(folder / "links.csv", file_links(result.links), LINKS_HEADER)
-    _csv(folder / "missing.csv", result.missing, ["round", "by", "node", "task", "reason"])
-    timelines.write_csv(folder / "timeline.csv", result.timeline)
+    title = f"{result.spec.name}: {result.spec.algorithm.name}"
+    writers: list[tuple[str, Callable[[Path], None]]] = []
     if not result.interrupted:
-        torch.save({k: v.cpu() for k, v in result.final.items()}, folder / "model.pt")
-    plot_rounds(result.rounds, folder / "plots.png", title=f"{result.spec.name}: {result.spec.algorithm.name}")
+        # serialized in memory first: torch.save onto a full disk raises a RuntimeError, not an OSError
+        buf = io.BytesIO()
+        torch.save({k: v.cpu() for k, v in result.final.items()}, buf)
+        writers.append(("model.pt", lambda p: p.write_bytes(buf.getvalue())))
+    writers += [
+        ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
+        ("rounds.csv", lambda p: _csv(p, result.rounds)),
+        ("links.csv", lambda p: _csv(p, file_links(result.links), LINKS_HEADER)),
+        ("missing.csv", lambda p: _csv(p, result.missing, ["round", "by", "node", "task", "reason"])),
+        ("timeline.csv", lambda p: timelines.write_csv(p, result.timeline)),
+        ("results.json", lambda p: p.write_text(json.dumps(data, indent=1))),
+        ("plots.png", lambda p: plot_rounds(result.rounds, p, title=title)),
+    ]
+    for i, (name, write) in enumerate(writers):
+        try:
+            with atomic_files.replacing(folder / name) as tmp:
+                write(tmp)
+        except OSError as e:
+            _spill(folder, writers[i:], e)
     return folder
+
+
+def _spill(folder: Path, writers: list[tuple[str, Callable[[Path], None]]], cause: OSError) -> NoReturn:
+    """Write what the run folder could not take into a new folder under $TMPDIR; raise RunFolderNotWritten."""
+    log = logging.getLogger("fedhop.results")
+    log.error("%s could not be written to %s (%s); it and the files after it go to $TMPDIR", writers[0][0],
+              folder, cause.strerror or cause)
+    spill: Path | None
+    try:
+        spill = Path(tempfile.mkdtemp(prefix=f"fedhop-{folder.resolve().name}-"))
+    except OSError as e:
+        log.error("no folder could be made under %s either (%s)", tempfile.gettempdir(), e.strerror or e)
+        spill = None
+    moved, lost = [], []
+    for name, write in writers:
+        if spill is not None:
+            try:
+                with atomic_files.replacing(spill / name) as tmp:
+                    write(tmp)
+                moved.append(name)
+                continue
+            except OSError as e:
+                log.error("%s could not be written to %s either (%s)", name, spill, e.strerror or e)
+        lost.append(name)
+    raise RunFolderNotWritten.of(folder, cause, spill, moved, lost)
 
 
 def _csv(path: Path, rows: list[dict[str, Any]], header: list[str] | None = None) -> None:

@@ -148,6 +148,37 @@ def describe_reply(facts: Mapping[str, object]) -> pb.DescribeReply:
     return r
 
 
+TensorShape = tuple[str, str, tuple[int, ...]]  # (name, dtype name, shape) of one tensor a bundle must hold
+
+
+def bundle_shapes(expect: Mapping[str, torch.Tensor]) -> tuple[TensorShape, ...]:
+    """What a bundle must hold to match ``expect`` (its names in order, dtypes, shapes): what a receiver checks
+    a bundle header against before it reads the bundle (:func:`header_mismatch`)."""
+    return tuple((k, _DTYPE_NAME.get(v.dtype, str(v.dtype)), tuple(v.shape)) for k, v in expect.items())
+
+
+def header_mismatch(header: pb.BundleHeader, expect: tuple[TensorShape, ...]) -> str | None:
+    """Why a bundle announced by ``header`` cannot be what ``expect`` says (None: it can), worded as the engines'
+    check of a whole bundle words it (``common/engine/base.py``'s ``check_bundle``)."""
+    got = [(t.name, t.dtype, tuple(int(d) for d in t.shape)) for t in header.tensors]
+    names, want = [g[0] for g in got], [e[0] for e in expect]
+    if names != want:
+        missing = [k for k in want if k not in names]
+        extra = [k for k in names if k not in want]
+        return f"tensor names differ: missing {missing}, unexpected {extra}"
+    for (name, dtype, shape), (_, want_dtype, want_shape) in zip(got, expect, strict=True):
+        if shape != want_shape:
+            return f"tensor {name!r} has shape {shape}, expected {want_shape}"
+        if dtype != want_dtype:
+            return f"tensor {name!r} has dtype {_torch_name(dtype)}, expected {_torch_name(want_dtype)}"
+    return None
+
+
+def _torch_name(dtype: str) -> str:
+    """A wire dtype name as torch prints it (``float32`` -> ``torch.float32``), as ``check_bundle`` words it."""
+    return str(DTYPES[dtype]) if dtype in DTYPES else dtype
+
+
 # -- reading messages --------------------------------------------------------------------------------------
 
 
@@ -189,16 +220,20 @@ class MessageAssembler:
     header needs an accepted head of its call that announced a bundle, and gets it once), and the call's
     chunks are then dropped unread, without a word each; ``budget`` caps the bundles and announced bytes in
     flight (a header over the cap fails its message); ``max_bytes`` caps one bundle (checked by the decoder
-    before it allocates).
+    before it allocates). ``expect(call_id)``: what that call's bundle must hold (names, dtypes, shapes; None:
+    anything); a header announcing something else fails its message at once, before anything is reserved or
+    allocated, and the call's chunks are dropped unread (a 512 MiB reply of the wrong shape is never buffered).
     """
 
     DROPPED_KEPT = 4096  # dropped call ids remembered (their stray frames are ignored, not complained about)
 
     def __init__(self, max_bytes: int | None = None, *, budget: InflightBudget | None = None,
-                 accept: Callable[[pb.Frame], str | None] | None = None) -> None:
+                 accept: Callable[[pb.Frame], str | None] | None = None,
+                 expect: Callable[[int], tuple[TensorShape, ...] | None] | None = None) -> None:
         self.max_bytes = max_bytes
         self.budget = budget
         self.accept = accept
+        self.expect = expect
         self._open: dict[int, tuple[pb.Frame, int, BundleDecoder | None]] = {}
         self._reserved: dict[int, int] = {}
         self._dropped: OrderedDict[int, None] = OrderedDict()
@@ -254,6 +289,10 @@ class MessageAssembler:
             if self._open[cid][2] is not None:
                 raise FrameError(f"second bundle header for call {cid}", cid)
             head, n, _ = self._open[cid]
+            shapes = self.expect(cid) if self.expect is not None else None
+            wrong = header_mismatch(frame.header, shapes) if shapes is not None else None
+            if wrong is not None:  # before any reservation or allocation; its chunks are dropped unread
+                return self._fail(cid, f"bundle refused at its header, before its bytes were read: {wrong}")
             claimed = int(frame.header.total_bytes)
             if self.max_bytes is not None and claimed > self.max_bytes:  # before any reservation or allocation
                 return self._fail(cid, f"bad bundle header: bundle of {claimed} bytes exceeds the limit "

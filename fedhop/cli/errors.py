@@ -35,6 +35,7 @@ from fedhop.common.exit_codes import ExitCode, Fatal
 EXIT_CODES: tuple[tuple[str, ExitCode], ...] = (
     ("fedhop.common.spec:SpecError", ExitCode.USAGE),  # a bad spec file or --set value
     ("fedhop.common.engine.results:RunFolderExists", ExitCode.USAGE),  # --out holds files, no --force
+    ("fedhop.common.engine.results:RunFolderNotWritten", ExitCode.RUN_FOLDER),  # a full disk: what is where
     ("fedhop.common.engine.workspace:DeviceError", ExitCode.NO_DEVICE),  # --device names a missing CUDA device
     ("fedhop.transport.credentials:CredentialsError", ExitCode.USAGE),  # --tls/--token material unusable
     ("fedhop.server.web.serve:HttpConfigError", ExitCode.USAGE),  # --http beyond loopback without a token

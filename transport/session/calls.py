@@ -20,7 +20,15 @@ from fedhop.common.engine.base import Failure
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.bundle import Bundle, payload_bytes
 from fedhop.common.wire.codec import CodecError
-from fedhop.common.wire.messages import CALL_ID_BASE, Message, MessageAssembler, message_frames, task_frame
+from fedhop.common.wire.messages import (
+    CALL_ID_BASE,
+    Message,
+    MessageAssembler,
+    TensorShape,
+    bundle_shapes,
+    message_frames,
+    task_frame,
+)
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.inbound import accept_result
 from fedhop.transport.reply_gate import ReplyGate
@@ -49,6 +57,35 @@ class Call:
     gate: ReplyGate | None = None  # a folding scatter's admission of replies (reply_gate.py)
     on_finish: Callable[[], None] | None = None  # called once the result is in (a caller waiting on several)
     sent_at: float = 0.0  # time.perf_counter() when its request was encoded and handed to the link
+    expect: tuple[TensorShape, ...] | None = None  # what the reply's bundle must hold (checked at its header)
+    answered_at: float | None = None  # time.monotonic() when its Result frame arrived
+    admitted_at: float | None = None  # ... and when the gate let its bundle be read (the same without a gate)
+
+    def held_s(self) -> float:
+        """How long the gate has held this reply's bundle back (up to now while it still does)."""
+        if self.answered_at is None:
+            return 0.0
+        until = self.admitted_at if self.admitted_at is not None else time.monotonic()
+        return max(0.0, until - self.answered_at)
+
+    def wait_settled(self, end: float, cap_s: float) -> bool:
+        """Wait for the result until ``end`` (a time.monotonic() time: the scatter's deadline); whether it came.
+
+        A reply whose Result frame came before ``end`` but whose bundle the gate held back gets that much longer
+        (at most ``cap_s``): it would have been in time without the gate. A reply whose bytes stop arriving
+        gets no more than it was held: a participant stalling mid-upload does not hold the round past its
+        deadline (issue 20: a 5 s round took 35 s)."""
+        until = end
+        while not self.done.wait(max(0.0, until - time.monotonic())):
+            if self.answered_at is None or self.answered_at > end:
+                return False
+            now = time.monotonic()
+            until = end + min(self.held_s(), cap_s)
+            if self.admitted_at is None:  # still held: its credit grows; look again once it may have run out
+                until = max(until, min(now + 0.05, end + cap_s))
+            if until <= now:
+                return self.done.is_set()
+        return True
 
     def finish(self, result: Reply | Failure) -> None:
         if self.result is None:
@@ -76,9 +113,12 @@ class CallTable:
         return self._expired
 
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
-             deadline_s: float, gate: ReplyGate | None = None) -> Call | Failure:
+             deadline_s: float, gate: ReplyGate | None = None,
+             expect: Mapping[str, torch.Tensor] | None = None) -> Call | Failure:
         """Push one Task (and its bundle) to a child; the Result completes the returned :class:`Call`. With
-        ``gate``, the reply's bundle is read only when the gate admits it."""
+        ``gate``, the reply's bundle is read only when the gate admits it; with ``expect`` (what the reply's
+        bundle must hold: names, dtypes, shapes), a bundle header announcing anything else fails the reply
+        before its bytes are read."""
         link, admitted = self.await_link(target)
         if link is not None and link.dropped and not link.alive:
             return Failure(f"{target} is not connected (dropped: {link.dropped})")
@@ -98,7 +138,8 @@ class CallTable:
             return Failure(f"cannot send the bundle: {e}")
         sent_at = time.perf_counter()
         timeline.recorder(self.node).add(round_idx, self.node, "encode_req", sent_at - began)
-        call = Call(cid, target, task, round_idx, gate=gate, sent_at=sent_at)
+        call = Call(cid, target, task, round_idx, gate=gate, sent_at=sent_at,
+                    expect=bundle_shapes(expect) if expect is not None else None)
         timing.event("call", at=self.node, call=cid, child=target, task=task, round=round_idx)
         if gate is not None:
             gate.add(cid)
@@ -154,7 +195,14 @@ class CallTable:
         """A child's frames become messages only for calls sent to it and pending, within its caps."""
         t = self.config.transport
         return MessageAssembler(t.max_bundle_bytes, budget=InflightBudget(t.max_open_bundles, t.inflight_bytes()),
-                                accept=lambda head: self._unexpected_reply(link, head))
+                                accept=lambda head: self._unexpected_reply(link, head), expect=self._expected)
+
+    def _expected(self, call_id: int) -> tuple[TensorShape, ...] | None:
+        """What the reply to ``call_id`` must hold (None: not said, or no such call: the assembler's ``accept``
+        already admitted only calls pending for the link)."""
+        with self.roster.lock:
+            info = self._calls.get(call_id) or self._expired.get(call_id)
+        return info.expect if info is not None else None
 
     def _unexpected_reply(self, link: ChildLink, head: pb.Frame) -> str | None:
         """Why a Task/Result frame from ``link`` opens no message (None: it is a reply to a call of ours)."""
@@ -173,9 +221,11 @@ class CallTable:
             call = self._calls.get(frame.call_id)
         if call is None or call.node != link.node_id:
             return
+        call.answered_at = time.monotonic()
         call.answered.set()
         if call.gate is not None and frame.result.has_bundle:
             call.gate.enter(call.call_id)
+        call.admitted_at = time.monotonic()
 
     def result(self, link: ChildLink, msg: Message) -> None:
         """A whole Result message: it completes its call (a late one is counted and dropped)."""

@@ -34,6 +34,8 @@ from fedhop.transport.tcp_counters import Address, TcpCounters, WireProbe, parse
 from fedhop.v1 import fedhop_pb2 as pb
 
 if TYPE_CHECKING:
+    import torch
+
     from fedhop.transport.credentials import Security
 
 log = logging.getLogger("fedhop.session")
@@ -169,10 +171,12 @@ class ParentHub:
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
-             deadline_s: float, gate: ReplyGate | None = None) -> Call | Failure:
-        """Push one Task to a child (``CallTable.call``); the first call of a round reads the wire level."""
+             deadline_s: float, gate: ReplyGate | None = None,
+             expect: Mapping[str, torch.Tensor] | None = None) -> Call | Failure:
+        """Push one Task to a child (``CallTable.call``; ``expect``: what the reply's bundle must hold, checked
+        at its header); the first call of a round reads the wire level."""
         self.wire.round_boundary(round_idx)
-        return self.calls.call(target, task, bundle, args, round_idx, deadline_s, gate)
+        return self.calls.call(target, task, bundle, args, round_idx, deadline_s, gate, expect)
 
     def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
         return self.calls.await_link(target)
