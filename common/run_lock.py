@@ -72,7 +72,7 @@ class RunLock:
         if fd < 0:
             return
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)  # no record left: the next holder takes over nothing
+            _write_record(self.folder, b"")  # no record left: the next holder takes over nothing
         with contextlib.suppress(OSError):
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -110,7 +110,20 @@ def _record(fd: int) -> dict[str, Any]:
 
 
 def _open(folder: Path) -> int:
-    return os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    """The lock file, opened read-only (created if missing): the lock is held on a descriptor that does not
+    write, so that the folder's file system can still be remounted read-only under a running PS (Linux refuses
+    while a file on it is open for writing); its record is written through a descriptor closed at once."""
+    return os.open(folder / LOCK_FILE, os.O_RDONLY | os.O_CREAT, 0o644)
+
+
+def _write_record(folder: Path, data: bytes) -> None:
+    fd = os.open(folder / LOCK_FILE, os.O_WRONLY)
+    try:
+        os.ftruncate(fd, 0)
+        if data:
+            os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
 
 
 def acquire(folder: Path, what: str | None = None) -> RunLock:
@@ -146,8 +159,7 @@ def acquire(folder: Path, what: str | None = None) -> RunLock:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "command": what or " ".join(sys.argv),
               "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(me).encode() + b"\n", 0)
+            _write_record(folder, json.dumps(me).encode() + b"\n")
         except OSError as e:  # a full disk: the lock holds all the same, only its record is missing
             log.warning("run folder %s: the lock's record could not be written (%s)", folder, e.strerror or e)
         lock = _HELD[_key(folder)] = RunLock(folder, fd)
