@@ -21,7 +21,17 @@ log = logging.getLogger("fedhop.http")
 MIN_TOKEN_CHARS = 16
 START_TIMEOUT_S = 10.0
 NICE = 10  # the server thread's scheduling priority below the run's (Linux: per thread)
-MAX_CONNECTIONS = 128  # open connections and requests at once beyond which uvicorn answers 503
+MAX_CONNECTIONS = 256  # open connections and requests at once beyond which uvicorn answers 503
+
+
+class _Quiet(logging.Filter):
+    """Drops uvicorn's line per connection refused beyond MAX_CONNECTIONS: a flood must not flood the log too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Exceeded concurrency limit")
+
+
+logging.getLogger("uvicorn.error").addFilter(_Quiet())
 
 
 class HttpConfigError(ValueError):
