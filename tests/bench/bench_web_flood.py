@@ -28,7 +28,6 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 ROUTES = ("api/status", "api/rounds", "api/links", "api/topology", "api/missing", "api/timeline", "metrics")
