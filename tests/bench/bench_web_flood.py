@@ -7,9 +7,13 @@ stream retries after its Retry-After).
     python tests/bench/bench_web_flood.py [--rounds 60] [--reps 3] [--hidden 200]
 
 Prints per repetition the median round time of the rounds that ended while the flood ran (the same round indices
-quiet), the ratio flood / quiet, what the flood got back (status codes), and the load average; then the median
-over repetitions. Quiet and flood take turns within each repetition. Also: ``fedhop launch`` wall time with
-plaintext and with ``--tls auto`` (``--launch-reps``; 0 = skip).
+quiet), the ratio flood / quiet, what the flood got back (status codes), the CPU time the server thread used
+during the flooded run (a measure of its cost that the machine's load does not blur: with one training thread,
+the GIL makes it an upper bound of the time taken from training), and the load average; then the median over
+repetitions. Quiet and flood take turns within each repetition. Also: ``fedhop launch`` wall time with
+plaintext and with ``--tls auto`` (``--launch-reps``; 0 = skip). ``--control``: the same flood against a web face
+in another process, while the run serves nothing to anyone: on a small machine the flood's own client and server
+take CPU from training too, and this measures that share apart from the run's process.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 ROUTES = ("api/status", "api/rounds", "api/links", "api/topology", "api/missing", "api/timeline", "metrics")
@@ -116,8 +121,15 @@ def flood(url: str, requests: int, seconds: float, streams: int, threads: int) -
 # -- the run --------------------------------------------------------------------------------------------------
 
 
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds (user + system) a thread of this process has used (Linux: /proc/self/task/TID/stat)."""
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[list[tuple[float, float]], dict]:
-    """(end time, duration) of every round, and what the flood got back (empty when quiet)."""
+    """(end time, duration) of every round, and what the flood got back (empty when quiet) with the CPU seconds
+    the web face's server thread used during the run and the run's wall time."""
     from fedhop.common.spec import RunSpec
     from fedhop.server.web.live import live_page, simulate
 
@@ -127,16 +139,29 @@ def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[l
     with live_page("127.0.0.1:0") as page:
         page.events.subscribe(lambda kind, d: rounds.append((time.monotonic(), float(d["duration_s"])))
                               if kind == "round_ended" else None)
-        proc = None
+        proc = elsewhere = None
+        url = page.url or ""
+        if with_flood and a.control:  # the same flood against a web face in another process: the machine's share
+            elsewhere = subprocess.Popen([sys.executable, __file__, "--serve-elsewhere"], stdout=subprocess.PIPE,
+                                         text=True)
+            url = (elsewhere.stdout.readline() if elsewhere.stdout else "").strip()
         if with_flood:
-            proc = subprocess.Popen([sys.executable, __file__, "--flood-client", page.url or "", str(a.requests),
+            proc = subprocess.Popen([sys.executable, __file__, "--flood-client", url, str(a.requests),
                                      str(a.flood_s), str(a.streams), str(a.threads)], stdout=subprocess.PIPE,
                                     text=True)
+        tid = page.http._thread.native_id if page.http is not None else None
+        cpu0 = thread_cpu_s(tid) if tid else 0.0
         t0 = time.monotonic()
         simulate(spec, page.events)
+        wall = time.monotonic() - t0
         if proc is not None:
             out, _ = proc.communicate(timeout=120)
             got = json.loads(out)
+        if elsewhere is not None:
+            elsewhere.terminate()
+            elsewhere.wait(10)
+        got["server_cpu_s"] = (thread_cpu_s(tid) if tid else 0.0) - cpu0  # this process' server thread
+        got["wall_s"] = wall
     return [(t - t0, d) for t, d in rounds], got
 
 
@@ -162,6 +187,12 @@ def measure_launch(reps: int, rounds: int) -> dict[str, float]:
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-elsewhere":  # a web face on its own, until terminated
+        from fedhop.server.web.serve import start_http
+        from fedhop.server.web.status import RunStatus
+
+        print(start_http(RunStatus(), "127.0.0.1", 0).url, flush=True)
+        threading.Event().wait()
     if len(sys.argv) > 1 and sys.argv[1] == "--flood-client":
         url, requests, seconds, streams, threads = sys.argv[2:7]
         print(json.dumps(flood(url, int(requests), float(seconds), int(streams), int(threads))))
@@ -176,6 +207,9 @@ def main() -> int:
     ap.add_argument("--flood-s", type=float, default=10.0)
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--control", action="store_true",
+                    help="flood a web face in another process instead of the run's (what the flood costs the "
+                    "machine, apart from the run's process)")
     ap.add_argument("--launch-reps", type=int, default=3)
     ap.add_argument("--launch-rounds", type=int, default=2)
     a = ap.parse_args()
@@ -189,13 +223,15 @@ def main() -> int:
         idx = window(flooded, 1.0, 1.0 + got["sent_s"]) or list(range(len(flooded)))
         q = statistics.median(quiet[i][1] for i in idx)
         f = statistics.median(flooded[i][1] for i in idx)
-        rows.append((q, f, f / q))
+        cpu = got["server_cpu_s"] / got["wall_s"]
+        rows.append((q, f, f / q, cpu))
         print(f"rep {rep + 1}: {len(idx)} rounds under the flood; median round quiet {q:.4f} s, flood {f:.4f} s, "
-              f"ratio {f / q:.3f}; flood got {got['codes']} in {got['sent_s']:.1f} s; load average {load()}",
-              flush=True)
-    mq, mf, mr = (statistics.median(r[i] for r in rows) for i in range(3))
-    print(f"\nmedian of {a.reps}: quiet {mq:.4f} s, flood {mf:.4f} s, ratio {mr:.3f} (flood/quiet); "
-          f"load average at the end {load()}")
+              f"ratio {f / q:.3f}; flood got {got['codes']} in {got['sent_s']:.1f} s; the server thread used "
+              f"{got['server_cpu_s']:.2f} CPU s in the run's {got['wall_s']:.1f} s ({100 * cpu:.1f}%); "
+              f"load average {load()}", flush=True)
+    mq, mf, mr, mc = (statistics.median(r[i] for r in rows) for i in range(4))
+    print(f"\nmedian of {a.reps}: quiet {mq:.4f} s, flood {mf:.4f} s, ratio {mr:.3f} (flood/quiet); server thread "
+          f"CPU {100 * mc:.1f}% of the flooded run's wall time; load average at the end {load()}")
     if a.launch_reps:
         got_launch = measure_launch(a.launch_reps, a.launch_rounds)
         p, t = got_launch["plaintext"], got_launch["--tls auto"]
