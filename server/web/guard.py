@@ -116,7 +116,10 @@ class Guard:
             await _error(413, f"request bodies are limited to {lim.max_body_bytes} bytes (every route is a "
                          "GET)")(scope, receive, send)
             return
-        if scope["path"] != EVENTS_PATH:
+        path, root = scope["path"], scope.get("root_path", "")
+        if root and path.startswith(root):  # an app mounted under a prefix (fedhop ui's run pages)
+            path = path[len(root):]
+        if path != EVENTS_PATH:
             await self.app(scope, receive, send)
             return
         if self.open_streams >= lim.max_streams:

@@ -88,9 +88,9 @@ def test_event_streams_beyond_the_cap_get_503() -> None:
         assert int(r.headers["retry-after"]) >= 1
 
 
-def _scope(path: str) -> dict:
-    return {"type": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "headers": [],
-            "client": ("127.0.0.1", 5000), "method": "GET"}
+def _scope(path: str, root_path: str = "") -> dict:
+    return {"type": "http", "path": root_path + path, "raw_path": (root_path + path).encode(), "query_string": b"",
+            "headers": [], "client": ("127.0.0.1", 5000), "method": "GET", "root_path": root_path}
 
 
 def test_stream_cap_counts_open_streams_and_frees_them() -> None:
@@ -112,7 +112,7 @@ def test_stream_cap_counts_open_streams_and_frees_them() -> None:
 
             async def receive() -> dict:
                 return {"type": "http.request", "body": b""}
-            await guard(_scope("/api/events"), receive, send)
+            await guard(_scope("/api/events", "/runs/r-1"), receive, send)  # mounted under a prefix, as in ui
             return codes[0]
 
         first = [asyncio.create_task(one()) for _ in range(2)]
