@@ -62,8 +62,9 @@ bench: $(STAMP)
 	$(PY) tests/bench/bench_codec.py
 	$(PY) tests/bench/bench_transfer.py
 
-# The property tests (wire, session, web API, spec loader) with many examples (CI runs them with a few dozen), then coverage-guided fuzzing
-# with atheris where it is installed (pip install atheris; FEDHOP_FUZZ_RUNS inputs).
+# The property tests (wire, session, web API, spec loader) with many examples (CI runs them with a few dozen),
+# then coverage-guided fuzzing of the wire with atheris where it is installed (pip install atheris;
+# FEDHOP_FUZZ_RUNS inputs).
 FEDHOP_FUZZ_EXAMPLES ?= 5000
 FEDHOP_FUZZ_RUNS ?= 200000
 fuzz: $(STAMP)
