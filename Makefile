@@ -62,12 +62,13 @@ bench: $(STAMP)
 	$(PY) tests/bench/bench_codec.py
 	$(PY) tests/bench/bench_transfer.py
 
-# The wire's property tests with many examples (CI runs them with a few dozen), then coverage-guided fuzzing
-# with atheris where it is installed (pip install atheris; FEDHOP_FUZZ_RUNS inputs).
+# The property tests (wire, session, web API, spec loader) with many examples (CI runs them with a few dozen),
+# then coverage-guided fuzzing of the wire with atheris where it is installed (pip install atheris;
+# FEDHOP_FUZZ_RUNS inputs).
 FEDHOP_FUZZ_EXAMPLES ?= 5000
 FEDHOP_FUZZ_RUNS ?= 200000
 fuzz: $(STAMP)
-	FEDHOP_FUZZ_EXAMPLES=$(FEDHOP_FUZZ_EXAMPLES) $(PY) -m pytest tests/unit/test_fuzz_wire.py tests/unit/test_fuzz_session.py --hypothesis-show-statistics
+	FEDHOP_FUZZ_EXAMPLES=$(FEDHOP_FUZZ_EXAMPLES) $(PY) -m pytest tests/unit/test_fuzz_wire.py tests/unit/test_fuzz_session.py tests/unit/test_fuzz_web.py tests/unit/test_fuzz_spec.py --hypothesis-show-statistics
 	@if $(PY) -c "import atheris" 2>/dev/null; then $(PY) tests/fuzz/atheris_wire.py --seeds build/fuzz-corpus && \
 	  $(PY) tests/fuzz/atheris_wire.py build/fuzz-corpus -runs=$(FEDHOP_FUZZ_RUNS); \
 	else echo "make fuzz: atheris is not installed, so coverage-guided fuzzing was skipped (pip install atheris)"; fi

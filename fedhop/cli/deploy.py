@@ -22,9 +22,10 @@ def cmd_testbed_up(a: argparse.Namespace) -> int:
     from fedhop.cli.errors import testbed_failures
     from fedhop.deploy.link_table import format_table
     from fedhop.deploy.testbed import open_testbed
+    from fedhop.server.web.cli import token_of
 
     bed = open_testbed(Path(a.spec), Path(a.out) if a.out else None, device=a.device, timeout_s=a.timeout,
-                       tls=a.tls, http=None if a.http == "off" else a.http, http_token=a.http_token)
+                       tls=a.tls, http=None if a.http == "off" else a.http, http_token=token_of(a.http_token))
     with testbed_failures(bed.out / "logs"):
         res = bed.run(None if a.quiet else _say_started)
     if res.levels:

@@ -23,12 +23,15 @@ import asyncio
 import contextlib
 import hmac
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any
 
+import anyio.to_thread
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
@@ -38,12 +41,16 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedhop.server.web.feed import Cursor, next_message
+from fedhop.server.web.guard import CachedStatus, Guard, ResponseCache, WebLimits
 from fedhop.server.web.metrics import make_registry
 from fedhop.server.web.status import RunStatus
 
 COOKIE = "fedhop_token"
 KEEPALIVE_S = 15.0
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "::1", "[::1]"]
+DEFAULT_LIMITS = WebLimits()
+WORKER_THREADS = 2  # threads the web face may use beside its event loop's (static files' reads)
+SINCE = re.compile(r"[0-9]{1,9}")
 
 
 class Notifier:
@@ -125,85 +132,105 @@ class BearerAuth:
         await response(scope, receive, send)
 
 
-def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = True) -> Starlette:
+def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = True,
+               limits: WebLimits | None = DEFAULT_LIMITS) -> Starlette:
     """The ASGI app over ``status``. ``token``: require it on every route. ``loopback``: accept only loopback
-    Host headers."""
-    registry = make_registry(status)
+    Host headers. ``limits``: the bounds on requests, rates and streams and how often reads are computed (see
+    guard.py); None = unbounded, every read computed per request (an app mounted inside another that guards)."""
+    view: Any = CachedStatus(status, limits.status_cache_s) if limits is not None else status
+    bodies = ResponseCache(limits.status_cache_s if limits is not None else 0.0)
+    interval = limits.stream_interval_s if limits is not None else 0.0
+    registry = make_registry(view)
     notifier = Notifier(status)
     static = resources.files("fedhop.server.web") / "static"
     index_html = (static / "index.html").read_text(encoding="utf-8")
 
     def since(request: Request) -> int:
         raw = request.query_params.get("since", "0")
-        if not raw.isdigit():
-            raise ValueError(f"since must be a non-negative integer, got {raw!r}")
+        if not SINCE.fullmatch(raw):
+            raise ValueError(f"since must be a non-negative integer (at most 9 digits), got {raw[:40]!r}")
         return int(raw)
+
+    def cached(request: Request, render: Callable[[], Any]) -> Response:
+        """The JSON of ``render()``, shared by identical requests for ``limits.status_cache_s``."""
+        key = (request.url.path, request.scope.get("query_string", b""))
+        return Response(bodies.get(key, lambda: _json(render())), media_type="application/json")
 
     async def index(request: Request) -> Response:
         # the run's state as of now, in the page: it shows the run even if its event stream never connects (the
         # PS stops serving as the run ends; a proxy that keeps event streams out)
-        snapshot = json.dumps(next_message(status, Cursor())[1]).replace("<", "\\u003c")  # no "</script>" inside
+        snapshot = json.dumps(next_message(view, Cursor())[1]).replace("<", "\\u003c")  # no "</script>" inside
         html = index_html.replace("</body>", f'<script id="snapshot" type="application/json">{snapshot}</script>\n'
                                   "</body>", 1)
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
     async def api_status(request: Request) -> Response:
-        return JSONResponse(status.status())
+        return cached(request, view.status)
 
     async def api_rounds(request: Request) -> Response:
         try:
             n = since(request)
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        return JSONResponse({"setup": status.setup_round(), "rounds": status.rounds(n)})
+        return cached(request, lambda: {"setup": view.setup_round(), "rounds": view.rounds(n)})
 
     async def api_links(request: Request) -> Response:
-        out = status.links()
-        if request.query_params.get("rows") == "1":
-            out = {**out, "rows": status.link_rows()}
-        return JSONResponse(out)
+        rows = request.query_params.get("rows") == "1"
+        return cached(request, lambda: {**view.links(), "rows": view.link_rows()} if rows else view.links())
 
     async def api_topology(request: Request) -> Response:
-        return JSONResponse(status.topology())
+        return cached(request, view.topology)
 
     async def api_missing(request: Request) -> Response:
         try:
             n = since(request)
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        return JSONResponse({"missing": status.missing(n)})
+        return cached(request, lambda: {"missing": view.missing(n)})
 
     async def api_timeline(request: Request) -> Response:
         try:
             n = since(request) if "since" in request.query_params else -1
         except ValueError as e:
             return JSONResponse({"error": str(e)}, status_code=400)
-        return JSONResponse(status.timeline(n))
+        return cached(request, lambda: view.timeline(n))
 
     async def metrics(request: Request) -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(bodies.get(("/metrics", b""), lambda: generate_latest(registry)),
+                        media_type=CONTENT_TYPE_LATEST)
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
             cur = Cursor()
             yield "retry: 2000\n\n"
             while not notifier.closing or not cur.sent_any:  # closing: a page that connects now gets the state
-                version, msg = next_message(status, cur)
+                version, msg = next_message(view, cur)
                 yield f"id: {version}\nevent: update\ndata: {json.dumps(msg)}\n\n"
                 while not await notifier.wait_beyond(version, KEEPALIVE_S):
                     yield ": keep-alive\n\n"
+                if interval > 0 and not notifier.closing:
+                    await asyncio.sleep(interval)  # the events of the next interval go out as one update
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+        return JSONResponse({"error": str(detail)}, status_code=code, headers=getattr(exc, "headers", None))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         notifier.start()
+        with contextlib.suppress(Exception):  # the web face's own thread budget: static files' reads
+            anyio.to_thread.current_default_thread_limiter().total_tokens = WORKER_THREADS
         try:
             yield
         finally:
             notifier.stop()
 
     middleware = []
+    if limits is not None:
+        middleware.append(Middleware(Guard, limits=limits))
     if loopback:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS))
     if token is not None:
@@ -219,6 +246,10 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         Route("/api/events", events),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(packages=[("fedhop.server.web", "static")]), name="static"),
-    ], middleware=middleware, lifespan=lifespan)
+    ], middleware=middleware, lifespan=lifespan, exception_handlers={HTTPException: http_error})
     app.state.notifier = notifier
     return app
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")

@@ -34,9 +34,15 @@ def add_http_args(parser: argparse.ArgumentParser, default: str | None = None) -
     parser.add_argument("--http", metavar="HOST:PORT", type=_address, default=default or "off",
                         help=f"serve the live page, JSON API and /metrics on HOST:PORT ({on}); a host "
                         "beyond loopback needs --http-token")
-    parser.add_argument("--http-token", metavar="TOKEN", default=os.environ.get(TOKEN_ENV),
+    # the default is read when the page is served (token_of), never here: --help would print the token
+    parser.add_argument("--http-token", metavar="TOKEN", default=None,
                         help=f"bearer token every HTTP request must carry (default: ${TOKEN_ENV}); required "
                         "when --http binds beyond loopback; a browser opens http://HOST:PORT/?token=TOKEN once")
+
+
+def token_of(given: str | None) -> str | None:
+    """The bearer token: ``--http-token``'s value, else ``$FEDHOP_HTTP_TOKEN``, else None."""
+    return given or os.environ.get(TOKEN_ENV) or None
 
 
 def page_from_args(address: str, token: str | None = None) -> LivePage:
@@ -46,6 +52,7 @@ def page_from_args(address: str, token: str | None = None) -> LivePage:
     address: ADDRESS_IN_USE)."""
     from fedhop.server.web.live import OFF, open_page
 
+    token = token_of(token)
     if address == OFF:
         return open_page(OFF)
     from fedhop.server.web.serve import HttpConfigError

@@ -8,9 +8,12 @@ cumulative bytes of earlier rounds whose value changed (a child's meter rows can
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhop.server.web.status import RunStatus
+
+if TYPE_CHECKING:  # guard.py imports starlette, imported only where a page is served
+    from fedhop.server.web.guard import CachedStatus
 
 
 @dataclass
@@ -27,11 +30,12 @@ class Cursor:
     cumulative: list[tuple[int, int]] = field(default_factory=list)
 
 
-def next_message(status: RunStatus, cur: Cursor) -> tuple[int, dict[str, Any]]:
+def next_message(status: RunStatus | CachedStatus, cur: Cursor) -> tuple[int, dict[str, Any]]:
     """(version, message) for the page behind ``cur``; advances ``cur``. ``version`` is read first, so an event
     that lands while the message is built makes the next wait return at once."""
     v = status.versions()
-    st = status.status()
+    # a cached view (guard.CachedStatus) gives a status at least as new as the version read above
+    st = status.status_at_least(v["all"]) if not isinstance(status, RunStatus) else status.status()
     if cur.spec_sent:
         st.pop("spec")  # sent once
     cur.spec_sent = st.get("spec") is not None

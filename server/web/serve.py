@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
@@ -18,6 +20,18 @@ log = logging.getLogger("fedhop.http")
 
 MIN_TOKEN_CHARS = 16
 START_TIMEOUT_S = 10.0
+NICE = 10  # the server thread's scheduling priority below the run's (Linux: per thread)
+MAX_CONNECTIONS = 256  # open connections and requests at once beyond which uvicorn answers 503
+
+
+class _Quiet(logging.Filter):
+    """Drops uvicorn's line per connection refused beyond MAX_CONNECTIONS: a flood must not flood the log too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Exceeded concurrency limit")
+
+
+logging.getLogger("uvicorn.error").addFilter(_Quiet())
 
 
 class HttpConfigError(ValueError):
@@ -103,10 +117,13 @@ def start_http(status: RunStatus, host: str = "127.0.0.1", port: int = 0, token:
     sock.setblocking(False)
     actual = int(sock.getsockname()[1])
     app = create_app(status, token=token, loopback=is_loopback(host))
+    # one thread (an asyncio loop) serves every request, below the run's priority, with bounded connections
+    # (guard.py bounds rates, sizes and streams; the run's lock is taken a few times a second, not per request)
     config = uvicorn.Config(app, host=host, port=actual, loop="asyncio", http="h11", ws="none", lifespan="on",
-                            log_config=None, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+                            log_config=None, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                            limit_concurrency=MAX_CONNECTIONS, backlog=128, h11_max_incomplete_event_size=16384)
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="fedhop-http", daemon=True)
+    thread = threading.Thread(target=_serve, args=(server, sock), name="fedhop-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S
     while not server.started:
@@ -117,6 +134,14 @@ def start_http(status: RunStatus, host: str = "127.0.0.1", port: int = 0, token:
         thread.join(0.01)
     log.info("live page on %s:%d", host, actual)
     return HttpServer(host, actual, token, server, thread, app)
+
+
+def _serve(server: uvicorn.Server, sock: socket.socket) -> None:
+    """The server thread: lower its priority (best effort: Linux sets it per thread), then serve."""
+    if hasattr(os, "setpriority"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+    server.run(sockets=[sock])
 
 
 def stop_http(handle: HttpServer | None) -> None:

@@ -1,0 +1,244 @@
+"""Does the web face get in training's way? A small FedAvg run with its live page served (the in-process engine,
+``fedhop simulate --http``: the server thread shares the training's process and GIL, the harshest case), quiet
+and under a flood from another process: ``--requests`` (2,000) JSON/metrics requests in ``--flood-s`` (10) s
+from a thread pool, new connection each, while ``--streams`` (100) clients hold /api/events open (a refused
+stream retries after its Retry-After).
+
+    python tests/bench/bench_web_flood.py [--rounds 60] [--reps 3] [--hidden 200]
+
+Prints per repetition the median round time of the rounds that ended while the flood ran (the same round indices
+quiet), the ratio flood / quiet, what the flood got back (status codes), the CPU time the server thread used
+during the flooded run (a measure of its cost that the machine's load does not blur: with one training thread,
+the GIL makes it an upper bound of the time taken from training), and the load average; then the median over
+repetitions. Quiet and flood take turns within each repetition. Also: ``fedhop launch`` wall time with
+plaintext and with ``--tls auto`` (``--launch-reps``; 0 = skip). ``--control``: the same flood against a web face
+in another process, while the run serves nothing to anyone: on a small machine the flood's own client and server
+take CPU from training too, and this measures that share apart from the run's process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROUTES = ("api/status", "api/rounds", "api/links", "api/topology", "api/missing", "api/timeline", "metrics")
+
+JOB = """name = "bench-web-flood"
+rounds = {rounds}
+seed = 0
+device = "cpu"
+
+[algorithm]
+name = "fedavg"
+
+[algorithm.options]
+lr = 0.05
+local_steps = {steps}
+batch_size = 32
+
+[topology]
+clients = {clients}
+edges = 2
+
+[data]
+dataset = "digits"
+partition = "iid"
+
+[model]
+name = "mlp"
+hidden = [{hidden}, {hidden}]
+"""
+
+
+def load() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+# -- the flood (its own process: its threads must not share the run's GIL) ----------------------------------
+
+
+def flood(url: str, requests: int, seconds: float, streams: int, threads: int) -> dict[str, Any]:
+    stop = threading.Event()
+    codes: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def count(key: str) -> None:
+        with lock:
+            codes[key] += 1
+
+    def one(i: int) -> None:
+        try:
+            with urllib.request.urlopen(url + ROUTES[i % len(ROUTES)], timeout=10) as r:
+                r.read()
+                count(str(r.status))
+        except urllib.error.HTTPError as e:
+            count(str(e.code))
+        except OSError as e:
+            count(type(e).__name__)
+
+    def stream() -> None:
+        while not stop.is_set():
+            try:
+                with urllib.request.urlopen(url + "api/events", timeout=5) as r:
+                    count("stream 200")
+                    while not stop.is_set() and r.readline():
+                        pass
+            except urllib.error.HTTPError as e:
+                count(f"stream {e.code}")
+                stop.wait(float(e.headers.get("Retry-After", "1")))
+            except OSError:
+                stop.wait(0.5)
+
+    holders = [threading.Thread(target=stream, daemon=True) for _ in range(streams)]
+    for t in holders:
+        t.start()
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for i in range(requests):
+            delay = t0 + i * seconds / requests - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            pool.submit(one, i)
+    sent_s = time.monotonic() - t0
+    stop.set()
+    return {"codes": dict(codes), "sent_s": sent_s}
+
+
+# -- the run --------------------------------------------------------------------------------------------------
+
+
+def thread_cpu_s(tid: int) -> float:
+    """CPU seconds (user + system) a thread of this process has used (Linux: /proc/self/task/TID/stat)."""
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[list[tuple[float, float]], dict]:
+    """(end time, duration) of every round, and what the flood got back (empty when quiet) with the CPU seconds
+    the web face's server thread used during the run and the run's wall time."""
+    from fedhop.common.spec import RunSpec
+    from fedhop.server.web.live import live_page, simulate
+
+    spec = RunSpec.parse(tomllib.loads(spec_text))
+    rounds: list[tuple[float, float]] = []
+    got: dict[str, Any] = {}
+    with live_page("127.0.0.1:0") as page:
+        page.events.subscribe(lambda kind, d: rounds.append((time.monotonic(), float(d["duration_s"])))
+                              if kind == "round_ended" else None)
+        proc = elsewhere = None
+        url = page.url or ""
+        if with_flood and a.control:  # the same flood against a web face in another process: the machine's share
+            elsewhere = subprocess.Popen([sys.executable, __file__, "--serve-elsewhere"], stdout=subprocess.PIPE,
+                                         text=True)
+            url = (elsewhere.stdout.readline() if elsewhere.stdout else "").strip()
+        if with_flood:
+            proc = subprocess.Popen([sys.executable, __file__, "--flood-client", url, str(a.requests),
+                                     str(a.flood_s), str(a.streams), str(a.threads)], stdout=subprocess.PIPE,
+                                    text=True)
+        tid = page.http._thread.native_id if page.http is not None else None
+        cpu0 = thread_cpu_s(tid) if tid else 0.0
+        t0 = time.monotonic()
+        simulate(spec, page.events)
+        wall = time.monotonic() - t0
+        if proc is not None:
+            out, _ = proc.communicate(timeout=120)
+            got = json.loads(out)
+        if elsewhere is not None:
+            elsewhere.terminate()
+            elsewhere.wait(10)
+        got["server_cpu_s"] = (thread_cpu_s(tid) if tid else 0.0) - cpu0  # this process' server thread
+        got["wall_s"] = wall
+    return [(t - t0, d) for t, d in rounds], got
+
+
+def window(rounds: list[tuple[float, float]], start: float, end: float) -> list[int]:
+    return [i for i, (t, _) in enumerate(rounds) if start <= t <= end]
+
+
+def measure_launch(reps: int, rounds: int) -> dict[str, float]:
+    out: dict[str, list[float]] = {"plaintext": [], "--tls auto": []}
+    with tempfile.TemporaryDirectory(prefix="bench-web-launch-") as d:
+        for rep in range(reps):
+            for mode in out:
+                args = [sys.executable, "-m", "fedhop", "launch", "--set", f"rounds={rounds}", "--out",
+                        f"{d}/run-{rep}-{len(out[mode])}-{mode.replace(' ', '')}", "--http", "off", "--quiet"]
+                if mode != "plaintext":
+                    args += ["--tls", "auto"]
+                t0 = time.monotonic()
+                p = subprocess.run(args, capture_output=True, text=True)
+                if p.returncode != 0:
+                    raise SystemExit(f"launch ({mode}) failed ({p.returncode}): {p.stderr[-2000:]}")
+                out[mode].append(time.monotonic() - t0)
+    return {m: statistics.median(v) for m, v in out.items()}
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-elsewhere":  # a web face on its own, until terminated
+        from fedhop.server.web.serve import start_http
+        from fedhop.server.web.status import RunStatus
+
+        print(start_http(RunStatus(), "127.0.0.1", 0).url, flush=True)
+        threading.Event().wait()
+    if len(sys.argv) > 1 and sys.argv[1] == "--flood-client":
+        url, requests, seconds, streams, threads = sys.argv[2:7]
+        print(json.dumps(flood(url, int(requests), float(seconds), int(streams), int(threads))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--clients", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--flood-s", type=float, default=10.0)
+    ap.add_argument("--streams", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--control", action="store_true",
+                    help="flood a web face in another process instead of the run's (what the flood costs the "
+                    "machine, apart from the run's process)")
+    ap.add_argument("--launch-reps", type=int, default=3)
+    ap.add_argument("--launch-rounds", type=int, default=2)
+    a = ap.parse_args()
+    spec_text = JOB.format(rounds=a.rounds, steps=a.steps, clients=a.clients, hidden=a.hidden)
+    print(f"load average at the start: {load()} ({os.cpu_count()} CPUs)", flush=True)
+    rows = []
+    for rep in range(a.reps):
+        flooded, got = run_once(spec_text, True, a)
+        quiet, _ = run_once(spec_text, False, a)
+        # the rounds that ended while the flood was sent (after its process started: 1 s in), same indices quiet
+        idx = window(flooded, 1.0, 1.0 + got["sent_s"]) or list(range(len(flooded)))
+        q = statistics.median(quiet[i][1] for i in idx)
+        f = statistics.median(flooded[i][1] for i in idx)
+        cpu = got["server_cpu_s"] / got["wall_s"]
+        rows.append((q, f, f / q, cpu))
+        print(f"rep {rep + 1}: {len(idx)} rounds under the flood; median round quiet {q:.4f} s, flood {f:.4f} s, "
+              f"ratio {f / q:.3f}; flood got {got['codes']} in {got['sent_s']:.1f} s; the server thread used "
+              f"{got['server_cpu_s']:.2f} CPU s in the run's {got['wall_s']:.1f} s ({100 * cpu:.1f}%); "
+              f"load average {load()}", flush=True)
+    mq, mf, mr, mc = (statistics.median(r[i] for r in rows) for i in range(4))
+    print(f"\nmedian of {a.reps}: quiet {mq:.4f} s, flood {mf:.4f} s, ratio {mr:.3f} (flood/quiet); server thread "
+          f"CPU {100 * mc:.1f}% of the flooded run's wall time; load average at the end {load()}")
+    if a.launch_reps:
+        got_launch = measure_launch(a.launch_reps, a.launch_rounds)
+        p, t = got_launch["plaintext"], got_launch["--tls auto"]
+        print(f"fedhop launch (default spec, {a.launch_rounds} rounds), median of {a.launch_reps}: plaintext "
+              f"{p:.2f} s, --tls auto {t:.2f} s ({t - p:+.2f} s); load average {load()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
