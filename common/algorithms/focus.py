@@ -33,7 +33,10 @@ Who decides S_r (``decided_by``):
   the server). The PS calls every client (``focus.open``, no tensors); each client draws its availability
   I_i(r) from its own model and its own seeded stream (participation.ClientAvailability) and answers only if
   available; the server closes the call at ``round_close.deadline_s`` or once ``round_close.quorum`` clients
-  answered, and S_r = those who answered. Then pull / push as above. Reproducibility: a client's I_i(r) is a
+  answered, and S_r = those who answered. With ``round_close.absent = "say"`` an unavailable client answers
+  "away" at once instead of staying silent, so the call closes as soon as every client has answered (a round
+  with an absent client no longer waits for its deadline); S_r, the models and the payload are the same.
+  Then pull / push as above. Reproducibility: a client's I_i(r) is a
   pure function of (seed, client id, r), so both engines see the same S_r, the same models and the same bytes,
   PROVIDED every available client answers within the deadline and the quorum is 0 (wait for the deadline) or
   not smaller than the number of available clients in any round. With a smaller quorum the networked S_r is
@@ -161,6 +164,8 @@ def focus_open(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
         st.availability = ClientAvailability.build(o.participation, clients.index(ctx.node_id), len(clients),
                                                    ctx.np_rng("availability", "static"))
     if not st.availability.available(ctx.round, lambda r: ctx.np_rng("availability", r)):
+        if o.round_close.absent == "say":
+            return Reply({}, {"away": 1})  # at once: the call need not wait for this client
         raise NoAnswer
     return Reply()
 
@@ -170,7 +175,7 @@ def call_clients(ctx: NodeContext, pool: list[NodeId]) -> list[NodeId]:
     close: RoundClose = ctx.opts.round_close
     replies = ctx.comm.scatter(pool, "focus.open", None, {}, deadline_s=close.deadline_s,
                                quorum=close.quorum or None, optional=True)
-    return list(replies)
+    return [n for n, r in replies.items() if not r.scalars.get("away")]
 
 
 @dataclass

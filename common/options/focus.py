@@ -29,6 +29,17 @@ class RoundClose(BaseModel):
     quorum: int = Field(0, ge=0, description="close the call as soon as this many clients answered; 0: wait for "
                         "the deadline. A quorum smaller than the number of available clients takes the first to "
                         "answer, so the networked run may then differ from the in-process one (flat only)")
+    absent: Literal["silent", "say"] = Field(
+        "silent", description="what an unavailable client does with the round's call: 'silent' (Assumption 1's "
+        "client that is simply away: the call waits for the deadline or the quorum) or 'say' (it answers 'away' "
+        "at once, so the call closes as soon as every client has answered, available or not)")
+
+    @model_validator(mode="after")
+    def _say_needs_no_quorum(self) -> RoundClose:
+        if self.absent == "say" and self.quorum:
+            raise ValueError("round_close.absent = 'say' closes the call once every client answered: give no "
+                             "quorum (0) with it")
+        return self
 
 
 class FocusOptions(BaseModel):

@@ -111,3 +111,22 @@ def test_edge_tier_equals_flat_and_saves_ps_ingress(runs):
         return sum(r["payload_bytes"] for r in _work(res["links"]) if r["dst"] == "ps")
 
     assert ingress(runs[2]["res"]) < ingress(runs[0]["res"])
+
+
+def test_clients_that_say_they_are_away_close_the_call_at_once(tmp_path) -> None:
+    """``round_close.absent = "say"``: an unavailable client answers "away" at once, so a round's call closes when
+    every client answered, not at the deadline (120 s here: a round that waited for it would last that long); S_r,
+    the model and the payload equal the in-process run's, and the silent mode's."""
+    raw = spec_of(0).model_dump(mode="json", exclude_none=True)
+    raw["algorithm"]["options"]["round_close"] = {"deadline_s": 120.0, "absent": "say"}
+    spec = RunSpec.parse(raw)
+    oracle = InProcessEngine(spec, device="cpu").run()
+    silent = InProcessEngine(spec_of(0), device="cpu").run()
+    assert all(torch.equal(oracle.final[k], v) for k, v in silent.final.items())
+    assert [r["participants"] for r in oracle.rounds] == [r["participants"] for r in silent.rounds]
+    res, final = load_result(launch_run(spec, tmp_path))
+    assert all(torch.equal(final[k], v) for k, v in oracle.final.items())
+    assert any(r["participants"] < 4 for r in res["rounds"])  # someone was away...
+    assert all(r["round_s"] < 60 for r in res["rounds"])  # ...and no round waited for the 120 s deadline
+    away = [r for r in _work(res["links"]) if r["kind"] == "focus.open" and r["phase"] == "reply"]
+    assert {r["src"] for r in away} == {f"client-{i}" for i in range(4)}  # every client answered every call
