@@ -11,7 +11,10 @@ of the machine's load hits both alike:
 
 * ``round``: ``tests/bench/bench_round_breakdown.py``'s ``fedavg-25M`` case (``fedhop launch``, 4 clients, an MLP
   of 25M parameters, 12 local steps of batch 32), its mean round wall time over ``--rounds`` rounds (the
-  benchmark's compute floor is not run: it measures no transport);
+  benchmark's compute floor is not run: it measures no transport), and two of its parts, per client and round
+  (mean over the clients): ``compute`` (the local training: no message code, so a yardstick of the load) and
+  ``moving`` (down + up: the model from the PS's send to the client holding all of it, and the update from the
+  handler's return to the PS holding all of it: what the message layer could slow);
 * ``down`` / ``up``: ``tests/bench/bench_transfer.py --mb 256``: one scatter pushing a 256 MiB bundle PS ->
   client, and one reply bringing it back, over gRPC on the loopback (best of ``--transfer-reps`` within a run),
   beside the raw TCP socket of the same run (the load's yardstick).
@@ -37,8 +40,9 @@ import json, sys, statistics
 from pathlib import Path
 sys.path.insert(0, "tests/bench")
 import bench_round_breakdown as b
-walls, _ = b.breakdown(b.run_case(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])))
-print(json.dumps({"round": statistics.mean(walls), "walls": walls}))
+walls, parts = b.breakdown(b.run_case(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])))
+c = parts["client"]
+print(json.dumps({"round": statistics.mean(walls), "compute": c["compute"], "moving": c["down"] + c["up"]}))
 """
 
 
@@ -56,7 +60,8 @@ def run_round(tree: Path, case: str, rounds: int) -> dict[str, float]:
                               env=_env(tree), capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{tree}: the round benchmark exited with {done.returncode}:\n{done.stderr[-3000:]}")
-    return {"round": float(json.loads(done.stdout.strip().splitlines()[-1])["round"])}
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    return {k: float(got[k]) for k in ("round", "compute", "moving")}
 
 
 def run_transfer(tree: Path, mb: int, reps: int) -> dict[str, float]:
@@ -110,6 +115,8 @@ def main() -> int:
                   + f"  (load {load()})", flush=True)
     keys = list(results["after"][0])
     label = {"round": f"{a.round_case} mean round ({a.rounds} rounds)",
+             "compute": f"{a.round_case}: a client's local training per round (load yardstick)",
+             "moving": f"{a.round_case}: a client's model down + update up per round (the message path)",
              "down": f"{a.mb} MiB scatter PS -> client", "up": f"{a.mb} MiB reply client -> PS",
              "tcp": f"{a.mb} MiB raw TCP (yardstick)"}
     print(f"\nmedian of {a.reps} runs per tree, seconds; load average at the end {load()}\n")
