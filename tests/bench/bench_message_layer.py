@@ -61,7 +61,9 @@ def run_round(tree: Path, case: str, rounds: int) -> dict[str, float]:
     if done.returncode != 0:
         raise RuntimeError(f"{tree}: the round benchmark exited with {done.returncode}:\n{done.stderr[-3000:]}")
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    return {k: float(got[k]) for k in ("round", "compute", "moving")}
+    out = {k: float(got[k]) for k in ("round", "compute", "moving")}
+    # the load moves the whole round; measured against the same run's local training it mostly cancels
+    return {**out, "round/compute": out["round"] / out["compute"], "moving/compute": out["moving"] / out["compute"]}
 
 
 def run_transfer(tree: Path, mb: int, reps: int) -> dict[str, float]:
@@ -111,15 +113,18 @@ def main() -> int:
             if "transfer" not in a.skip:
                 got.update(run_transfer(trees[which], a.mb, a.transfer_reps))
             results[which].append(got)
-            print(f"run {rep + 1} {which:6s} " + "  ".join(f"{k} {v:.3f} s" for k, v in got.items())
+            print(f"run {rep + 1} {which:6s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items())
                   + f"  (load {load()})", flush=True)
     keys = list(results["after"][0])
     label = {"round": f"{a.round_case} mean round ({a.rounds} rounds)",
              "compute": f"{a.round_case}: a client's local training per round (load yardstick)",
              "moving": f"{a.round_case}: a client's model down + update up per round (the message path)",
+             "round/compute": f"{a.round_case}: round / compute (ratio, load-normalized)",
+             "moving/compute": f"{a.round_case}: moving / compute (ratio, load-normalized)",
              "down": f"{a.mb} MiB scatter PS -> client", "up": f"{a.mb} MiB reply client -> PS",
              "tcp": f"{a.mb} MiB raw TCP (yardstick)"}
-    print(f"\nmedian of {a.reps} runs per tree, seconds; load average at the end {load()}\n")
+    print(f"\nmedian of {a.reps} runs per tree: seconds, or a ratio where the measure says so; load average at "
+          f"the end {load()}\n")
     print("| measure | before | after | after / before |\n|---|---:|---:|---:|")
     for k in keys:
         b = statistics.median(r[k] for r in results["before"])
