@@ -10,12 +10,14 @@ What is here:
 
 * the record and its parts: :class:`Algorithm`, :data:`SETUP_ROUND`, :func:`final_model`, :class:`NoOptions`
   (the options model of a protocol that takes none), ``LinkKind`` (a ``(src, dst, kind)`` key of
-  ``Algorithm.payload_per_round``);
+  ``Algorithm.payload_per_round``), :class:`RunSpec` (the validated spec ``Algorithm.check`` and
+  ``payload_per_round`` receive, ``ctx.spec``);
 * tasks and replies: :func:`task` (register a handler), :class:`Reply`, :class:`NoAnswer`, ``Handler``;
 * the node context: :class:`NodeContext` (``ctx.opts``, ``ctx.round``, ``ctx.rng``, ``ctx.children``,
   ``ctx.data``, ``ctx.state``, ...);
 * the message primitives: :class:`Comm` (``ctx.comm.scatter``, ``ctx.comm.hand_off`` between neighbour edges
-  or peer clients, ``ctx.comm.describe``), :class:`HandOffError`;
+  or peer clients, ``ctx.comm.describe``; ``ctx.comm.submit`` / ``collect`` / ``in_flight`` for asynchronous
+  protocols), :class:`HandOffError`;
 * bundles (``dict[str, torch.Tensor]``, what travels): :data:`Bundle` and its helpers (:func:`clone`,
   :func:`zeros_like`, :func:`axpy`, :func:`sub`, :func:`weighted_sum`, :func:`weighted_mean`, :func:`flat`,
   :func:`payload_bytes`), :class:`WeightedMean` (a ``fold`` that averages while replies arrive);
@@ -45,6 +47,7 @@ from fedhop.common.engine.api import (
     task,
 )
 from fedhop.common.engine.base import HandOffError
+from fedhop.common.spec import RunSpec
 from fedhop.common.validation import NoOptions
 from fedhop.common.wire.bundle import (
     Bundle,
@@ -60,17 +63,20 @@ from fedhop.common.wire.bundle import (
 
 __all__ = [
     "SETUP_ROUND", "Algorithm", "Bundle", "Comm", "HandOffError", "Handler", "LinkKind", "NoAnswer", "NoOptions",
-    "NodeContext", "NodeId", "Reply", "Scalar", "WeightedMean", "axpy", "clone", "final_model", "flat", "local_sgd",
-    "loss_and_grad", "payload_bytes", "sample_batch", "sub", "task", "weighted_mean", "weighted_sum", "zeros_like",
+    "NodeContext", "NodeId", "Reply", "RunSpec", "Scalar", "WeightedMean", "axpy", "clone", "final_model", "flat",
+    "local_sgd", "loss_and_grad", "payload_bytes", "sample_batch", "sub", "task", "weighted_mean", "weighted_sum",
+    "zeros_like",
 ]
 
 
 def local_sgd(ctx: NodeContext, params: Bundle, *, steps: int, lr: float, batch_size: int,
-              stream: int | str = 0) -> tuple[Bundle, float]:
+              stream: int | str = 0, gen: torch.Generator | None = None) -> tuple[Bundle, float]:
     """``steps`` steps of plain mini-batch SGD on this client's data from ``params`` (not changed); returns the
     new parameters and the mean batch loss. The batches are drawn from the node's random stream
-    ``ctx.rng("local_sgd", ctx.round, stream)``, so both engines draw the same ones."""
-    gen = ctx.rng("local_sgd", ctx.round, stream)
+    ``ctx.rng("local_sgd", ctx.round, stream)``, so both engines draw the same ones; ``gen``, when given, is the
+    stream instead (one of ``ctx.rng``'s: e.g. an asynchronous task's, named by its job rather than the round,
+    as a client may get two tasks in one round)."""
+    gen = ctx.rng("local_sgd", ctx.round, stream) if gen is None else gen
     w = {k: v.detach().clone() for k, v in params.items()}
     total = 0.0
     for _ in range(steps):
