@@ -48,15 +48,16 @@ def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequenc
     return out
 
 
-def launch_here(spec: RunSpec, tmp: Path) -> Path:
+def launch_here(spec: RunSpec, tmp: Path, **options: Any) -> Path:
     """:func:`fedhop.launch.launch` in the test process: the PS here, every edge and client host a separate
     process forked from this session's fork server (fedhop/forkstart.py), which imported torch once for all
     tests; the same run folder as ``fedhop launch`` writes. For tests about what crosses the wire, not about
-    the command line (that is :func:`launch_run`)."""
+    the command line (that is :func:`launch_run`, which pays a new interpreter and a fork server of its own:
+    two torch imports). ``options``: launch's keyword arguments (e.g. ``clients_per_process=1``)."""
     from fedhop.launch import launch
 
     out = tmp / "run"
-    launch(spec, out, device="cpu")
+    launch(spec, out, device="cpu", **options)
     assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
     return out
 

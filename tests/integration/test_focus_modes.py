@@ -15,7 +15,7 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import build_topology
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.integration.netutil import launch_run, load_result, small_spec
+from tests.integration.netutil import launch_here, load_result, small_spec
 
 D = 64 * 16 + 16 + 16 * 10 + 10  # digits (8x8 inputs, 10 classes) through an MLP with one hidden layer of 16
 VEC = 8 * D  # float64 (so that the flat and edge sums, associated differently, agree to 1e-12)
@@ -41,7 +41,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
         spec = spec_of(edges)
         tmp = tmp_path_factory.mktemp(f"focus-{edges}e")
         oracle = InProcessEngine(spec, device="cpu").run()
-        res, final = load_result(launch_run(spec, tmp))
+        res, final = load_result(launch_here(spec, tmp))
         out[edges] = {"spec": spec, "oracle": oracle, "res": res, "final": final}
     return out
 
