@@ -44,6 +44,7 @@ def _task_times(events: list[dict[str, Any]], node: str) -> tuple[list[float], l
     return [e["handler_s"] for e in compute], [e["slowed_s"] for e in compute], spans
 
 
+@pytest.mark.serial  # the two runs' handler times are compared: no other test's load in between (make test: -n 2)
 def test_a_quarter_speed_client_takes_four_times_as_long_with_the_same_model(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = {}
