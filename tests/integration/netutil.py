@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -44,6 +46,25 @@ def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequenc
                            "--device", "cpu", "--quiet", *security, *extra], capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, f"launch failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs(out)}"
+    assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
+    return out
+
+
+def launch_cli_here(spec: RunSpec, tmp: Path, security: Sequence[str] = (), extra: Sequence[str] = ()) -> Path:
+    """``fedhop launch`` through the command line's ``main`` in the test process: the options of
+    :func:`launch_run` parsed and applied as the command does, the PS here, every child forked from this session's
+    fork server, without the new interpreter and its own fork server (two torch imports) that a subprocess pays.
+    For tests of what the command's options do to a run; a test of the process itself (exit codes, signals,
+    what it prints) keeps :func:`launch_run`."""
+    from fedhop.cli import main
+
+    spec_file = tmp / "spec.toml"
+    spec_file.write_text(spec.to_toml())
+    out = tmp / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        code = main(["launch", str(spec_file), "--out", str(out), "--device", "cpu", "--quiet", *security, *extra])
+    assert code == 0, f"launch failed ({code}):\n{printed.getvalue()}\n{logs(out)}"
     assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
     return out
 
