@@ -262,11 +262,13 @@ def rows_by_key(links: list[dict[str, Any]], level: str) -> dict[tuple, int]:
 
 
 def launch_killed_and_resumed(args: Sequence[str], run: Path, gate: Path, *, extra: Sequence[str] = (),
-                              cwd: Path | None = None, at_round: int = 2,
-                              timeout: float = 300) -> subprocess.CompletedProcess:
+                              cwd: Path | None = None, at_round: int = 2, timeout: float = 300,
+                              resume_here: bool = False) -> subprocess.CompletedProcess:
     """``fedhop launch ARGS EXTRA --out RUN`` held by the test gate (``gate/stop-<at_round>``, set beforehand)
     after round ``at_round``, SIGKILLed there, then ``fedhop launch --resume RUN EXTRA`` with the gate open: the
-    resumed launch's completed process (stderr captured)."""
+    resumed launch's completed process (stderr captured). ``resume_here``: the resumed launch through the command
+    line's ``main`` in the test process (no new interpreter and fork server; its exit code and what it printed
+    as a completed process), for a run of built-in code only (a user's module would stay imported here)."""
     common = ["--quiet", "--http", "off"]
     first = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", *args, *extra, "--out", str(run), *common],
                              cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -277,5 +279,14 @@ def launch_killed_and_resumed(args: Sequence[str], run: Path, gate: Path, *, ext
         first.kill()
         first.wait(30)
     (gate / f"stop-{at_round}").unlink()
+    if resume_here:
+        from fedhop.cli import main
+
+        assert cwd is None, "a resume in the test process runs in the test's working directory"
+        argv = ["launch", "--resume", str(run), *common, *extra]
+        printed, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(err):
+            code = main(argv)
+        return subprocess.CompletedProcess(["fedhop", *argv], code, printed.getvalue(), err.getvalue())
     return subprocess.run([sys.executable, "-m", "fedhop", "launch", "--resume", str(run), *common, *extra],
                           cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -243,7 +243,8 @@ def test_launch_killed_and_resumed(tmp_path: Path, gate: Path) -> None:
     oracle = InProcessEngine(spec, device="cpu").run()
     (tmp_path / "spec.toml").write_text(spec.to_toml())
     run = tmp_path / "run"
-    again = launch_killed_and_resumed([str(tmp_path / "spec.toml")], run, gate, extra=["--device", "cpu"])
+    again = launch_killed_and_resumed([str(tmp_path / "spec.toml")], run, gate, extra=["--device", "cpu"],
+                                      resume_here=True)
     assert again.returncode == 0, again.stderr
     assert "resuming run" in again.stderr and "at round 3 of 4" in again.stderr
     _, final = load_result(run)
