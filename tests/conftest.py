@@ -48,11 +48,17 @@ def tier_of(path: Path) -> str | None:
     return TIER_OF_FOLDER.get(parts[0]) if len(parts) > 1 else None
 
 
+# the reduced reproductions: a minute or more of CPU each, in one test; collected first, so that under xdist they
+# run beside the many shorter tests instead of alone at the end
+LONG_FIRST = "test_reproduce_"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item.path)
         if tier is not None:
             item.add_marker(getattr(pytest.mark, tier))
+    items.sort(key=lambda item: not item.path.name.startswith(LONG_FIRST))  # stable: the rest keeps its order
 
 
 def pytest_configure(config: pytest.Config) -> None:
