@@ -35,9 +35,12 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# Two pytest-xdist workers (TEST_WORKERS=1: one process, no xdist); a file's tests stay in one worker (its module
+# fixtures are built once); tests marked serial run alone (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest tests --ignore=tests/testbed --ignore=tests/gpu
+	$(PY) -m pytest tests --ignore=tests/testbed --ignore=tests/gpu $(if $(filter 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # The inner loop: tests/unit, which opens no socket and starts no process (tests/conftest.py: the tiers).
 test-unit: $(STAMP)

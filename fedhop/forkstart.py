@@ -44,7 +44,8 @@ IMPORT_TIME_ENV = ("GRPC_", "OMP_", "MKL_", "KMP_", "GOMP_", "PYTHON", "LD_", "M
 NOT_AT_IMPORT = {"PYTHONUNBUFFERED"}  # applied by _become
 
 _ctx: Any = None
-_server_env: dict[str, str] = {}
+_server_env: dict[str, str] = {}  # the caller's environment when the server started
+_server_defaults: dict[str, str] | None = None  # what the server's own imports added to it (see server_defaults)
 _live: weakref.WeakSet[ForkedChild] = weakref.WeakSet()
 
 
@@ -68,12 +69,42 @@ def warm() -> None:
     context()
 
 
+def _send_environ(conn: Any) -> None:
+    conn.send(dict(os.environ))
+    conn.close()
+
+
+def server_defaults() -> dict[str, str]:
+    """The variables that the server's imports of :data:`PRELOAD` set themselves (scikit-learn sets
+    ``KMP_DUPLICATE_LIB_OK`` and ``KMP_INIT_AT_FORK`` with ``os.environ.setdefault``), read once from a forked
+    probe. The caller gets the same defaults when it imports those modules itself, usually after the server
+    started: they are no difference between the two."""
+    global _server_defaults
+    if _server_defaults is None:
+        ctx = context()
+        receive, send = ctx.Pipe(duplex=False)
+        probe = ctx.Process(target=_send_environ, args=(send,), daemon=True)
+        probe.start()
+        send.close()
+        try:
+            env: dict[str, str] = receive.recv()
+        finally:
+            receive.close()
+            probe.join()
+        _server_defaults = {k: v for k, v in env.items() if k not in _server_env}
+    return _server_defaults
+
+
 def import_time_differences(env: dict[str, str]) -> list[str]:
     """The variables of :data:`IMPORT_TIME_ENV` on which ``env`` and the server's environment differ (the
-    server is started now if it is not running)."""
+    server is started now if it is not running). A variable that the server's imports set by default
+    (:func:`server_defaults`) differs only where ``env`` gives it another value."""
     context()
-    keys = {k for k in {*env, *_server_env} if k.startswith(IMPORT_TIME_ENV) and k not in NOT_AT_IMPORT}
-    return sorted(k for k in keys if env.get(k) != _server_env.get(k))
+    defaults = server_defaults()
+    server = {**_server_env, **defaults}
+    mine = {**defaults, **env}
+    keys = {k for k in {*mine, *server} if k.startswith(IMPORT_TIME_ENV) and k not in NOT_AT_IMPORT}
+    return sorted(k for k in keys if mine.get(k) != server.get(k))
 
 
 def fedhop_argv(cmd: list[str]) -> list[str] | None:

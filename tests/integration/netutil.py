@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -48,15 +50,35 @@ def launch_run(spec: RunSpec, tmp: Path, timeout: float = 240, security: Sequenc
     return out
 
 
-def launch_here(spec: RunSpec, tmp: Path) -> Path:
+def launch_cli_here(spec: RunSpec, tmp: Path, security: Sequence[str] = (), extra: Sequence[str] = ()) -> Path:
+    """``fedhop launch`` through the command line's ``main`` in the test process: the options of
+    :func:`launch_run` parsed and applied as the command does, the PS here, every child forked from this session's
+    fork server, without the new interpreter and its own fork server (two torch imports) that a subprocess pays.
+    For tests of what the command's options do to a run; a test of the process itself (exit codes, signals,
+    what it prints) keeps :func:`launch_run`."""
+    from fedhop.cli import main
+
+    spec_file = tmp / "spec.toml"
+    spec_file.write_text(spec.to_toml())
+    out = tmp / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        code = main(["launch", str(spec_file), "--out", str(out), "--device", "cpu", "--quiet", *security, *extra])
+    assert code == 0, f"launch failed ({code}):\n{printed.getvalue()}\n{logs(out)}"
+    assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
+    return out
+
+
+def launch_here(spec: RunSpec, tmp: Path, **options: Any) -> Path:
     """:func:`fedhop.launch.launch` in the test process: the PS here, every edge and client host a separate
     process forked from this session's fork server (fedhop/forkstart.py), which imported torch once for all
     tests; the same run folder as ``fedhop launch`` writes. For tests about what crosses the wire, not about
-    the command line (that is :func:`launch_run`)."""
+    the command line (that is :func:`launch_run`, which pays a new interpreter and a fork server of its own:
+    two torch imports). ``options``: launch's keyword arguments (e.g. ``clients_per_process=1``)."""
     from fedhop.launch import launch
 
     out = tmp / "run"
-    launch(spec, out, device="cpu")
+    launch(spec, out, device="cpu", **options)
     assert "did not exit cleanly" not in (out / "logs" / "ps.log").read_text(), logs(out)
     return out
 
@@ -242,11 +264,13 @@ def rows_by_key(links: list[dict[str, Any]], level: str) -> dict[tuple, int]:
 def launch_killed_and_resumed(args: Sequence[str], run: Path, gate: Path, *, extra: Sequence[str] = (),
                               cwd: Path | None = None, at_round: int = 2, timeout: float = 300,
                               while_held: Callable[[subprocess.Popen], None] | None = None,
-                              ) -> subprocess.CompletedProcess:
+                              resume_here: bool = False) -> subprocess.CompletedProcess:
     """``fedhop launch ARGS EXTRA --out RUN`` held by the test gate (``gate/stop-<at_round>``, set beforehand)
     after round ``at_round``, SIGKILLed there, then ``fedhop launch --resume RUN EXTRA`` with the gate open: the
     resumed launch's completed process (stderr captured). ``while_held(first)``: called while the first launch
-    waits at the gate."""
+    waits at the gate. ``resume_here``: the resumed launch through the command line's ``main`` in the test
+    process (no new interpreter and fork server; its exit code and what it printed as a completed process), for
+    a run of built-in code only (a user's module would stay imported here)."""
     common = ["--quiet", "--http", "off"]
     first = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", *args, *extra, "--out", str(run), *common],
                              cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -259,5 +283,14 @@ def launch_killed_and_resumed(args: Sequence[str], run: Path, gate: Path, *, ext
         first.kill()
         first.wait(30)
     (gate / f"stop-{at_round}").unlink()
+    if resume_here:
+        from fedhop.cli import main
+
+        assert cwd is None, "a resume in the test process runs in the test's working directory"
+        argv = ["launch", "--resume", str(run), *common, *extra]
+        printed, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(err):
+            code = main(argv)
+        return subprocess.CompletedProcess(["fedhop", *argv], code, printed.getvalue(), err.getvalue())
     return subprocess.run([sys.executable, "-m", "fedhop", "launch", "--resume", str(run), *common, *extra],
                           cwd=cwd, capture_output=True, text=True, timeout=timeout)

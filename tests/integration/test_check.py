@@ -5,16 +5,18 @@ formula fail with a row that says so; a bad spec ends with the usage code."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fedhop.check import formula_verdict, run_oracle
+from fedhop.cli import main
 from fedhop.common.engine.api import ALGORITHMS, get_algorithm
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
@@ -27,9 +29,22 @@ def fedavg_spec(rounds: int = 3, **kw: Any) -> RunSpec:
     return small_spec("fedavg", clients=2, rounds=rounds, **kw)
 
 
+def fedhop(*args: str) -> subprocess.CompletedProcess[str]:
+    """``fedhop ARGS`` through the command line's ``main`` in this process: its exit code (a usage error's
+    SystemExit too) and what it printed. The check starts the processes it needs itself (the networked run's
+    children, the crash and fault launches); run here, it saves a new interpreter and fork server (two torch
+    imports). An exception out of ``main`` fails the test, as a traceback of the command would."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["fedhop", *args], code, out.getvalue(), err.getvalue())
+
+
 def fedhop_check(spec_file: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    proc = subprocess.run([sys.executable, "-m", "fedhop", "check", str(spec_file), "--out", str(out), "--quiet",
-                           *args], capture_output=True, text=True, timeout=600)
+    proc = fedhop("check", str(spec_file), "--out", str(out), "--quiet", *args)
     report = json.loads((out / "check.json").read_text()) if (out / "check.json").is_file() else {}
     return proc, report
 
@@ -87,18 +102,14 @@ def test_a_wrong_declared_formula_fails(tmp_path: Path, monkeypatch: pytest.Monk
 def test_a_bad_spec_is_a_usage_error(tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.toml"
     spec_file.write_text(fedavg_spec().to_toml().replace('name = "fedavg"', 'name = "fedavgg"'))
-    proc = subprocess.run([sys.executable, "-m", "fedhop", "check", str(spec_file), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    proc = fedhop("check", str(spec_file), "--out", str(tmp_path / "o"))
     assert proc.returncode == int(ExitCode.USAGE), proc.stderr
     assert "fedavgg" in proc.stderr and "Traceback" not in proc.stderr
     good = tmp_path / "good.toml"
     good.write_text(fedavg_spec().to_toml())
-    bad_kill = subprocess.run([sys.executable, "-m", "fedhop", "check", str(good), "--out",
-                               str(tmp_path / "o2"), "--kill-client", "client-1"], capture_output=True, text=True,
-                              timeout=120)
+    bad_kill = fedhop("check", str(good), "--out", str(tmp_path / "o2"), "--kill-client", "client-1")
     assert bad_kill.returncode == int(ExitCode.USAGE) and "ID@ROUND" in bad_kill.stderr, bad_kill.stderr
-    bad_skip = subprocess.run([sys.executable, "-m", "fedhop", "check", str(good), "--out", str(tmp_path / "o3"),
-                               "--skip", "crash,model"], capture_output=True, text=True, timeout=120)
+    bad_skip = fedhop("check", str(good), "--out", str(tmp_path / "o3"), "--skip", "crash,model")
     assert bad_skip.returncode == int(ExitCode.USAGE) and "cannot skip ['model']" in bad_skip.stderr, bad_skip.stderr
 
 

@@ -11,14 +11,14 @@ import torch
 
 from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.integration.netutil import launch_run, load_result, rows_by_key, small_spec
+from tests.integration.netutil import launch_cli_here, load_result, rows_by_key, small_spec
 
 
 def test_hosts_of_several_clients_are_bit_identical_to_inprocess(tmp_path: Path) -> None:
     spec = small_spec("scaffold", clients=5, edges=0, rounds=3,
                       options={"local_steps": 2, "participation": {"kind": "uniform", "m": 3}})
     oracle = InProcessEngine(spec, device="cpu").run()
-    out = launch_run(spec, tmp_path, extra=["--clients-per-process", "2"])
+    out = launch_cli_here(spec, tmp_path, extra=["--clients-per-process", "2"])
     res, final = load_result(out)
 
     assert res["missing"] == []

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from fedhop.common.spec import RunSpec
-from tests.integration.netutil import launch_run, load_result, small_spec
+from tests.integration.netutil import launch_here, load_result, small_spec
 
 SLOW = "client-1"
 
@@ -44,6 +44,7 @@ def _task_times(events: list[dict[str, Any]], node: str) -> tuple[list[float], l
     return [e["handler_s"] for e in compute], [e["slowed_s"] for e in compute], spans
 
 
+@pytest.mark.serial  # the two runs' handler times are compared: no other test's load in between (make test: -n 2)
 def test_a_quarter_speed_client_takes_four_times_as_long_with_the_same_model(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = {}
@@ -51,7 +52,7 @@ def test_a_quarter_speed_client_takes_four_times_as_long_with_the_same_model(
         timers = tmp_path / f"timers-{name}"
         monkeypatch.setenv("FEDHOP_TIMERS", str(timers))
         (tmp_path / name).mkdir()
-        out = launch_run(_spec(network), tmp_path / name, extra=("--clients-per-process", "1"))
+        out = launch_here(_spec(network), tmp_path / name, clients_per_process=1)  # forked children read it
         runs[name] = (load_result(out), _events(timers))
     (_, plain_final), plain_events = runs["plain"]
     (_, slow_final), events = runs["slow"]

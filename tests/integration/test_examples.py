@@ -4,8 +4,11 @@ to the in-process run bit for bit), and a participation trace."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,14 +18,34 @@ import numpy as np
 import pytest
 import torch
 
+from fedhop.cli import main
+from fedhop.forkstart import warm
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def fedhop(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "fedhop", *args, "--quiet"], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
-    assert proc.returncode == 0, f"fedhop {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}"
-    return proc
+def fedhop(args: list[str], cwd: Path) -> None:
+    """``fedhop ARGS --quiet`` run from the example's folder as the README says, through the command line's
+    ``main`` in this process (no new interpreter: a torch import saved per call): ``cwd`` is the working
+    directory and first on sys.path, as ``python -m fedhop`` run there has it (the example's own module
+    imports from it; a launch's children, forked, start there too). Afterwards the folder's modules are
+    forgotten, the directory and sys.path restored."""
+    warm()  # the fork server starts (if not yet) with this process's own sys.path, not the example's
+    before = set(sys.modules)
+    here = os.getcwd()
+    sys.path.insert(0, str(cwd))
+    os.chdir(cwd)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            code = main([*args, "--quiet"])
+    finally:
+        os.chdir(here)
+        sys.path.remove(str(cwd))
+        for name in set(sys.modules) - before:
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(cwd)):
+                del sys.modules[name]
+    assert code == 0, f"fedhop {' '.join(args)} failed ({code}):\n{err.getvalue()[-3000:]}"
 
 
 def rounds(out: Path) -> list[dict[str, str]]:

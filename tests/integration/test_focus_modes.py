@@ -15,7 +15,7 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import build_topology
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.integration.netutil import launch_run, load_result, small_spec
+from tests.integration.netutil import launch_here, load_result, small_spec
 
 D = 64 * 16 + 16 + 16 * 10 + 10  # digits (8x8 inputs, 10 classes) through an MLP with one hidden layer of 16
 VEC = 8 * D  # float64 (so that the flat and edge sums, associated differently, agree to 1e-12)
@@ -41,7 +41,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
         spec = spec_of(edges)
         tmp = tmp_path_factory.mktemp(f"focus-{edges}e")
         oracle = InProcessEngine(spec, device="cpu").run()
-        res, final = load_result(launch_run(spec, tmp))
+        res, final = load_result(launch_here(spec, tmp))
         out[edges] = {"spec": spec, "oracle": oracle, "res": res, "final": final}
     return out
 
@@ -124,7 +124,7 @@ def test_clients_that_say_they_are_away_close_the_call_at_once(tmp_path) -> None
     silent = InProcessEngine(spec_of(0), device="cpu").run()
     assert all(torch.equal(oracle.final[k], v) for k, v in silent.final.items())
     assert [r["participants"] for r in oracle.rounds] == [r["participants"] for r in silent.rounds]
-    res, final = load_result(launch_run(spec, tmp_path))
+    res, final = load_result(launch_here(spec, tmp_path))
     assert all(torch.equal(final[k], v) for k, v in oracle.final.items())
     assert any(r["participants"] < 4 for r in res["rounds"])  # someone was away...
     assert all(r["round_s"] < 60 for r in res["rounds"])  # ...and no round waited for the 120 s deadline

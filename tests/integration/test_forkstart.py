@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhop.forkstart import ForkedChild, fedhop_argv
+from fedhop.forkstart import ForkedChild, fedhop_argv, import_time_differences, server_defaults
 from fedhop.launch import Processes
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "least_squares"
@@ -83,6 +83,22 @@ def test_forked_child_has_its_own_session_and_dies_by_signal(tmp_path: Path) -> 
         assert p.wait(60) == -signal.SIGKILL
     finally:
         procs.kill_all()
+
+
+def test_what_the_servers_imports_set_by_default_is_no_difference() -> None:
+    """scikit-learn (preloaded by the server) sets KMP_INIT_AT_FORK and KMP_DUPLICATE_LIB_OK with setdefault: a
+    caller that lacked them when the server started and has them now (it imported scikit-learn later, e.g. the PS
+    of a first launch) still forks its children; another value than the default is a difference."""
+    import sklearn  # noqa: F401  (sets the defaults in this process too)
+
+    now = dict(os.environ)
+    assert now["KMP_INIT_AT_FORK"] == "FALSE"
+    assert "KMP_INIT_AT_FORK" not in import_time_differences(now)
+    assert "KMP_INIT_AT_FORK" in import_time_differences({**now, "KMP_INIT_AT_FORK": "TRUE"})
+    if "KMP_INIT_AT_FORK" in server_defaults():  # this process imported scikit-learn after the server started
+        assert server_defaults()["KMP_INIT_AT_FORK"] == "FALSE"
+        without = {k: v for k, v in now.items() if not k.startswith("KMP_")}
+        assert import_time_differences(without) == import_time_differences(now)
 
 
 def test_exec_children_start_new_interpreters(tmp_path: Path) -> None:

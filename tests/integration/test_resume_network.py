@@ -282,7 +282,7 @@ def test_launch_killed_and_resumed(tmp_path: Path, gate: Path) -> None:
         second_ps_refused(run, proc.pid)
 
     again = launch_killed_and_resumed([str(tmp_path / "spec.toml")], run, gate, extra=["--device", "cpu"],
-                                      while_held=while_held)
+                                      while_held=while_held, resume_here=True)
     assert again.returncode == 0, again.stderr
     assert "resuming run" in again.stderr and "at round 3 of 4" in again.stderr
     _, final = load_result(run)

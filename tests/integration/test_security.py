@@ -29,7 +29,7 @@ from fedhop.transport.credentials import CredentialsError, Security
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.tokens import load_tokens
-from tests.integration.netutil import Federation, launch_run, load_result, node_log, rows_by_key, small_spec
+from tests.integration.netutil import Federation, launch_cli_here, load_result, node_log, rows_by_key, small_spec
 from tests.waiting import exited, wait_until
 
 SESSION = "/fedhop.v1.Parent/Session"
@@ -80,7 +80,7 @@ SECURED = {"fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_g
 def test_mutual_tls_run_is_bit_identical_to_inprocess(tmp_path: Path) -> None:
     spec = small_spec(**SECURED["fedchs-handoff"])
     pki = certs_for(spec, tmp_path)
-    out = launch_run(spec, tmp_path, security=["--tls", str(pki)])
+    out = launch_cli_here(spec, tmp_path, security=["--tls", str(pki)])
     assert "mutual TLS" in node_log(out, "client-0")
     assert_same_as_inprocess(spec, *load_result(out))
 
@@ -88,14 +88,14 @@ def test_mutual_tls_run_is_bit_identical_to_inprocess(tmp_path: Path) -> None:
 def test_token_run_is_bit_identical_to_inprocess(tmp_path: Path) -> None:
     spec = small_spec(**SECURED["fedchs-handoff"])
     pki, tokens = certs_for(spec, tmp_path), tokens_for(spec, tmp_path)
-    out = launch_run(spec, tmp_path, security=["--tls", str(pki), "--token", str(tokens)])
+    out = launch_cli_here(spec, tmp_path, security=["--tls", str(pki), "--token", str(tokens)])
     assert "tokens (" in (out / "logs" / "edge-0.log").read_text()
     assert_same_as_inprocess(spec, *load_result(out))
 
 
 def test_launch_tls_auto_makes_a_throwaway_ca(tmp_path: Path) -> None:
     spec = small_spec("fedavg", clients=2, rounds=2)
-    out = launch_run(spec, tmp_path, security=["--tls", "auto"])
+    out = launch_cli_here(spec, tmp_path, security=["--tls", "auto"])
     assert (out / "tls" / CA_CERT).is_file() and node_files(out / "tls", "client-1").key.is_file()
     assert "mutual TLS" in node_log(out, "client-0")
     assert_same_as_inprocess(spec, *load_result(out))

@@ -3,12 +3,13 @@ round's time went, for every node and link, and the summary names the slowest li
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
+from fedhop.cli import main
 from fedhop.common.spec import RunSpec
 from fedhop.common.timeline import read_csv
 from fedhop.common.topology import build_topology
@@ -21,11 +22,13 @@ def run_cli(command: str, spec: RunSpec, tmp: Path) -> tuple[Path, str]:
     spec_file = tmp / "spec.toml"
     spec_file.write_text(spec.to_toml())
     out = tmp / command
-    proc = subprocess.run([sys.executable, "-m", "fedhop", command, str(spec_file), "--out", str(out),
-                           "--device", "cpu", "--quiet"], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, f"{command} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n" + \
+    printed, err = io.StringIO(), io.StringIO()
+    # the command line's main in this process (a launch's children are processes): no new interpreter per run
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(err):
+        code = main([command, str(spec_file), "--out", str(out), "--device", "cpu", "--quiet"])
+    assert code == 0, f"{command} failed ({code}):\n{printed.getvalue()}\n{err.getvalue()}\n" + \
         (logs(out) if command == "launch" else "")
-    return out, proc.stdout
+    return out, printed.getvalue()
 
 
 def check_timeline(out: Path, spec: RunSpec, printed: str) -> list[dict]:

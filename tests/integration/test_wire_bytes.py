@@ -14,7 +14,7 @@ import pytest
 from fedhop.common.engine.results import LINKS_HEADER
 from fedhop.common.wire.meter import WIRE_KIND, WIRE_PHASE
 from fedhop.transport.tcp_counters import TcpCounters
-from tests.integration.netutil import launch_run, small_spec
+from tests.integration.netutil import launch_here, small_spec
 
 
 def sock_diag_works() -> bool:
@@ -26,7 +26,7 @@ def sock_diag_works() -> bool:
 @pytest.mark.skipif(not sock_diag_works(), reason="this kernel does not answer sock_diag (inet_diag) to this user")
 def test_launch_writes_wire_bytes_per_link_direction_and_round(tmp_path: Path) -> None:
     spec = small_spec("fedavg", clients=4, edges=2, rounds=2)
-    out = launch_run(spec, tmp_path)
+    out = launch_here(spec, tmp_path)  # launch's own run folder, as `fedhop launch` writes it
     totals = json.loads((out / "results.json").read_text())["totals"]
     with (out / "links.csv").open() as f:
         reader = csv.DictReader(f)

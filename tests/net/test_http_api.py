@@ -347,15 +347,22 @@ def test_event_stream_follows_a_run_live() -> None:
     then lets it finish and checks that the stream ends at the run's results."""
     status = RunStatus()
     events = RunEvents()
-    events.subscribe(status)
     reached, release = threading.Event(), threading.Event()
 
-    def gate(kind: str, data: dict[str, Any]) -> None:
+    def reach(kind: str, data: dict[str, Any]) -> None:
         if kind == "round_started" and data["round"] == 2:
             reached.set()
+
+    def hold(kind: str, data: dict[str, Any]) -> None:
+        if kind == "round_started" and data["round"] == 2:
             release.wait(120)
 
-    events.subscribe(gate)
+    # `reached` is set before the status sees round 3 start, and the run is held after it: every message that
+    # shows round 3 running comes after `reached` (set in the status's own listener, the feed could send that
+    # message before the gate had set it, and then no later message came while the run was held)
+    events.subscribe(reach)
+    events.subscribe(status)
+    events.subscribe(hold)
     server = start_http(status, "127.0.0.1", 0)
     out: dict[str, Any] = {}
     run = threading.Thread(target=lambda: out.update(result=run_with_events(_spec(), events, faults=FAULTS)))
