@@ -38,7 +38,15 @@ from fedhop.common.network_spec import TraceError, load_traces, trace_files
 from fedhop.common.spec import RunSpec, SpecError
 from fedhop.common.topology import build_topology
 from fedhop.deploy import profile
-from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, fixed_ports, link_security, plan
+from fedhop.deploy.contract import (
+    EDGE_PORT,
+    PS_PORT,
+    RoleCommand,
+    fixed_ports,
+    link_security,
+    peer_clients,
+    plan,
+)
 
 HEALTH_PORT = 50070
 SPEC_TARGET = "/etc/fedhop/spec.toml"
@@ -200,17 +208,19 @@ def compose_files(spec: RunSpec, opts: ComposeOptions) -> tuple[dict[str, Any], 
             "deploy": _placement("edges"),
         }
     for c in topo.clients:
+        peer = where.node(c).port is not None  # a client of the peer graph listens for its peers, as an edge does
         services[c] = {
             **role,
-            "command": RoleCommand("client", c, connect=where.connect(c), security=sec if opts.tls else (),
-                                   device=opts.device,
+            "command": RoleCommand("client", c, connect=where.connect(c), listen=bind(c, EDGE_PORT) if peer else None,
+                                   advertise=where.address(c) if peer else None,
+                                   security=sec if opts.tls or peer else (), device=opts.device,
                                    extra=("--health", f"0.0.0.0:{HEALTH_PORT}", *linger)).args(),
             **tls_of(c),  # its health-only port stays plaintext (it tells only whether the client is up)
             "healthcheck": {**_healthcheck(HEALTH_PORT, opts.health_interval_s), "interval": "30s"},
             "deploy": _placement("clients"),
         }
     spec_mount = f"{opts.spec_path}:{SPEC_TARGET}:ro"
-    ports = {topo.server: PS_PORT, **dict.fromkeys(topo.edges, EDGE_PORT)}
+    ports = {topo.server: PS_PORT, **dict.fromkeys((*topo.edges, *peer_clients(topo)), EDGE_PORT)}
     for n, sh in shaped.items():
         services[n] = _shaped(services[n], sh, spec_mount, traces, ports.get(n),
                               f"{opts.health_interval_s}s" if n in topo.clients else None)

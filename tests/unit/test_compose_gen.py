@@ -48,6 +48,18 @@ def test_flat_topology_clients_dial_the_ps() -> None:
     assert {flag(svc[c]["command"], "--connect") for c in svc if c != "ps"} == {"ps:50051"}
 
 
+def test_clients_of_the_peer_graph_listen_for_their_peers() -> None:
+    """WRWGD hands the model client -> client: every client listens (on the edges' port of its own container) and
+    advertises its service name; a FedAvg client listens on nothing but its health port."""
+    svc = compose_files(spec(0, 3, "wrwgd"), ComposeOptions(spec_path="s.toml"))[0]["services"]
+    for c in ("client-0", "client-1", "client-2"):
+        cmd = svc[c]["command"]
+        assert (flag(cmd, "--listen"), flag(cmd, "--advertise")) == ("0.0.0.0:50061", f"{c}:50061")
+        assert "--insecure" in cmd  # listening beyond loopback on plaintext is said out loud, as for an edge
+    plain = compose_files(spec(0, 3, "fedavg"), ComposeOptions(spec_path="s.toml"))[0]["services"]
+    assert "--listen" not in plain["client-0"]["command"]
+
+
 def test_base_file_keeps_to_what_docker_stack_deploy_accepts() -> None:
     base, override = compose_files(spec(2, 4), ComposeOptions(spec_path="s.toml"))
     for name, s in base["services"].items():
