@@ -145,13 +145,20 @@ def cmd_launch(a: argparse.Namespace) -> int:
     try:
         with run_failures(RunPlace(spec.rounds, out, logs)):
             result = launch(spec, out, device=a.device, data_path=a.data_path, resume=resume, events=page.events,
-                            security=security, child_args=child_security, clients_per_process=per_process,
+                            security=security, child_args=(*child_security, *child_log_level(a)),
+                            clients_per_process=per_process,
                             fork_children=not a.exec_children)
     finally:
         bar.close()
         page.close()
     print_summary(result, out, time.perf_counter() - started)
     return 0
+
+
+def child_log_level(a: argparse.Namespace) -> tuple[str, ...]:
+    """``launch --log-level LEVEL``: every child process logs at that level too (into its log under RUN/logs)."""
+    level = getattr(a, "log_level", None)
+    return ("--log-level", level) if level else ()
 
 
 def spec_path(a: argparse.Namespace) -> str | None:
