@@ -155,8 +155,8 @@ class Guard:
 
 class CachedStatus:
     """A :class:`RunStatus` as the web face reads it: :meth:`status`, :meth:`links` and :meth:`topology` computed
-    at most every ``max_age_s`` (the status: once per ``max_age_s`` even as events arrive; links and topology:
-    again only when their change counter moved too), everything else read through. Results are shared: callers
+    at most every ``max_age_s`` between two events (the status; links and topology: again only when their change
+    counter moved), everything else read through. Results are shared: callers
     must not change them (:meth:`status` returns a shallow copy, which they may)."""
 
     def __init__(self, status: RunStatus, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
@@ -172,15 +172,17 @@ class CachedStatus:
 
     def _get(self, name: str, version: int, compute: Callable[[], Any], *, timed: bool = False,
              at_least: int | None = None) -> Any:
-        """The cached ``name`` if it is younger than ``max_age_s`` or (unless ``timed``: it changes with the
-        clock too) of the current ``version``, and of at least version ``at_least``; else ``compute()``."""
+        """The cached ``name`` if it is of the current ``version`` (a request after an event sees the event) and,
+        when ``timed`` (it changes with the clock too), younger than ``max_age_s``, and of at least version
+        ``at_least``; else ``compute()``. A flood of requests between two events computes it once per
+        ``max_age_s``."""
         now = self._clock()
         with self._lock:
             hit = self._cache.get(name)
         if hit is not None:
             when, v, value = hit
             fresh_enough = at_least is None or v >= at_least
-            if fresh_enough and ((v == version and not timed) or now - when < self.max_age_s):
+            if fresh_enough and v == version and (not timed or now - when < self.max_age_s):
                 return value
         value = compute()
         with self._lock:
