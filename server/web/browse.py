@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import math
+import signal
 import socket
 import threading
 import time
@@ -412,12 +413,24 @@ def serve_forever(root: Path, address: str, *, token: str | None = None,
     """``fedhop ui``: serve in the foreground until Ctrl-C (or SIGTERM)."""
     sock, host, port = _bind(address, token)
     server, app, url = _server(Path(root), sock, host, port, token, POLL_S)
-    if announce is not None:
-        announce(f"serving the runs under {root} on {url}" + (" (bearer token required: open "
-                                                               f"{url}?token=TOKEN once)" if token else ""))
+    interrupted: list[int] = []
+
+    def on_sigint(sig: int, frame: object) -> None:  # before uvicorn takes the signal over, and after it gives it back
+        interrupted.append(sig)
+        server.should_exit = True
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
+        if announce is not None:
+            announce(f"serving the runs under {root} on {url}" + (" (bearer token required: open "
+                                                                   f"{url}?token=TOKEN once)" if token else ""))
         server.run(sockets=[sock])
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
         app.state.closing.set()
         with contextlib.suppress(OSError):
             sock.close()
+    if interrupted:  # Ctrl-C, whenever it came: the command ends as interrupted (exit 130), not as done
+        raise KeyboardInterrupt
