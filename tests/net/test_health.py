@@ -83,10 +83,12 @@ def test_wait_until_gone_wakes_when_the_server_stops_or_turns_not_serving(served
     assert done.wait(30) and result == [True]
     t.join()
     health.serving()
-    t = threading.Thread(target=lambda: result.append(wait_until_gone(addr, 30)))
+    gone = threading.Event()
+    t = threading.Thread(target=lambda: (result.append(wait_until_gone(addr, 20)), gone.set()))
     t.start()
+    assert not gone.wait(0.3)  # still serving: the waiter waits
     server.stop(0)
-    t.join(30)
+    assert gone.wait(40)
     assert result == [True, True]
 
 
