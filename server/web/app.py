@@ -152,9 +152,11 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         return int(raw)
 
     def cached(request: Request, render: Callable[[], Any]) -> Response:
-        """The JSON of ``render()``, shared by identical requests for ``limits.status_cache_s``."""
+        """The JSON of ``render()``, shared by identical requests for ``limits.status_cache_s`` while no event
+        changed the run (a request after an event sees it)."""
         key = (request.url.path, request.scope.get("query_string", b""))
-        return Response(bodies.get(key, lambda: _json(render())), media_type="application/json")
+        return Response(bodies.get(key, lambda: _json(render()), version=status.version),
+                        media_type="application/json")
 
     async def index(request: Request) -> Response:
         # the run's state as of now, in the page: it shows the run even if its event stream never connects (the

@@ -214,16 +214,18 @@ class ResponseCache:
         self.max_age_s = max_age_s
         self.size = size
         self._clock = clock
-        self._bodies: OrderedDict[tuple[str, bytes], tuple[float, bytes]] = OrderedDict()
+        self._bodies: OrderedDict[tuple[str, bytes], tuple[float, bytes, int]] = OrderedDict()
 
-    def get(self, key: tuple[str, bytes], render: Callable[[], bytes]) -> bytes:
+    def get(self, key: tuple[str, bytes], render: Callable[[], bytes], version: int = 0) -> bytes:
+        """The body of ``key`` rendered less than ``max_age_s`` ago at the run's ``version`` (its event count),
+        else ``render()``."""
         now = self._clock()
         hit = self._bodies.get(key)
-        if hit is not None and now - hit[0] < self.max_age_s:
+        if hit is not None and hit[2] == version and now - hit[0] < self.max_age_s:
             return hit[1]
         body = render()
         self._bodies.pop(key, None)
-        self._bodies[key] = (now, body)
+        self._bodies[key] = (now, body, version)
         while len(self._bodies) > self.size:
             self._bodies.popitem(last=False)
         return body
