@@ -82,6 +82,21 @@ class NetComm(BaseComm):
         margin = self._budget_s - self.transport.nested_deadline(self._budget_s)
         return max(0.0, min(own, self._budget_end - time.monotonic() - margin))
 
+    def _round_deadline(self, deadline_s: float | None) -> tuple[int, float]:
+        """The round a call belongs to (its first call marks the round's start when the engine did not) and the
+        deadline it gets (:meth:`scatter_deadline`)."""
+        rnd = self.current_round()
+        if self._begun != rnd:
+            self.begin_round(rnd)
+        return rnd, self.scatter_deadline(deadline_s)
+
+    def _send(self, t: NodeId, task: str, snapshot: Bundle, args: dict[str, Scalar], rnd: int, deadline: float,
+              expect: Any, gate: ReplyGate | None = None) -> Call | Failure:
+        """One Task to the child ``t``: a node that is away first gets transport.rejoin_grace_s to come back; a
+        child that lost the state the run depends on is left out (:meth:`lost_state`)."""
+        self.hub.await_link(t)
+        return self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline, gate=gate, expect=expect)
+
     # -- scatter ----------------------------------------------------------------------------------------------
     def scatter(self, to: Sequence[NodeId], task: str, bundle: Bundle | None = None,
                 args: Mapping[str, Scalar] | None = None, *, expect: Mapping[str, torch.Tensor] | None = None,
@@ -96,15 +111,11 @@ class NetComm(BaseComm):
 
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                   deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
-        rnd = self.current_round()
-        if self._begun != rnd:  # the engine did not mark this round's start: its first scatter does
-            self.begin_round(rnd)
-        deadline = self.scatter_deadline(deadline_s)
+        rnd, deadline = self._round_deadline(deadline_s)
         snapshot = on_host(bundle)
         sent: dict[NodeId, Any] = {}
         for t in targets:
-            self.hub.await_link(t)  # a node that is away gets transport.rejoin_grace_s to come back first
-            sent[t] = self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline, expect=self._expect)
+            sent[t] = self._send(t, task, snapshot, args, rnd, deadline, self._expect)
         end = time.monotonic() + deadline
         why = f"no reply within the deadline of {deadline:g}s"
         if quorum is not None and _wait_quorum([c for c in sent.values() if not isinstance(c, Failure)], quorum, end):
@@ -130,17 +141,12 @@ class NetComm(BaseComm):
         ``transport.reply_window`` more) and settled in canonical order as they complete, each dropped once
         folded. A reply whose Result frame came before the deadline is waited for as much longer as the gate held
         its bundle back, at most ``transport.rpc_timeout_s`` (``Call.wait_settled``)."""
-        rnd = self.current_round()
-        if self._begun != rnd:
-            self.begin_round(rnd)
-        deadline = self.scatter_deadline(deadline_s)
+        rnd, deadline = self._round_deadline(deadline_s)
         snapshot = on_host(bundle)
         gate = ReplyGate(self.transport.reply_window)
         sent: list[tuple[NodeId, Any]] = []
         for t in targets:
-            self.hub.await_link(t)
-            sent.append((t, self.lost_state(t) or self.hub.call(t, task, snapshot, args, rnd, deadline, gate=gate,
-                                                                expect=self._expect)))
+            sent.append((t, self._send(t, task, snapshot, args, rnd, deadline, self._expect, gate)))
         del snapshot
         end = time.monotonic() + deadline
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")
@@ -166,14 +172,9 @@ class NetComm(BaseComm):
     # -- submit / collect: replies taken in the order they arrive --------------------------------------------------
     def _start(self, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar],
                deadline_s: float | None) -> None:
-        rnd = self.current_round()
-        if self._begun != rnd:
-            self.begin_round(rnd)
-        deadline = self.scatter_deadline(deadline_s)
-        self.hub.await_link(to)
+        rnd, deadline = self._round_deadline(deadline_s)
         p = self._pending.get(to)  # BaseComm.submit records the task's expect before it starts it
-        c = self.lost_state(to) or self.hub.call(to, task, on_host(bundle), args, rnd, deadline,
-                                                 expect=p.expect if p is not None else None)
+        c = self._send(to, task, on_host(bundle), args, rnd, deadline, p.expect if p is not None else None)
         if isinstance(c, Failure):
             self._submitted[to] = (c, time.monotonic())
             self._arrived.put(c)
