@@ -10,7 +10,7 @@ a client that gets two tasks in one round draws two different batches.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedhop.common.algorithms.local import local_train, solver_for
 from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar, task
@@ -22,6 +22,18 @@ class PoolState:
     """The PS's count of tasks handed out (the next job number)."""
 
     jobs: int = 0
+
+
+@dataclass
+class ServerState:
+    """What FedAsync's and FedBuff's PS keeps: the model x^t and the pool's job count."""
+
+    model: Bundle  # x^t
+    pool: PoolState = field(default_factory=PoolState)
+
+
+def init(ctx: NodeContext) -> ServerState:
+    return ServerState(ctx.initial_params())
 
 
 def keep_busy(ctx: NodeContext, pool: PoolState, concurrency: int, model: Bundle, task_name: str, draw: int) -> None:
@@ -60,4 +72,4 @@ def mean_staleness(stale: list[int]) -> dict[str, Scalar]:
     return {"staleness_mean": sum(stale) / len(stale), "staleness_max": max(stale)} if stale else {}
 
 
-__all__ = ["NodeId", "PoolState", "keep_busy", "mean_staleness", "staleness_of"]
+__all__ = ["NodeId", "PoolState", "ServerState", "init", "keep_busy", "mean_staleness", "staleness_of"]

@@ -17,22 +17,10 @@ which no usable update came (deadline) leaves x unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from fedhop.common.algorithms.async_pool import PoolState, keep_busy, mean_staleness, staleness_of
+from fedhop.common.algorithms.async_pool import ServerState, init, keep_busy, mean_staleness, staleness_of
 from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
 from fedhop.common.options.asynchronous import FedAsyncOptions, check_spec
-from fedhop.common.wire.bundle import Bundle, axpy
-
-
-@dataclass
-class ServerState:
-    model: Bundle  # x^t
-    pool: PoolState = field(default_factory=PoolState)
-
-
-def init(ctx: NodeContext) -> ServerState:
-    return ServerState(ctx.initial_params())
+from fedhop.common.wire.bundle import axpy
 
 
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:

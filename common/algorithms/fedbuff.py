@@ -21,22 +21,11 @@ collect up to ``transport.round_deadline_s``; a round that gets none is redone p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from fedhop.common.algorithms.async_pool import PoolState, keep_busy, mean_staleness, staleness_of
+from fedhop.common.algorithms.async_pool import ServerState, init, keep_busy, mean_staleness, staleness_of
 from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
 from fedhop.common.options.asynchronous import FedBuffOptions, check_spec
-from fedhop.common.wire.bundle import Bundle, axpy, zeros_like
-
-
-@dataclass
-class ServerState:
-    model: Bundle  # x^t
-    pool: PoolState = field(default_factory=PoolState)
-
-
-def init(ctx: NodeContext) -> ServerState:
-    return ServerState(ctx.initial_params())
+from fedhop.common.wire.bundle import axpy, zeros_like
 
 
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
