@@ -132,6 +132,19 @@ class BearerAuth:
         await response(scope, receive, send)
 
 
+def web_middleware(limits: WebLimits | None, loopback: bool, token: str | None) -> list[Middleware]:
+    """What stands before every route of a web face (the PS's, ``fedhop ui``'s): the request bounds
+    (:class:`Guard`, when ``limits``), the loopback Host check, the bearer token."""
+    middleware = []
+    if limits is not None:
+        middleware.append(Middleware(Guard, limits=limits))
+    if loopback:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS))
+    if token is not None:
+        middleware.append(Middleware(BearerAuth, token=token))
+    return middleware
+
+
 def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = True,
                limits: WebLimits | None = DEFAULT_LIMITS) -> Starlette:
     """The ASGI app over ``status``. ``token``: require it on every route. ``loopback``: accept only loopback
@@ -230,13 +243,6 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         finally:
             notifier.stop()
 
-    middleware = []
-    if limits is not None:
-        middleware.append(Middleware(Guard, limits=limits))
-    if loopback:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS))
-    if token is not None:
-        middleware.append(Middleware(BearerAuth, token=token))
     app = Starlette(routes=[
         Route("/", index),
         Route("/api/status", api_status),
@@ -248,7 +254,8 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         Route("/api/events", events),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(packages=[("fedhop.server.web", "static")]), name="static"),
-    ], middleware=middleware, lifespan=lifespan, exception_handlers={HTTPException: http_error})
+    ], middleware=web_middleware(limits, loopback, token), lifespan=lifespan,
+        exception_handlers={HTTPException: http_error})
     app.state.notifier = notifier
     return app
 

@@ -40,8 +40,6 @@ from typing import Any
 import uvicorn
 from anyio import to_thread
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -49,7 +47,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from fedhop.browse import RunFolder, RunInfo, RunNotFound, files_signature, find_runs, read_folder
-from fedhop.server.web.app import KEEPALIVE_S, LOOPBACK_HOSTS, BearerAuth, create_app
+from fedhop.server.web.app import KEEPALIVE_S, create_app, web_middleware
 from fedhop.server.web.feed import Cursor, next_message
 from fedhop.server.web.serve import check_token, is_loopback, parse_address
 from fedhop.server.web.status import RunStatus
@@ -321,11 +319,6 @@ def create_ui_app(root: Path, *, token: str | None = None, loopback: bool = True
     async def to_list(request: Request) -> Response:
         return RedirectResponse("/", status_code=307)
 
-    middleware = []
-    if loopback:
-        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS))
-    if token is not None:
-        middleware.append(Middleware(BearerAuth, token=token))
     app = Starlette(routes=[
         Route("/", index),
         Route("/api/runs", api_runs),
@@ -333,7 +326,7 @@ def create_ui_app(root: Path, *, token: str | None = None, loopback: bool = True
         Route(ROUTE_PATH, to_list),
         Mount(ROUTE_PATH, app=RunPages(views, closing, poll_s)),
         Mount("/static", StaticFiles(packages=[("fedhop.server.web", "static")]), name="static"),
-    ], middleware=middleware)
+    ], middleware=web_middleware(None, loopback, token))
     app.state.closing = closing
     app.state.views = views
     return app
