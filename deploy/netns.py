@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedhop.browse import process_alive
+
 log = logging.getLogger("fedhop.testbed")
 
 STATE_DIR = Path("/run/fedhop")
@@ -199,7 +201,7 @@ def clean_stale() -> list[str]:
             state = json.loads(f.read_text())
         except (OSError, ValueError):
             continue
-        if _alive(int(state.get("owner_pid", 0))):
+        if process_alive(int(state.get("owner_pid", 0)), None):
             continue
         names = list(reversed(state.get("namespaces", [])))
         left = destroy_namespaces(names)
@@ -207,18 +209,6 @@ def clean_stale() -> list[str]:
         if not left:
             f.unlink(missing_ok=True)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def plan_network(nodes: list[tuple[str, str]], subnet: str, *, mtu: int = 1500, offloads: bool = False,
