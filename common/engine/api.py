@@ -231,8 +231,9 @@ class NodeContext:
         arrivals = getattr(self.comm, "arrivals", None)
         if arrivals:  # the order this round's collects took replies in: what a replay follows
             metrics = {**metrics, "arrivals": " | ".join(arrivals)}
-        if hasattr(self.comm, "_reported"):
-            self.comm._reported = self.round
+        reported = getattr(self.comm, "reported", None)
+        if reported is not None:  # a collect after this in the same round would go unrecorded: refused
+            reported(self.round)
         self.reporter(self.round, metrics)
 
     def should_eval(self) -> bool:

@@ -236,6 +236,10 @@ class BaseComm(ABC):
         self._pending[to] = Pending(task, rnd, dict(expect) if expect is not None else None)
         self._start(to, task, dict(bundle or {}), dict(args or {}), deadline_s)
 
+    def reported(self, round_idx: int) -> None:
+        """The node context reported round ``round_idx`` (its arrivals are recorded: no collect may follow)."""
+        self._reported = round_idx
+
     def in_flight(self) -> tuple[NodeId, ...]:
         """The children working on a submitted task that was not collected yet, in canonical order."""
         return tuple(self.topology.sort(self._pending))
