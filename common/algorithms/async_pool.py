@@ -32,10 +32,6 @@ class ServerState:
     pool: PoolState = field(default_factory=PoolState)
 
 
-def init(ctx: NodeContext) -> ServerState:
-    return ServerState(ctx.initial_params())
-
-
 def keep_busy(ctx: NodeContext, pool: PoolState, concurrency: int, model: Bundle, task_name: str, draw: int) -> None:
     """Submit ``task_name`` with ``model`` to idle clients, drawn at random, until ``concurrency`` are busy."""
     busy = set(ctx.comm.in_flight())
@@ -72,4 +68,4 @@ def mean_staleness(stale: list[int]) -> dict[str, Scalar]:
     return {"staleness_mean": sum(stale) / len(stale), "staleness_max": max(stale)} if stale else {}
 
 
-__all__ = ["NodeId", "PoolState", "ServerState", "init", "keep_busy", "mean_staleness", "staleness_of"]
+__all__ = ["NodeId", "PoolState", "ServerState", "keep_busy", "mean_staleness", "staleness_of"]

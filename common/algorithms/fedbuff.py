@@ -22,10 +22,15 @@ from __future__ import annotations
 
 import math
 
-from fedhop.common.algorithms.async_pool import ServerState, init, keep_busy, mean_staleness, staleness_of
+from fedhop.common.algorithms.async_pool import ServerState, keep_busy, mean_staleness, staleness_of
 from fedhop.common.engine.api import Algorithm, NodeContext, Scalar, register
 from fedhop.common.options.asynchronous import FedBuffOptions, check_spec
 from fedhop.common.wire.bundle import axpy, zeros_like
+
+
+def init(ctx: NodeContext) -> ServerState:
+    """x^0 = the initial model; no task handed out yet (registered here: the module the catalogue names)."""
+    return ServerState(ctx.initial_params())
 
 
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
