@@ -5,7 +5,12 @@ a testbed that does not work."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -34,3 +39,44 @@ def compose_v2(docker_image) -> list[str]:
 
     print(f"[testbed] compose v2 {docker_env.ensure_compose_v2()}")
     return ["docker", "compose"]
+
+
+CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1800"]
+
+
+def ensure_chromium() -> tuple[str, str]:
+    """Paths of chromium and chromedriver, installed from Debian's packages when missing."""
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if browser and driver:
+        return browser, driver
+    if os.geteuid() != 0:
+        pytest.fail("chromium and chromium-driver are missing and installing them needs root: "
+                    "apt-get install -y chromium chromium-driver")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True, env=env)
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    assert browser and driver, "apt-get installed chromium but chromium/chromedriver are not on PATH"
+    return browser, driver
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """A headless Chromium (selenium's webdriver.Chrome), closed and its profile removed after the test."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver_path = ensure_chromium()
+    profile = tempfile.mkdtemp(prefix="fedhop-chromium-")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = binary
+    for f in [*CHROME_FLAGS, f"--user-data-dir={profile}"]:
+        opts.add_argument(f)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
+    try:
+        yield drv
+    finally:
+        drv.quit()
+        shutil.rmtree(profile, ignore_errors=True)

@@ -15,9 +15,7 @@ from fedhop.server.web.serve import start_http
 from fedhop.server.web.status import RunStatus
 from tests.live_run import run_with_events
 from tests.specs import DIGITS, run_spec
-from tests.testbed.test_live_page import WAIT_S, browser, wait_text
-
-__all__ = ["browser"]
+from tests.testbed.test_live_page import WAIT_S, wait_text
 
 NET = {"client_edge": {"mbit": 20, "delay_ms": 30}, "edge_edge": {"mbit": 10, "delay_ms": 10},
        "edge_ps": {"delay_ms": 5}}

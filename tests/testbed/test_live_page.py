@@ -11,19 +11,12 @@ test-testbed`` (or ``python -m pytest tests/testbed/test_live_page.py``).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -35,42 +28,7 @@ from fedhop.server.web.status import RunStatus
 from tests.live_run import run_with_events
 from tests.unit.test_fedchs import spec as fedchs_spec
 
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--window-size=1400,1800"]
 WAIT_S = 60
-
-
-def ensure_chromium() -> tuple[str, str]:
-    """Paths of chromium and chromedriver, installed from Debian's packages when missing."""
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser and driver:
-        return browser, driver
-    if os.geteuid() != 0:
-        pytest.fail("chromium and chromium-driver are missing and installing them needs root: "
-                    "apt-get install -y chromium chromium-driver")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "chromium", "chromium-driver"], check=True, env=env)
-    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    assert browser and driver, "apt-get installed chromium but chromium/chromedriver are not on PATH"
-    return browser, driver
-
-
-@pytest.fixture
-def browser() -> Iterator[webdriver.Chrome]:
-    binary, driver_path = ensure_chromium()
-    profile = tempfile.mkdtemp(prefix="fedhop-chromium-")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = binary
-    for f in [*CHROME_FLAGS, f"--user-data-dir={profile}"]:
-        opts.add_argument(f)
-    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    drv = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
-    try:
-        yield drv
-    finally:
-        drv.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def shown(drv: webdriver.Chrome, element_id: str) -> str:
