@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 
 from fedhop.common.spec import RunSpec
@@ -240,6 +242,24 @@ class Federation:
         self.procs.kill_all()
         if self._env_gate is not None and os.environ.get("FEDHOP_TEST_GATE") == self._env_gate:
             del os.environ["FEDHOP_TEST_GATE"]
+
+
+def example_here(name: str, tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                 smaller: Sequence[tuple[str, str]]) -> Path:
+    """A copy of ``examples/NAME`` in ``tmp`` with its spec.toml made smaller (each ``(old, new)`` must occur),
+    the working directory and first on sys.path for the test (fedhop imports the module a spec names from the
+    working directory, as ``fedhop simulate`` / ``launch`` run in the example's folder would)."""
+    folder = tmp / name
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / name, folder,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    text = (folder / "spec.toml").read_text()
+    for old, new in smaller:
+        assert old in text, f"examples/{name}/spec.toml no longer holds {old!r}"
+        text = text.replace(old, new)
+    (folder / "spec.toml").write_text(text)
+    monkeypatch.chdir(folder)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
 
 
 def load_result(out: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,8 @@ from fedhop.common.engine.workspace import Workspace
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.integration.netutil import launch_here, load_result
+from tests.integration.netutil import example_here, launch_here, load_result
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fedbuff"
 SMALL = (("rounds = 10", "rounds = 3"), ("clients = 6", "clients = 4"), ("concurrency = 4", "concurrency = 3"),
          ("buffer = 3", "buffer = 2"), ("local_steps = 5", "local_steps = 2"), ("client-5", "client-3"))
 BUILTIN = ('name = "buffered:ALGORITHM"', 'name = "fedbuff"')
@@ -41,17 +39,10 @@ def _links(rows: list[dict], kind: str, offset: int) -> dict[tuple, tuple[int, i
 
 
 def test_fedbuff_example_simulate_launch_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "fedbuff"
-    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    folder = example_here("fedbuff", tmp_path, monkeypatch, SMALL)
     text = (folder / "spec.toml").read_text()
-    for old, new in SMALL:
-        assert old in text
-        text = text.replace(old, new)
-    (folder / "spec.toml").write_text(text)
     assert BUILTIN[0] in text
     (folder / "builtin.toml").write_text(text.replace(*BUILTIN))
-    monkeypatch.chdir(folder)  # fedhop imports the module a spec names from the working directory
-    monkeypatch.syspath_prepend(str(folder))
     spec, builtin = RunSpec.load(folder / "spec.toml"), RunSpec.load(folder / "builtin.toml")
 
     # in one process: the virtual clock orders the updates; the user module and the built-in agree

@@ -9,7 +9,6 @@ tests/integration/test_user_protocol.py covers the command lines with the other 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -19,22 +18,13 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.control import CONTROL_KINDS
-from tests.integration.netutil import launch_here, load_result
+from tests.integration.netutil import example_here, launch_here, load_result
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gossip"
 SMALL = (("rounds = 10", "rounds = 3"), ("clients = 6", "clients = 4"))
 
 
 def test_gossip_example_launch_equals_simulate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    folder = tmp_path / "gossip"
-    shutil.copytree(EXAMPLE, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    text = (folder / "spec.toml").read_text()
-    for old, new in SMALL:
-        assert old in text
-        text = text.replace(old, new)
-    (folder / "spec.toml").write_text(text)
-    monkeypatch.chdir(folder)  # fedhop imports the module a spec names from the working directory
-    monkeypatch.syspath_prepend(str(folder))
+    folder = example_here("gossip", tmp_path, monkeypatch, SMALL)
     spec = RunSpec.load(folder / "spec.toml")
     assert spec.topology.peer_graph == "ring"  # the protocol's Algorithm.peers
 
