@@ -333,5 +333,5 @@ def test_tls_delay_and_live_page_in_one_run(tmp_path: Path) -> None:
     times = {int(r["round"]): float(r["round_s"]) for r in read_csv(out / "round_times.csv")}
     print("round times with a", delay_ms, "ms one-way delay (s):", times)
     assert all(times[k] >= 2 * delay_ms / 1000 for k in (1, 2)), times
-    proxy = (out / "logs" / "proxy-ps.log").read_text()
-    assert "delays" in proxy and "10.231.0.2" in proxy
+    held = (out / "logs" / "kdelay-ps.log").read_text()  # the delay is held in the kernel (deploy/kernel_delay.py)
+    assert "kernel delay (NFQUEUE)" in held and "10.231.0.2" in held

@@ -1,5 +1,6 @@
 """The ``[network]`` profile in the namespace testbed: loss by an nftables rule on the receiver, delay and jitter
-by the proxy, rate by htb. Root only, like tests/testbed/test_netns.py (whose helpers it uses)."""
+held in the kernel (deploy/kernel_delay.py), rate by htb; and the nodes' own wire level (tcp_info) against the
+kernel's per-link counters. Root only, like tests/testbed/test_netns.py (whose helpers it uses)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def test_lossy_jittery_link_drops_retransmits_and_the_run_finishes(tmp_path: Pat
     print("retransmitted segments:", retrans)
     assert sum(retrans.values()) > 0
 
-    proxy = (out / "logs" / "proxy-ps.log").read_text()
-    assert "40~30" in proxy, proxy  # the proxy holds each chunk 40 ms +- 30 ms
+    held = {n: (out / "logs" / f"kdelay-{n}.log").read_text() for n in ("ps", "client-0", "client-1")}
+    assert all("kernel delay (NFQUEUE)" in t and "40~30" in t for t in held.values()), held  # 40 ms +- 30 ms
+    assert json.loads((out / "testbed.json").read_text())["delay"] == "kernel"
     times = [float(r["round_s"]) for r in read_csv(out / "round_times.csv")]
     print("round times (s):", times)
     assert all(t >= 2 * 0.010 for t in times), times
@@ -90,3 +92,34 @@ def test_a_rate_trace_changes_round_times_as_the_profile_says(tmp_path: Path) ->
     mean_fast = sum(by_rate[fast]) / len(by_rate[fast])
     assert 0.8 * predicted <= mean_slow <= 1.4 * predicted, (mean_slow, predicted)
     assert mean_slow >= 3 * mean_fast, (mean_slow, mean_fast)
+
+
+def test_tcp_info_wire_bytes_match_the_kernel_counters_per_link(tmp_path: Path) -> None:
+    """FedAvg, 2 clients straight to the PS, a ~1 MB model, 20 ms each way (held in the kernel), no loss: per
+    directed link, the wire level the nodes read from their sockets' tcp_info (links.csv's ``wire`` rows: stream
+    bytes, plus a 52-byte IPv4 + TCP + timestamps header per segment) is within 1% of the kernel's counter of
+    that link (wire.csv: every IP packet src -> dst, counted by nftables on the sender's output hook). What
+    tcp_info cannot see and the counter does: the few packets after a node's last read (its Bye, the FINs),
+    TCP options beyond timestamps (the SYNs' 8 bytes more, SACK blocks) and retransmitted bytes (none here)."""
+    spec = write_spec(tmp_path, "tb-wire", algorithm="fedavg",
+                      options={"lr": 0.05, "local_steps": 1, "batch_size": 16}, clients=2, edges=0, rounds=3,
+                      hidden=[512, 448], testbed="[network.client_ps]\ndelay_ms = 20\n")
+    out = tmp_path / "run"
+    run_up(spec, out)
+    tcp: dict[tuple[str, str], list[int]] = {}
+    for r in read_csv(out / "links.csv"):
+        if r["kind"] == "wire":
+            t = tcp.setdefault((r["src"], r["dst"]), [0, 0, 0])
+            t[0] += int(r["wire_bytes"])
+            t[1] += int(r["wire_segments"])
+            t[2] += int(r["wire_retrans"])
+    kernel = {(r["src"], r["dst"]): int(r["wire_bytes"]) for r in read_csv(out / "wire.csv")
+              if "other" not in (r["src"], r["dst"])}
+    ratio = {f"{s}->{d}": (b + 52 * n) / kernel[(s, d)] for (s, d), (b, n, _) in tcp.items()}
+    print("tcp_info (stream bytes + 52 per segment) / nft counter per link:",
+          {k: f"{v:.4f}" for k, v in ratio.items()}, "retransmitted:", {f"{s}->{d}": x for (s, d), (*_, x) in
+                                                                        tcp.items()})
+    assert set(tcp) == set(kernel) == {("ps", "client-0"), ("ps", "client-1"), ("client-0", "ps"),
+                                       ("client-1", "ps")}, (tcp, kernel)
+    assert all(kernel[k] > 1_000_000 for k in (("ps", "client-0"), ("client-0", "ps"))), kernel
+    assert all(abs(v - 1) <= 0.01 for v in ratio.values()), ratio
