@@ -26,7 +26,8 @@ Peers are known by their service names (the node ids); a name resolves once its 
 its task is healthy), so a thread resolves them every 0.2 s and adds each peer's filter, rule and hold as its
 address appears (a child's container starts, and under Swarm reports healthy, before its process has imported
 torch and dials; until then nothing flows to it). A trace (``trace = "file.csv"``) is replayed by
-a :class:`~fedhop.deploy.profile.Replay` thread, its time 0 when this process starts. The role runs as a child
+a :class:`~fedhop.deploy.profile.Replay` thread, its time 0 when this process starts; the compute column of the
+node's own table by the role itself (its environment names the file and the time 0). The role runs as a child
 process (signals are passed on); its exit code is this process's. At the end one line ``[fedhop-net] {...}`` on
 stderr gives, per peer, the configured rate and what htb let through (bytes, overlimits) and the packets dropped.
 """
@@ -44,10 +45,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from fedhop.common.network_spec import load_traces
+from fedhop.common.network_spec import compute_trace_env, load_traces
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import build_topology
 from fedhop.deploy import kernel_delay, profile, shaping
@@ -284,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     resolver = Resolver(shaper)
     replay = Replay(list(shaper.steps), shaper.step)
     replay.start()
+    env = {**os.environ, **compute_trace_env(spec.network_profile(), a.node, a.spec.parent, time.time_ns())}
     resolver.start()
-    child = subprocess.Popen(["fedhop", *role])
+    child = subprocess.Popen(["fedhop", *role], env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     rc = child.wait()

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhop.common.network_spec import TraceError, load_traces
+from fedhop.common.network_spec import TraceError, compute_trace_env, load_traces
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec
 from fedhop.common.topology import build_topology
@@ -285,6 +285,10 @@ class Testbed:
                 raise TestbedError(f"{node} did not listen on {listen} within {STARTUP_S:g}s")
             time.sleep(0.05)
 
+    def _role_env(self, node: str) -> dict[str, str]:
+        """A node with a trace in its own table replays its compute column (common/network_spec.py)."""
+        return compute_trace_env(self.profile, node, self.spec_path.parent, self._replay_t0_ns)
+
     def start_roles(self) -> None:
         dev = self.device
         topo = self.topo
@@ -293,14 +297,15 @@ class Testbed:
         web, web_env = self._web()
         self._start("ps", self.net.nodes[topo.server].ns,
                     RoleCommand("server", str(self.spec_path), listen=listen, security=sec, device=dev,
-                                extra=("--out", str(self.out), "--force", *web)).argv(), env=web_env)
+                                extra=("--out", str(self.out), "--force", *web)).argv(),
+                    env={**web_env, **self._role_env(topo.server)})
         self._await_listening(topo.server, listen)
         edge_listen: dict[str, str] = {}
         for e in topo.edges:
             listen, public = self._serve_addr(e)
             self._start(e, self.net.nodes[e].ns,
                         RoleCommand("edge", e, connect=self.plan.connect(e), listen=listen, advertise=public,
-                                    security=sec, device=dev).argv())
+                                    security=sec, device=dev).argv(), env=self._role_env(e))
             edge_listen[e] = listen
         for n, listen in edge_listen.items():
             self._await_listening(n, listen)
@@ -308,7 +313,7 @@ class Testbed:
             listen, public = self._serve_addr(c) if self.plan.node(c).port is not None else (None, None)
             self._start(c, self.net.nodes[c].ns,
                         RoleCommand("client", c, connect=self.plan.connect(c), listen=listen, advertise=public,
-                                    security=sec, device=dev).argv())
+                                    security=sec, device=dev).argv(), env=self._role_env(c))
 
     def stop_roles(self) -> None:
         self.children.stop(5.0)
