@@ -5,7 +5,10 @@ kernel's per-link counters. Root only, like tests/testbed/test_netns.py (whose h
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+
+import pytest
 
 from tests.testbed.test_netns import logs, pytestmark, read_csv, run_up, write_spec
 
@@ -123,3 +126,36 @@ def test_tcp_info_wire_bytes_match_the_kernel_counters_per_link(tmp_path: Path) 
                                        ("client-1", "ps")}, (tcp, kernel)
     assert all(kernel[k] > 1_000_000 for k in (("ps", "client-0"), ("client-0", "ps"))), kernel
     assert all(abs(v - 1) <= 0.01 for v in ratio.values()), ratio
+
+
+def test_a_compute_trace_is_replayed_by_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """client-1's own table has a trace whose compute column alternates 1.0 and 0.25 every 1.5 s (from the
+    testbed's replay start, trace.json's t0): every task client-1 ran took the factor of the trace at its end
+    (timing event ``compute``, FEDHOP_TIMERS; tasks within 0.2 s of a step are not judged), both factors
+    occurred, and a task at 0.25 waited out 3x its handler time; client-0 (no trace) always ran at 1.0."""
+    period, margin = 1.5, 0.2
+    rows = [f"{k * 2 * period:g},1\n{(2 * k + 1) * period:g},0.25" for k in range(200)]
+    (tmp_path / "speed.csv").write_text("time_s,compute\n" + "\n".join(rows) + "\n")
+    spec = write_spec(tmp_path, "tb-compute", algorithm="fedavg",
+                      options={"lr": 0.05, "local_steps": 30, "batch_size": 16}, clients=2, edges=0, rounds=8,
+                      hidden=[256], testbed='[network.nodes.client-1]\ntrace = "speed.csv"\n')
+    timers = tmp_path / "timers"
+    monkeypatch.setenv("FEDHOP_TIMERS", str(timers))
+    out = tmp_path / "run"
+    run_up(spec, out)
+    offset = time.time() - time.monotonic()  # the timing events' clock (monotonic) on the trace's (unix)
+    t0 = json.loads((out / "trace.json").read_text())["t0_unix_ns"] / 1e9
+    events = [json.loads(line) for f in timers.glob("*.jsonl") for line in f.read_text().splitlines() if line]
+    compute = [e for e in events if e["kind"] == "compute"]
+    judged = []
+    for e in (e for e in compute if e["at"] == "client-1"):
+        into = (e["t"] + offset - t0) % (2 * period)
+        if min(abs(into - b) for b in (0, period, 2 * period)) < margin:
+            continue
+        judged.append((1.0 if into < period else 0.25, e))
+    print("client-1's tasks (trace factor, factor applied, handler s, waited s):",
+          [(f, e["factor"], round(e["handler_s"], 3), round(e["slowed_s"], 3)) for f, e in judged])
+    assert all(e["factor"] == f for f, e in judged), judged
+    assert {f for f, _ in judged} == {1.0, 0.25}, judged
+    assert all(e["slowed_s"] == pytest.approx(3 * e["handler_s"]) for f, e in judged if f == 0.25)
+    assert {e["factor"] for e in compute if e["at"] == "client-0"} == {1.0}
