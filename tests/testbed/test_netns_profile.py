@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fedhop.common.timeline import read_csv as read_timeline
 from tests.testbed.test_netns import logs, pytestmark, read_csv, run_up, write_spec
 
 __all__ = ["pytestmark"]
@@ -48,7 +49,9 @@ def test_lossy_jittery_link_drops_retransmits_and_the_run_finishes(tmp_path: Pat
     assert all("kernel delay (NFQUEUE)" in t and "40~30" in t for t in held.values()), held  # 40 ms +- 30 ms
     assert json.loads((out / "testbed.json").read_text())["delay"] == "kernel"
     times = [float(r["round_s"]) for r in read_csv(out / "round_times.csv")]
-    print("round times (s):", times)
+    predicted = [r["predicted_s"] for r in read_timeline(out / "timeline.csv")
+                 if r["phase"] == "round" and r["round"] >= 1 and "predicted_s" in r]
+    print("round times (s):", times, "the PS predicted:", [round(x, 3) for x in predicted])
     assert all(t >= 2 * 0.010 for t in times), times
     stats = json.loads((out / "tc.json").read_text())
     assert stats and all(s["mbit"] == 50.0 for s in stats)
