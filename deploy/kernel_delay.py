@@ -193,8 +193,7 @@ class KernelDelay:
             if not select.select([self.sock], [], [], max(0.0, end - time.monotonic()))[0]:
                 raise Unavailable("nfnetlink_queue did not answer (no NFQUEUE support in this kernel?)")
             packets, acks = parse(self.sock.recv(1 << 16))
-            for q, pid in packets:  # a packet of a queue bound earlier: release it at once
-                self.sock.send(verdict_batch(q, pid))
+            self._hold(packets)  # packets of the queues bound earlier: held as usual
             for seq, err in acks:
                 if seq in want and err:
                     raise Unavailable(f"nfnetlink_queue refused ({os.strerror(err)}; CAP_NET_ADMIN needed)")
@@ -236,15 +235,19 @@ class KernelDelay:
                 buf = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 return
-            now = self.clock()
-            for queue, pid in parse(buf)[0]:
-                d = self.by_queue.get(queue)
-                if d is None:
-                    self.sock.send(verdict_batch(queue, pid))
-                    continue
-                d.last_due = next_due(d.last_due, now, d.hold, d.rng)
-                d.held.append((d.last_due, pid))
-                d.packets += 1
+            self._hold(parse(buf)[0])
+
+    def _hold(self, packets: list[tuple[int, int]]) -> None:
+        """Schedule each (queue, packet id) that just arrived; one of no queue of ours is released at once."""
+        now = self.clock()
+        for queue, pid in packets:
+            d = self.by_queue.get(queue)
+            if d is None:
+                self.sock.send(verdict_batch(queue, pid))
+                continue
+            d.last_due = next_due(d.last_due, now, d.hold, d.rng)
+            d.held.append((d.last_due, pid))
+            d.packets += 1
 
     def _release(self) -> float:
         """Accept every packet that is due; the time the next one is (inf: none held)."""
