@@ -101,6 +101,7 @@ class SelfShaper:
         self.loss = LossTable(_local)
         self.control: Path | None = None  # the delay proxy's control file (its fallback)
         self.kcontrol: Path | None = None  # the kernel delay's control file
+        self.delay_mode: str | None = None  # kernel | proxy, where this node holds or forwards delayed traffic
         self.lock = threading.Lock()
 
     def needed(self) -> bool:
@@ -178,7 +179,7 @@ class SelfShaper:
                     acc[1] += pk
                     acc[2] += over
             drops = self.loss.counts() if self.lossy else {}
-        return {"node": self.node, "addresses": self.addresses,
+        return {"node": self.node, "addresses": self.addresses, "delay": self.delay_mode,
                 "rate": [{"peer": p, "mbit": rates.get(p), "bytes": sent.get(p, [0])[0],
                           "packets": sent.get(p, [0, 0])[1], "overlimits": sent.get(p, [0, 0, 0])[2]}
                          for p in sorted(self.classes)],
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         why = kernel_delay.probe()
         if why is None:
             shaper.kcontrol = KCONTROL
+            shaper.delay_mode = "kernel"
             kernel_delay.write_control(KCONTROL, {})
             held = subprocess.Popen([sys.executable, "-m", "fedhop.deploy.kernel_delay", "--control", str(KCONTROL),
                                      "--seed", str(spec.seed)])
@@ -277,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                         "kernel's TCP does not feel", why)
     proxy = None
     if held is None and shaper.delayed and a.proxy_port is not None:
+        shaper.delay_mode = "proxy"
         shaper.control = CONTROL
         profile.write_holds(CONTROL, {})
         listen = [x for addr in own_addresses() for x in ("--listen", f"{addr}:{a.proxy_port}")]
