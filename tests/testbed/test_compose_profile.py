@@ -79,8 +79,9 @@ def check_run(run_dir: Path, log: str) -> str:
     drops = {(d["peer"], node): d["dropped_packets"] for node in ("ps", SLOW) for d in stats[node]["loss"]}
     packets = {(r["src"], r["dst"]): int(r["packets"]) for r in _csv(run_dir / "wire.csv")}  # crossed the wire
     lost = {k: drops[k] / packets[k] for k in ((SLOW, "ps"), ("ps", SLOW))}
-    line = (f"{SLOW} <-> ps at {MBIT:g} Mbit/s, {DELAY_MS:g} +- {JITTER_MS:g} ms, {LOSS:.0%} loss: transfer {measured:.2f} s per "
-            f"round (predicted {predicted:.2f} s), achieved {achieved:.2f} Mbit/s of wire bytes; htb sent "
+    line = (f"{SLOW} <-> ps at {MBIT:g} Mbit/s, {DELAY_MS:g} +- {JITTER_MS:g} ms, {LOSS:.0%} loss: transfer "
+            f"{measured:.2f} s per round (predicted {predicted:.2f} s), achieved {achieved:.2f} Mbit/s of wire bytes; "
+            f"htb sent "
             f"{to_slow['bytes']} / {to_ps['bytes']} bytes with {to_slow['overlimits']} / {to_ps['overlimits']} "
             f"overlimits; nft dropped {drops[(SLOW, 'ps')]} of {packets[(SLOW, 'ps')]} / {drops[('ps', SLOW)]} of "
             f"{packets[('ps', SLOW)]} packets ({lost[(SLOW, 'ps')]:.2%} / {lost[('ps', SLOW)]:.2%}); other links "
