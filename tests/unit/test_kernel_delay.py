@@ -113,3 +113,22 @@ def test_a_container_role_behind_no_proxy_listens_on_the_network() -> None:
     assert listen_openly(role, 50061) == ["edge", "--id", "edge-0", "--listen", "0.0.0.0:50061", "--advertise",
                                           "edge-0:50061"]
     assert listen_openly(role, 50051) == role
+
+
+def test_a_control_file_change_re_holds_the_known_directions(tmp_path: Path) -> None:
+    """A trace step rewrites the control file: the next poll gives each known direction its new hold, and one the
+    file no longer lists holds nothing (its rule stays for a later step)."""
+    loop = kd.KernelDelay.__new__(kd.KernelDelay)
+    loop.seed, loop.dirs, loop.by_queue = 0, {}, {}
+    for i, addr in enumerate(("10.0.0.2", "10.0.0.3")):
+        d = kd.Direction(addr, 4200 + i, Hold(40, 0), random.Random(i))
+        loop.dirs[addr], loop.by_queue[d.queue] = d, d
+    control = tmp_path / "kdelay.json"
+    kd.write_control(control, {"10.0.0.2": Hold(200, 20)})
+    seen = loop._follow(control, None)
+    assert loop.dirs["10.0.0.2"].hold == Hold(200, 20) and loop.dirs["10.0.0.3"].hold == Hold()
+    assert loop._follow(control, seen) == seen  # unchanged: not read again
+    control.write_text("{not json")
+    control.touch()
+    loop._follow(control, None)  # a broken file is logged and ignored
+    assert loop.dirs["10.0.0.2"].hold == Hold(200, 20)
