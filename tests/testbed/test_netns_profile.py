@@ -132,15 +132,16 @@ def test_tcp_info_wire_bytes_match_the_kernel_counters_per_link(tmp_path: Path) 
 
 
 def test_a_compute_trace_is_replayed_by_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """client-1's own table has a trace whose compute column alternates 1.0 and 0.25 every 1.5 s (from the
-    testbed's replay start, trace.json's t0): every task client-1 ran took the factor of the trace at its end
-    (timing event ``compute``, FEDHOP_TIMERS; tasks within 0.2 s of a step are not judged), both factors
-    occurred, and a task at 0.25 waited out 3x its handler time; client-0 (no trace) always ran at 1.0."""
-    period, margin = 1.5, 0.2
-    rows = [f"{k * 2 * period:g},1\n{(2 * k + 1) * period:g},0.25" for k in range(200)]
+    """client-1's own table has a trace whose compute column alternates 1.0 and 0.25 every 0.4 s (from the
+    testbed's replay start, trace.json's t0; short, so that a quick run on an idle host still sees both): every
+    task client-1 ran took the factor of the trace at its end (timing event ``compute``, FEDHOP_TIMERS, written
+    where the factor is read; tasks within 20 ms of a step are not judged), both factors occurred, and a task at
+    0.25 waited out 3x its handler time; client-0 (no trace) always ran at 1.0."""
+    period, margin = 0.4, 0.02
+    rows = [f"{k * 2 * period:g},1\n{(2 * k + 1) * period:g},0.25" for k in range(1000)]
     (tmp_path / "speed.csv").write_text("time_s,compute\n" + "\n".join(rows) + "\n")
     spec = write_spec(tmp_path, "tb-compute", algorithm="fedavg",
-                      options={"lr": 0.05, "local_steps": 30, "batch_size": 16}, clients=2, edges=0, rounds=8,
+                      options={"lr": 0.05, "local_steps": 30, "batch_size": 16}, clients=2, edges=0, rounds=16,
                       hidden=[256], testbed='[network.nodes.client-1]\ntrace = "speed.csv"\n')
     timers = tmp_path / "timers"
     monkeypatch.setenv("FEDHOP_TIMERS", str(timers))
