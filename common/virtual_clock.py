@@ -24,7 +24,8 @@ takes
   (Mathis would say ~24 s) and ~25 s with Reno (Mathis: 23.6 s).
 - ``E[lag]`` (:func:`jitter_lag_s`): each packet is held ``d + u``, ``u`` uniform in ``[-j, +j]``, and never
   overtakes the one before it, so a message's last packet is held the longest of its predecessors' holds less
-  their head start: 0 for a one-packet message, up to ``j`` for a long one.
+  their head start: 0 for a one-packet message, up to ``j`` for a long one. With BBR and ``j > d / 3``, its
+  window caps the rate at ``R * 2 (d - j) / (d + j)`` (:func:`bbr_jitter_share`).
 
 **Virtual clock** (:class:`VirtualClock`). The in-process engine runs every node's handler one after the other in
 canonical order; the clock only observes (it never changes what runs, so the math stays bit-identical) and keeps a
@@ -149,6 +150,15 @@ def jitter_lag_s(shape: Shape, wire: float) -> float:
     return _lag(round(shape.jitter_ms / 1000.0, 6), round(spacing, 9), max(1, math.ceil(wire / (MSS + HEADER))))
 
 
+def bbr_jitter_share(shape: Shape) -> float:
+    """The share of the rate BBR reaches with jitter ``j`` on a delay ``d`` (1 without): its window is twice the
+    rate times the minimum round trip it has seen, which on a long-lived connection approaches ``2 (d - j)``,
+    while a stream's packets wait ``~d + j`` each way (none overtakes another): ``min(1, 2 (d - j) / (d + j))``,
+    so a cap only where ``j > d / 3``."""
+    d, j = shape.delay_ms, shape.jitter_ms
+    return 1.0 if not j or d + j <= 0 else min(1.0, max(2 * (d - j), 0.01 * d) / (d + j))
+
+
 def transfer_s(shape: Shape, message_bytes: float, cc: str = "cubic", cold: bool = False) -> float:
     """The predicted time of one message of ``message_bytes`` on a link of shape ``shape`` with the congestion
     control ``cc`` (the module's formula): delay + jitter's lag + the sending time at the effective rate, from a
@@ -157,6 +167,8 @@ def transfer_s(shape: Shape, message_bytes: float, cc: str = "cubic", cold: bool
     rate = shape.mbit * 1e6 if shape.mbit else math.inf
     if cc not in LOSS_BLIND:
         rate = min(rate, mathis_bps(shape.loss, rtt))
+    else:
+        rate *= bbr_jitter_share(shape)
     wire = wire_bytes(message_bytes, shape.loss)
     initial = INITIAL_WINDOW * (MSS + HEADER) if cold else math.inf
     return shape.delay_ms / 1000.0 + jitter_lag_s(shape, wire) + send_s(wire, rate, rtt, initial)

@@ -12,6 +12,7 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.network_spec import NetworkSpec, Shape
 from fedhop.common.timeline import derive
 from fedhop.common.virtual_clock import (
+    bbr_jitter_share,
     jitter_lag_s,
     link_seconds,
     mathis_bps,
@@ -78,6 +79,16 @@ def test_jitter_lags_a_long_message_by_up_to_the_jitter() -> None:
     long = jitter_lag_s(s, 4e6)
     assert 0.5 * 0.020 < long < 0.020
     assert transfer_s(s, 4e6) == pytest.approx(transfer_s(Shape(mbit=10, delay_ms=50), 4e6) + long)
+
+
+def test_bbr_with_jitter_above_a_third_of_the_delay_is_capped_by_its_window() -> None:
+    assert bbr_jitter_share(Shape(mbit=20, delay_ms=50, jitter_ms=10)) == 1.0  # 2 x 40 / 60 > 1
+    assert bbr_jitter_share(Shape(mbit=50, delay_ms=40, jitter_ms=30)) == pytest.approx(2 * 10 / 70)
+    assert bbr_jitter_share(Shape(delay_ms=40, jitter_ms=40)) == pytest.approx(0.01 * 40 / 80)  # never 0
+    s = Shape(mbit=50, delay_ms=40, jitter_ms=30)
+    plain = transfer_s(s, 4e6, "bbr") - 0.040 - jitter_lag_s(s, 4e6 * 1500 / 1448)
+    assert plain == pytest.approx(4e6 * 1500 / 1448 * 8 / (50e6 * 2 / 7))
+    assert transfer_s(s, 4e6, "cubic") < transfer_s(s, 4e6, "bbr")  # (no loss: the cap is BBR's alone)
 
 
 def test_many_messages_pay_the_delay_each_and_the_rate_once_for_all_bytes() -> None:
