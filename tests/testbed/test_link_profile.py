@@ -177,8 +177,8 @@ def test_jitter_spreads_round_trips_and_lengthens_a_transfer_as_the_profile_says
     distribution, the sum of two uniform holds: mean 100 ms, standard deviation 40 * sqrt(2/3) = 32.7 ms, within
     [20, 180] ms. 50 ms +- 10 ms at 20 Mbit/s: a 2 MB transfer takes transfer_s's time within 15%, which adds the
     last packet's lag (packets never overtake) to the unjittered time. (With jitter near the delay, BBR's
-    minimum-RTT filter sees the short round trips and caps its window below the path: +37% at 50 +- 40 ms and
-    +11-13% at 50 +- 15 ms, which the model does not capture; docs/network.md.)"""
+    minimum-RTT filter sees the short round trips and caps its window below the path; the model's cap assumes a
+    long-lived connection and over-predicts a fresh transfer's time: docs/network.md.)"""
     with shaped_pair(tmp_path, Shape(delay_ms=50, jitter_ms=40)) as pair:
         rtts = echo_rtts(pair, 60)
     ms = sorted(x * 1e3 for x in rtts)
