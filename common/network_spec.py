@@ -44,7 +44,9 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Mapping
+import os
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -374,3 +376,35 @@ def to_toml_hint(net: NetworkSpec) -> str:
         if fields:
             parts.append(f"[network.nodes.{n}] " + ", ".join(f"{k} = {v:g}" for k, v in fields.items()))
     return "; ".join(parts)
+
+
+# -- a node's compute speed over time, in its own process -------------------------------------------------------
+COMPUTE_TRACE_ENV = "FEDHOP_COMPUTE_TRACE"  # the node's own table's trace file (its compute column is replayed)
+TRACE_T0_ENV = "FEDHOP_TRACE_T0_NS"  # the traces' time 0, as time.time_ns() (the testbed's replay start)
+
+
+def compute_trace_env(net: NetworkSpec, node: str, spec_dir: Path | None, t0_ns: int) -> dict[str, str]:
+    """The environment a testbed gives ``node``'s role so that it replays its own table's ``compute`` column
+    (:func:`compute_speed`): the trace file and the traces' time 0. Empty where the node's table has no trace.
+    (The role gets the spec from its parent without the trace files, so the testbed that has them names it.)"""
+    prof = net.nodes.get(node)
+    if prof is None or prof.trace is None:
+        return {}
+    return {COMPUTE_TRACE_ENV: str(trace_path(prof.trace, spec_dir).resolve()), TRACE_T0_ENV: str(t0_ns)}
+
+
+def compute_speed(net: NetworkSpec, node: str, environ: Mapping[str, str] | None = None) -> Callable[[], float]:
+    """``node``'s compute speed now, as a function: its table's ``compute``, replaced from each row's time on by
+    its trace's ``compute`` column where the process was given the trace (:func:`compute_trace_env`); raises
+    TraceError for a trace that cannot be read."""
+    base = net.compute(node)
+    env = os.environ if environ is None else environ
+    path = env.get(COMPUTE_TRACE_ENV)
+    if not path:
+        return lambda: base
+    try:
+        trace = parse_trace(Path(path).read_text(), path, compute=True)
+    except OSError as e:
+        raise TraceError(f"{COMPUTE_TRACE_ENV}: cannot read {path} ({e.strerror or e})") from None
+    t0 = int(env.get(TRACE_T0_ENV) or time.time_ns())
+    return lambda: trace.at((time.time_ns() - t0) / 1e9).get("compute", base)

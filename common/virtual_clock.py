@@ -4,17 +4,28 @@
 serialized frames) on a directed link with rate ``R`` Mbit/s, one-way delay ``d``, jitter ``j`` and loss ``p``
 takes
 
-    T = d + E[jitter] + W * 8 / (R_eff * 1e6),      W = B * (MSS + H) / MSS / (1 - p)
+    T = d + E[lag] + S(W, R_eff, RTT),      W = B * (MSS + H) / MSS / (1 - p),   RTT = 2 d
 
 - ``W``: the bytes on the wire: each MSS (1448 bytes) of TCP payload carries a ``H`` = 52-byte TCP/IP header
   (20 IP + 20 TCP + 12 timestamps; ``tc`` htb shapes whole packets), and each lost packet is sent again, so a
   fraction ``p`` of packets lost costs ``1 / (1 - p)`` times the volume.
-- ``E[jitter]`` = 0: the testbed's jitter is uniform in ``[-j, +j]`` around ``d`` (zero mean). An estimate: a
-  chunk never overtakes the one before it, so a long message's last byte is held somewhat longer than ``d``.
-- ``R_eff = min(R, R_tcp)``: with loss, TCP's throughput is bounded by the estimate of Mathis, Semke, Mahdavi
-  and Ott (1997), ``R_tcp = MSS * 8 / RTT * sqrt(3 / (2 p))`` bits/s, with ``RTT`` the link's round trip
-  (``2 d``, at least 1 ms). An estimate (it ignores timeouts and slow start); an unlimited link with loss has
-  ``R_eff = R_tcp``. Without a rate and without loss the bytes cost nothing (an unshaped link).
+- ``S``, the sending time (:func:`send_s`): on a warm connection (the default: the runs' gRPC channels are
+  long-lived, and a window that idled a few hundred ms is halved once or twice, not reset; measured, the rounds
+  of tests/testbed/test_predict.py) ``W * 8 / R_eff``. Cold (``cold=True``: a new connection, or one idle for
+  many retransmission timeouts) TCP starts with 10 segments and doubles its window each round trip until it
+  covers the path (``R_eff * RTT``): a flight smaller than that waits for its acknowledgements (an ``RTT``),
+  the rest goes at ``R_eff``. Without a rate the bytes are free when warm, cost the round trips when cold.
+- ``R_eff``: the rate ``R`` for a congestion control that does not read random loss as congestion (Linux's
+  default BBR: it paces at the bottleneck rate it measures, the lost packets only resent); for a loss-based one
+  (Reno, CUBIC) ``min(R, R_tcp)`` with the bound of Mathis, Semke, Mahdavi and Ott (1997),
+  ``R_tcp = MSS * 8 / RTT * sqrt(3 / (2 p))`` bits/s (``RTT`` at least 1 ms). :class:`LinkModel` uses this
+  host's congestion control (:func:`congestion_control`); :func:`transfer_s` alone assumes a loss-based one.
+  Measured in the namespace testbed (docs/network.md): 4 MB at 10 Mbit/s, 50 ms, 1% loss takes ~4 s with BBR
+  (Mathis would say ~24 s) and ~25 s with Reno (Mathis: 23.6 s).
+- ``E[lag]`` (:func:`jitter_lag_s`): each packet is held ``d + u``, ``u`` uniform in ``[-j, +j]``, and never
+  overtakes the one before it, so a message's last packet is held the longest of its predecessors' holds less
+  their head start: 0 for a one-packet message, up to ``j`` for a long one. With BBR and ``j > d / 3``, its
+  window caps the rate at ``R * 2 (d - j) / (d + j)`` (:func:`bbr_jitter_share`).
 
 **Virtual clock** (:class:`VirtualClock`). The in-process engine runs every node's handler one after the other in
 canonical order; the clock only observes (it never changes what runs, so the math stays bit-identical) and keeps a
@@ -42,6 +53,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
 
 from fedhop.common.network_spec import NetworkSpec, Shape, directed_shape
 from fedhop.common.testbed_spec import link_class
@@ -51,6 +64,18 @@ MSS = 1448  # TCP payload bytes per segment on a 1500-byte MTU with timestamps
 HEADER = 52  # IPv4 (20) + TCP (20) + timestamps option (12) per segment
 MIN_RTT_S = 0.001  # the round trip the loss bound assumes on an undelayed link
 MATHIS_C = math.sqrt(1.5)  # Mathis et al.'s constant for periodic loss, delayed ACKs off
+INITIAL_WINDOW = 10  # segments (Linux's initial congestion window, RFC 6928)
+LOSS_BLIND = frozenset({"bbr"})  # congestion controls whose rate does not follow random loss
+CC_FILE = Path("/proc/sys/net/ipv4/tcp_congestion_control")
+JITTER_STEPS = 200  # the integration's steps in jitter_lag_s
+
+
+def congestion_control() -> str:
+    """This host's TCP congestion control (of this process's network namespace); ``cubic`` where unreadable."""
+    try:
+        return CC_FILE.read_text().strip() or "cubic"
+    except OSError:
+        return "cubic"
 
 
 def role_of(node: str) -> str:
@@ -86,20 +111,76 @@ def wire_bytes(message_bytes: float, loss: float = 0.0) -> float:
     return message_bytes * (MSS + HEADER) / MSS / (1.0 - loss)
 
 
-def transfer_s(shape: Shape, message_bytes: float) -> float:
-    """The predicted time of one message of ``message_bytes`` on a link of shape ``shape`` (the module's
-    formula): delay + jitter's mean (0) + wire bytes / the effective rate."""
+def send_s(wire: float, rate_bps: float, rtt_s: float, initial: float = INITIAL_WINDOW * (MSS + HEADER)) -> float:
+    """From a message's first byte sent to its last: ``wire`` bytes from an ``initial`` window (bytes) doubled
+    each round trip ``rtt_s`` until it covers the path (``rate_bps * rtt_s``), the rest at ``rate_bps``."""
+    if wire <= 0:
+        return 0.0
+    path = rate_bps * rtt_s / 8
+    sent, t, window = 0.0, 0.0, initial
+    while window < path and sent + window < wire:
+        sent, t, window = sent + window, t + rtt_s, 2 * window
+    return t + ((wire - sent) * 8 / rate_bps if math.isfinite(rate_bps) else 0.0)
+
+
+@lru_cache(maxsize=4096)
+def _lag(jitter_s: float, spacing_s: float, packets: int) -> float:
+    if jitter_s <= 0 or packets <= 1:
+        return 0.0
+    n = min(packets, int(2 * jitter_s / spacing_s) + 1 if spacing_s > 0 else packets)
+    # E[max_k (u_k - k * spacing)], u_k uniform in [-j, j], k = 0 .. n-1: -j + integral of (1 - CDF) over [-j, j]
+    step = 2 * jitter_s / JITTER_STEPS
+    area = 0.0
+    for i in range(JITTER_STEPS):
+        x = -jitter_s + (i + 0.5) * step
+        cdf = 1.0
+        for k in range(n):
+            cdf *= min(1.0, (x + k * spacing_s + jitter_s) / (2 * jitter_s))
+        area += (1.0 - cdf) * step
+    return area - jitter_s
+
+
+def jitter_lag_s(shape: Shape, wire: float) -> float:
+    """How much longer than ``d`` a message of ``wire`` bytes waits for its last packet, on average, with jitter:
+    packets every ``(MSS + H) * 8 / R`` seconds (back to back without a rate), each held ``d + u``, none
+    overtaking the one before it."""
+    if not shape.jitter_ms:
+        return 0.0
+    spacing = (MSS + HEADER) * 8 / (shape.mbit * 1e6) if shape.mbit else 0.0
+    return _lag(round(shape.jitter_ms / 1000.0, 6), round(spacing, 9), max(1, math.ceil(wire / (MSS + HEADER))))
+
+
+def bbr_jitter_share(shape: Shape) -> float:
+    """The share of the rate BBR reaches with jitter ``j`` on a delay ``d`` (1 without): its window is twice the
+    rate times the minimum round trip it has seen, which on a long-lived connection approaches ``2 (d - j)``,
+    while a stream's packets wait ``~d + j`` each way (none overtakes another): ``min(1, 2 (d - j) / (d + j))``,
+    so a cap only where ``j > d / 3``."""
+    d, j = shape.delay_ms, shape.jitter_ms
+    return 1.0 if not j or d + j <= 0 else min(1.0, max(2 * (d - j), 0.01 * d) / (d + j))
+
+
+def transfer_s(shape: Shape, message_bytes: float, cc: str = "cubic", cold: bool = False) -> float:
+    """The predicted time of one message of ``message_bytes`` on a link of shape ``shape`` with the congestion
+    control ``cc`` (the module's formula): delay + jitter's lag + the sending time at the effective rate, from a
+    warm window or (``cold``) from TCP's initial one."""
+    rtt = 2 * shape.delay_ms / 1000.0
     rate = shape.mbit * 1e6 if shape.mbit else math.inf
-    rate = min(rate, mathis_bps(shape.loss, 2 * shape.delay_ms / 1000.0))
-    bits = wire_bytes(message_bytes, shape.loss) * 8
-    return shape.delay_ms / 1000.0 + (bits / rate if math.isfinite(rate) else 0.0)
+    if cc not in LOSS_BLIND:
+        rate = min(rate, mathis_bps(shape.loss, rtt))
+    else:
+        rate *= bbr_jitter_share(shape)
+    wire = wire_bytes(message_bytes, shape.loss)
+    initial = INITIAL_WINDOW * (MSS + HEADER) if cold else math.inf
+    return shape.delay_ms / 1000.0 + jitter_lag_s(shape, wire) + send_s(wire, rate, rtt, initial)
 
 
 class LinkModel:
-    """The transfer model of one run's profile, the shapes of its directed links cached."""
+    """The transfer model of one run's profile, the shapes of its directed links cached; ``cc``: the congestion
+    control (default: this host's)."""
 
-    def __init__(self, net: NetworkSpec) -> None:
+    def __init__(self, net: NetworkSpec, cc: str | None = None) -> None:
         self.net = net
+        self.cc = cc or congestion_control()
         self._shapes: dict[tuple[str, str], Shape] = {}
 
     def shape(self, src: str, dst: str) -> Shape:
@@ -109,7 +190,7 @@ class LinkModel:
         return s
 
     def seconds(self, src: str, dst: str, message_bytes: float) -> float:
-        return transfer_s(self.shape(src, dst), message_bytes)
+        return transfer_s(self.shape(src, dst), message_bytes, self.cc)
 
     def speed(self, node: str) -> float:
         return self.net.compute(node)
@@ -256,11 +337,15 @@ SKIPPED_KINDS = frozenset({"hello", "welcome", "ready", "bye", "keepalive", "wir
 REPORT_KIND = "report"  # a child's Report goes just before its result on the same stream: bytes, no extra delay
 
 
-def link_seconds(shape: Shape, messages: int, message_bytes: float) -> float:
-    """The predicted time of ``messages`` messages of ``message_bytes`` in all on one direction of a link (each
-    pays the delay; the bytes pay the rate): the sum of :func:`transfer_s` over the messages."""
-    delay = shape.delay_ms / 1000.0
-    return messages * delay + transfer_s(shape, message_bytes) - delay
+def link_seconds(shape: Shape, messages: int, message_bytes: float, cc: str = "cubic") -> float:
+    """The predicted time of ``messages`` messages of ``message_bytes`` in all on one direction of a link: each
+    message of an equal share is a :func:`transfer_s`; no message (a report, riding with a result on the same
+    stream): its bytes at the rate only."""
+    if messages <= 0:
+        rate = min(shape.mbit * 1e6 if shape.mbit else math.inf,
+                   math.inf if cc in LOSS_BLIND else mathis_bps(shape.loss, 2 * shape.delay_ms / 1000.0))
+        return wire_bytes(message_bytes, shape.loss) * 8 / rate if math.isfinite(rate) else 0.0
+    return messages * transfer_s(shape, message_bytes / messages, cc)
 
 
 def predict_rounds(derived: list[dict], meter_rows: list[dict], net: NetworkSpec,
@@ -289,7 +374,7 @@ def predict_rounds(derived: list[dict], meter_rows: list[dict], net: NetworkSpec
         if kind in SKIPPED_KINDS:
             continue
         messages = 0 if kind == REPORT_KIND else int(m.get("messages", 1))
-        t = link_seconds(links.shape(src, dst), messages, float(m["message_bytes"]))
+        t = link_seconds(links.shape(src, dst), messages, float(m["message_bytes"]), links.cc)
         rounds.add(rnd)
         if kind in SEQUENTIAL_KINDS:
             asker, other = (src, dst) if m.get("phase") == "request" else (dst, src)

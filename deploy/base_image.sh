@@ -21,7 +21,7 @@ command -v debootstrap >/dev/null || { echo "base_image.sh: debootstrap missing 
 
 ROOT="$(mktemp -d /var/tmp/fedhop-rootfs.XXXXXX)"
 trap 'rm -rf "$ROOT"' EXIT
-debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,iproute2,nftables \
+debootstrap --variant=minbase --include=python3,python3-venv,python3-pip,ca-certificates,iproute2,nftables,iptables \
   bookworm "$ROOT" "$MIRROR"
 chroot "$ROOT" apt-get clean
 rm -rf "$ROOT"/var/lib/apt/lists/* "$ROOT"/var/cache/apt/*.bin

@@ -105,7 +105,8 @@ class Shaping:
     """What a node's service needs to shape its own links (:func:`shaping_of`)."""
 
     node: str
-    proxy: bool  # a delay proxy in front of its server: the role listens on 127.0.0.1
+    proxy: bool  # a delay proxy in front of its server (where the kernel delay is unavailable): the role listens
+    # on 127.0.0.1, and the entrypoint opens it to the network when the kernel holds the delays instead
 
 
 def shaping_of(spec: RunSpec, spec_dir: Path) -> dict[str, Shaping]:
@@ -123,8 +124,9 @@ def shaping_of(spec: RunSpec, spec_dir: Path) -> dict[str, Shaping]:
     out = {}
     for n in topo.all_nodes():
         rated, lossy, delayed = profile.ever(n, steps)
-        delayed = delayed and topo.role(n) != "client"  # a client's delays are held by its parent's proxy
-        if rated or lossy or delayed or n in sends_lossy:
+        delayed = delayed and topo.role(n) != "client"  # (the proxy fallback: a client's held by its parent's)
+        held = profile.ever_held(n, steps)  # the kernel delay holds what a node receives, a client's too
+        if rated or lossy or delayed or held or n in sends_lossy:
             out[n] = Shaping(n, delayed)
     return out
 

@@ -15,15 +15,19 @@ own namespace, what concerns it:
 - **loss** of what it receives: the nftables rule of deploy/loss.py (``ip saddr PEER numgen random ...``); the
   sender of a lossy direction runs this entrypoint too and turns its segmentation offloads off (as the namespace
   testbed does), so the rule drops single segments, not 64 KiB GSO super-packets.
-- **delay and jitter**: a listening node (PS, edge) runs the delay proxy (deploy/delay_proxy.py) on its own
-  address and port, in front of its role, which then listens on 127.0.0.1 (``--proxy-port``); the proxy holds each
-  chunk per connecting peer, as in the namespace testbed.
+- **delay and jitter** of what it receives: held in the kernel (deploy/kernel_delay.py, an NFQUEUE rule per
+  delayed peer, a child process following a control file), as in the namespace testbed; the role then listens on
+  the network (its ``--listen 127.0.0.1:P`` becomes ``0.0.0.0:P``). Where the kernel delay is unavailable (no
+  ``iptables`` in the image, no NFQUEUE; the log says so), a listening node (PS, edge) runs the delay proxy
+  (deploy/delay_proxy.py) on its own address and port in front of its role, which listens on 127.0.0.1
+  (``--proxy-port``), holding each chunk per connecting peer.
 
 Peers are known by their service names (the node ids); a name resolves once its container runs (under Swarm: once
 its task is healthy), so a thread resolves them every 0.2 s and adds each peer's filter, rule and hold as its
 address appears (a child's container starts, and under Swarm reports healthy, before its process has imported
 torch and dials; until then nothing flows to it). A trace (``trace = "file.csv"``) is replayed by
-a :class:`~fedhop.deploy.profile.Replay` thread, its time 0 when this process starts. The role runs as a child
+a :class:`~fedhop.deploy.profile.Replay` thread, its time 0 when this process starts; the compute column of the
+node's own table by the role itself (its environment names the file and the time 0). The role runs as a child
 process (signals are passed on); its exit code is this process's. At the end one line ``[fedhop-net] {...}`` on
 stderr gives, per peer, the configured rate and what htb let through (bytes, overlimits) and the packets dropped.
 """
@@ -41,13 +45,14 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from fedhop.common.network_spec import load_traces
+from fedhop.common.network_spec import compute_trace_env, load_traces
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import build_topology
-from fedhop.deploy import profile, shaping
+from fedhop.deploy import kernel_delay, profile, shaping
 from fedhop.deploy.loss import LossTable
 from fedhop.deploy.netns import TestbedError, offload_commands, run_cmd
 from fedhop.deploy.profile import Link, Replay
@@ -56,6 +61,7 @@ log = logging.getLogger("fedhop.container_net")
 
 RESOLVE_S = 0.2
 CONTROL = Path("/tmp/fedhop-delays.json")
+KCONTROL = Path("/tmp/fedhop-kernel-delays.json")
 STATS_PREFIX = "[fedhop-net] "
 
 
@@ -86,17 +92,20 @@ class SelfShaper:
         self.steps = dict(steps)
         self.links = steps[0][1]
         self.rated, self.lossy, self.delayed = profile.ever(node, steps)
+        self.held = profile.ever_held(node, steps)  # peers whose packets into this node are delayed
         self.peers = sorted({p for lk in self.links for p in (lk.a, lk.b) if node in (lk.a, lk.b)} - {node})
         self.classes = {p: k for k, p in enumerate(sorted(self.rated), start=1)}  # class 1:k per rated peer
         self.addresses: dict[str, str] = {}
         self.devices: set[str] = set()  # interfaces with our htb
         self.offloaded: set[str] = set()  # interfaces whose segmentation offloads are off
         self.loss = LossTable(_local)
-        self.control: Path | None = None
+        self.control: Path | None = None  # the delay proxy's control file (its fallback)
+        self.kcontrol: Path | None = None  # the kernel delay's control file
+        self.delay_mode: str | None = None  # kernel | proxy, where this node holds or forwards delayed traffic
         self.lock = threading.Lock()
 
     def needed(self) -> bool:
-        return bool(self.rated or self.lossy or self.delayed)
+        return bool(self.rated or self.lossy or self.delayed or self.held)
 
     # -- each change under the lock -----------------------------------------------------------------------
     def _offloads_off(self, dev: str) -> None:
@@ -137,6 +146,10 @@ class SelfShaper:
     def _apply_loss_and_holds(self) -> None:
         loss = profile.ingress_loss(self.node, self.links)
         self.loss.set([(p, a, loss[p]) for p, a in self.addresses.items() if p in self.lossy])
+        if self.kcontrol is not None:
+            inbound = profile.inbound_holds(self.node, self.links)
+            kernel_delay.write_control(self.kcontrol, {a: inbound[p] for p, a in self.addresses.items()
+                                                       if p in self.held})
         if self.control is not None:
             holds = profile.proxy_holds(self.node, self.links)
             profile.write_holds(self.control, {a: holds[p] for p, a in self.addresses.items() if p in holds})
@@ -166,7 +179,7 @@ class SelfShaper:
                     acc[1] += pk
                     acc[2] += over
             drops = self.loss.counts() if self.lossy else {}
-        return {"node": self.node, "addresses": self.addresses,
+        return {"node": self.node, "addresses": self.addresses, "delay": self.delay_mode,
                 "rate": [{"peer": p, "mbit": rates.get(p), "bytes": sent.get(p, [0])[0],
                           "packets": sent.get(p, [0, 0])[1], "overlimits": sent.get(p, [0, 0, 0])[2]}
                          for p in sorted(self.classes)],
@@ -217,6 +230,15 @@ def own_addresses() -> list[str]:
     return out
 
 
+def listen_openly(role: list[str], port: int) -> list[str]:
+    """The role's arguments with ``--listen 127.0.0.1:PORT`` (behind a proxy) made ``0.0.0.0:PORT``."""
+    out = list(role)
+    for i, w in enumerate(out[:-1]):
+        if w == "--listen" and out[i + 1] == f"127.0.0.1:{port}":
+            out[i + 1] = f"0.0.0.0:{port}"
+    return out
+
+
 def plan(node: str, spec_path: Path) -> tuple[RunSpec, SelfShaper]:
     """The spec and the shaper of ``node`` (traces read from the spec's folder)."""
     spec = RunSpec.load(spec_path)
@@ -241,8 +263,23 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"container_net: {missing} missing in the image (iproute2, nftables)", file=sys.stderr)
         return 2
+    held = None
+    if shaper.held:
+        why = kernel_delay.probe()
+        if why is None:
+            shaper.kcontrol = KCONTROL
+            shaper.delay_mode = "kernel"
+            kernel_delay.write_control(KCONTROL, {})
+            held = subprocess.Popen([sys.executable, "-m", "fedhop.deploy.kernel_delay", "--control", str(KCONTROL),
+                                     "--seed", str(spec.seed)])
+            if a.proxy_port is not None:
+                role = listen_openly(role, a.proxy_port)
+        else:
+            log.warning("kernel delay unavailable (%s): delay and jitter by the userspace proxy instead, which the "
+                        "kernel's TCP does not feel", why)
     proxy = None
-    if shaper.delayed and a.proxy_port is not None:
+    if held is None and shaper.delayed and a.proxy_port is not None:
+        shaper.delay_mode = "proxy"
         shaper.control = CONTROL
         profile.write_holds(CONTROL, {})
         listen = [x for addr in own_addresses() for x in ("--listen", f"{addr}:{a.proxy_port}")]
@@ -252,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     resolver = Resolver(shaper)
     replay = Replay(list(shaper.steps), shaper.step)
     replay.start()
+    env = {**os.environ, **compute_trace_env(spec.network_profile(), a.node, a.spec.parent, time.time_ns())}
     resolver.start()
-    child = subprocess.Popen(["fedhop", *role])
+    child = subprocess.Popen(["fedhop", *role], env=env)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda s, _f: child.send_signal(s))
     rc = child.wait()
@@ -261,9 +299,10 @@ def main(argv: list[str] | None = None) -> int:
     # this container any moment after), so report and leave at once, a stop signal no longer interrupting
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
-    if proxy is not None:
-        proxy.kill()
-        proxy.wait()
+    for p in (proxy, held):
+        if p is not None:
+            p.kill()
+            p.wait()
     replay.stop()
     resolver.stop()
     stats = shaper.stats()

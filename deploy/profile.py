@@ -4,10 +4,11 @@
 each direction with its own :class:`~fedhop.common.network_spec.Shape`, at a time ``t`` into the run where the
 profile has traces. :func:`timeline` gives the links at every time a trace changes something, :class:`Replay`
 calls back at those times (a small scheduler thread), and the helpers below say what one node applies to its own
-namespace: the rate of what it sends (:func:`egress`), the loss of what it receives (:func:`ingress_loss`) and,
-for a listening node, the delay proxy's holds per connecting peer (:func:`proxy_holds`). The namespace testbed
-(deploy/testbed.py) and a container shaping itself (deploy/container_net.py) both build their tc / nft / proxy
-settings from these.
+namespace: the rate of what it sends (:func:`egress`), the loss of what it receives (:func:`ingress_loss`), the
+delay and jitter of what it receives (:func:`inbound_holds`, held in the kernel by deploy/kernel_delay.py) and,
+where that is unavailable, for a listening node, the delay proxy's holds per connecting peer
+(:func:`proxy_holds`). The namespace testbed (deploy/testbed.py) and a container shaping itself
+(deploy/container_net.py) both build their tc / nft / NFQUEUE / proxy settings from these.
 """
 
 from __future__ import annotations
@@ -107,6 +108,17 @@ def proxy_holds(node: str, links: list[Link]) -> dict[str, PeerDelay]:
     listens behind its own proxy, which holds the same link in its own table."""
     return {peer: PeerDelay(Hold(into.delay_ms, into.jitter_ms), Hold(out.delay_ms, out.jitter_ms))
             for peer, out, into in _sides(node, links) if into.delay_ms or out.delay_ms}
+
+
+def inbound_holds(node: str, links: list[Link]) -> dict[str, Hold]:
+    """Peer -> the hold of what ``node`` receives from it (deploy/kernel_delay.py: a direction's delay is applied
+    where it enters its receiver, like its loss), for every peer of ``node``; a hold of 0 where undelayed."""
+    return {peer: Hold(into.delay_ms, into.jitter_ms) for peer, _, into in _sides(node, links)}
+
+
+def ever_held(node: str, steps: list[tuple[float, list[Link]]]) -> set[str]:
+    """The peers whose packets into ``node`` are delayed at some time of the run (:func:`timeline`)."""
+    return {p for _, links in steps for p, h in inbound_holds(node, links).items() if h.delay_ms or h.jitter_ms}
 
 
 def hold_arg(pd: PeerDelay) -> str:

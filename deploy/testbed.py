@@ -2,7 +2,9 @@
 
 One namespace per process (PS, each edge, each client) with its own address on a bridge (deploy/netns.py);
 the run's ``[network]`` profile (common/network_spec.py): per-direction rate with tc htb (deploy/shaping.py),
-delay and jitter with a proxy (deploy/delay_proxy.py), loss with an nftables rule (deploy/loss.py), its traces
+delay and jitter by holding packets in the kernel (deploy/kernel_delay.py; where that is unavailable, or with
+``FEDHOP_DELAY_MECHANISM=proxy``, by a userspace proxy, deploy/delay_proxy.py), loss with an nftables rule
+(deploy/loss.py), its traces
 replayed by a scheduler thread (deploy/profile.py); the roles
 started with their own commands (``fedhop server|edge|client``) through ``ip netns exec``; wire bytes per link
 from nftables counters (deploy/kernel_bytes.py). Everything created is removed at the end, also on failure,
@@ -34,11 +36,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhop.common.network_spec import TraceError, load_traces
+from fedhop.common.network_spec import TraceError, compute_trace_env, load_traces
 from fedhop.common.spec import RunSpec
 from fedhop.common.testbed_spec import TestbedSpec
 from fedhop.common.topology import build_topology
-from fedhop.deploy import contract, kernel_bytes, loss, profile, shaping, testbed_http, testbed_tls
+from fedhop.deploy import contract, kernel_bytes, kernel_delay, loss, profile, shaping, testbed_http, testbed_tls
 from fedhop.deploy.contract import EDGE_PORT, PS_PORT, RoleCommand, link_security
 from fedhop.deploy.link_table import LinkBytes
 from fedhop.deploy.netns import Network, TestbedError, in_ns, plan_network, run_cmd
@@ -51,6 +53,8 @@ log = logging.getLogger("fedhop.testbed")
 STOP_GRACE_S = 30.0
 STARTUP_S = 300.0  # a role behind a delay proxy must listen within this (torch imports are slow on busy hosts)
 POLL_S = 0.02
+DELAY_ENV = "FEDHOP_DELAY_MECHANISM"  # kernel | proxy; unset: the kernel's where it works, else the proxy
+KERNEL_DELAY_READY_S = 30.0
 
 
 class Interrupted(BaseException):  # noqa: N818  (like KeyboardInterrupt: not an error of the run)
@@ -157,6 +161,9 @@ class Testbed:
         self.losses: list[loss.LinkLoss] = []  # every direction lossy at some time, with its loss at 0 s
         self.loss_tables: dict[str, loss.LossTable] = {}
         self.controls: dict[str, Path] = {}  # listening node -> its delay proxy's control file (with traces)
+        self.held = {n: profile.ever_held(n, self.steps) for n in self.order}  # node -> peers delayed into it
+        self.delay_mode: str | None = None  # kernel | proxy, once started with a delayed link
+        self.kdelay_controls: dict[str, Path] = {}  # node -> its kernel delay's control file (with traces)
         self.replay = Replay([t for t, _ in self.steps], self._step)
         self._replay_t0_ns = 0
         self.clock = RoundClock(out / "rounds.jsonl")
@@ -195,9 +202,9 @@ class Testbed:
 
     def _serve_addr(self, node: str) -> tuple[str, str]:
         """(listen, public) addresses of a listening node: with delayed links (at any time of the run's traces)
-        a proxy takes the public one."""
+        held by the proxy, the proxy takes the public one."""
         public = self.plan.address(node)
-        if not profile.ever(node, self.steps)[2]:
+        if self.delay_mode != "proxy" or not profile.ever(node, self.steps)[2]:
             return public, public
         listen = f"127.0.0.1:{self.plan.node(node).port}"
         args = [sys.executable, "-m", "fedhop.deploy.delay_proxy", "--listen", public, "--target", listen]
@@ -211,6 +218,58 @@ class Testbed:
             args += ["--control", str(control)]
         self._start(f"proxy-{node}", self.net.nodes[node].ns, args)
         return listen, public
+
+    def _choose_delay(self) -> str:
+        """``kernel`` where this host can hold packets in an NFQUEUE (probed in the bridge namespace), else
+        ``proxy`` with a warning; ``FEDHOP_DELAY_MECHANISM`` forces one (``kernel``: an error if unavailable)."""
+        want = os.environ.get(DELAY_ENV, "").strip().lower()
+        if want not in ("", "kernel", "proxy"):
+            raise TestbedError(f"{DELAY_ENV}={want!r}: expected kernel or proxy")
+        if want == "proxy":
+            log.info("delay and jitter by the userspace proxy (%s=proxy)", DELAY_ENV)
+            return "proxy"
+        p = subprocess.run(in_ns(self.net.bridge_ns, [sys.executable, "-m", "fedhop.deploy.kernel_delay", "--probe"]),
+                           capture_output=True, text=True)
+        if p.returncode == 0:
+            return "kernel"
+        why = (p.stdout.strip().splitlines() or p.stderr.strip().splitlines() or ["?"])[-1]
+        if want == "kernel":
+            raise TestbedError(f"{DELAY_ENV}=kernel, but the kernel delay is unavailable: {why}")
+        log.warning("kernel delay unavailable (%s): delay and jitter by the userspace proxy instead, which the "
+                    "kernel's TCP does not feel (docs/network.md)", why)
+        return "proxy"
+
+    def _kernel_holds(self, node: str, links: list[Link]) -> dict[str, kernel_delay.Hold]:
+        """Peer address -> the hold of what ``node`` receives from it, for every peer ever delayed into it."""
+        now = profile.inbound_holds(node, links)
+        return {self.net.nodes[p].address: now[p] for p in sorted(self.held[node])}
+
+    def _start_kernel_delay(self) -> None:
+        """One ``kernel_delay`` per node with delayed inbound directions, in its namespace; returns once every
+        rule is in place (TestbedError with its log if one fails)."""
+        ready: dict[str, Path] = {}
+        for node in self.order:
+            if not self.held[node]:
+                continue
+            ready[node] = self.out / f"kdelay-{node}.ready"
+            ready[node].unlink(missing_ok=True)
+            args = [sys.executable, "-m", "fedhop.deploy.kernel_delay", "--seed", str(self.spec.seed),
+                    "--ready", str(ready[node])]
+            args += [x for a, h in self._kernel_holds(node, self.links).items() for x in ("--hold", f"{a}={h}")]
+            if len(self.steps) > 1:
+                control = self.kdelay_controls[node] = self.out / f"kdelay-{node}.json"
+                kernel_delay.write_control(control, self._kernel_holds(node, self.links))
+                args += ["--control", str(control)]
+            self._start(f"kdelay-{node}", self.net.nodes[node].ns, args)
+        end = time.monotonic() + KERNEL_DELAY_READY_S
+        for node, path in ready.items():
+            while not path.exists():
+                if self.procs[f"kdelay-{node}"].poll() is not None or time.monotonic() > end:
+                    log_file = self.out / "logs" / f"kdelay-{node}.log"
+                    text = log_file.read_text() if log_file.exists() else ""
+                    raise TestbedError(f"the kernel delay of {node} did not start: {text.strip()[-500:]}")
+                time.sleep(POLL_S)
+            path.unlink()
 
     def _await_listening(self, node: str, listen: str) -> None:
         """Behind a delay proxy, wait until ``node``'s server listens on ``listen`` before its children start:
@@ -226,6 +285,10 @@ class Testbed:
                 raise TestbedError(f"{node} did not listen on {listen} within {STARTUP_S:g}s")
             time.sleep(0.05)
 
+    def _role_env(self, node: str) -> dict[str, str]:
+        """A node with a trace in its own table replays its compute column (common/network_spec.py)."""
+        return compute_trace_env(self.profile, node, self.spec_path.parent, self._replay_t0_ns)
+
     def start_roles(self) -> None:
         dev = self.device
         topo = self.topo
@@ -234,14 +297,15 @@ class Testbed:
         web, web_env = self._web()
         self._start("ps", self.net.nodes[topo.server].ns,
                     RoleCommand("server", str(self.spec_path), listen=listen, security=sec, device=dev,
-                                extra=("--out", str(self.out), "--force", *web)).argv(), env=web_env)
+                                extra=("--out", str(self.out), "--force", *web)).argv(),
+                    env={**web_env, **self._role_env(topo.server)})
         self._await_listening(topo.server, listen)
         edge_listen: dict[str, str] = {}
         for e in topo.edges:
             listen, public = self._serve_addr(e)
             self._start(e, self.net.nodes[e].ns,
                         RoleCommand("edge", e, connect=self.plan.connect(e), listen=listen, advertise=public,
-                                    security=sec, device=dev).argv())
+                                    security=sec, device=dev).argv(), env=self._role_env(e))
             edge_listen[e] = listen
         for n, listen in edge_listen.items():
             self._await_listening(n, listen)
@@ -249,7 +313,7 @@ class Testbed:
             listen, public = self._serve_addr(c) if self.plan.node(c).port is not None else (None, None)
             self._start(c, self.net.nodes[c].ns,
                         RoleCommand("client", c, connect=self.plan.connect(c), listen=listen, advertise=public,
-                                    security=sec, device=dev).argv())
+                                    security=sec, device=dev).argv(), env=self._role_env(c))
 
     def stop_roles(self) -> None:
         self.children.stop(5.0)
@@ -267,6 +331,7 @@ class Testbed:
             "nodes": {n: asdict(nn) for n, nn in self.net.nodes.items()},
             "links": [asdict(lk) for lk in self.links],
             "wire_counters": self.counters.backend,
+            "delay": self.delay_mode,
             "tls": str(self.tls_dir) if self.tls_dir else None,
             "http": self.http.url if self.http else None,
             "pids": {n: p.pid for n, p in self.procs.items()},
@@ -283,7 +348,8 @@ class Testbed:
             time.sleep(POLL_S)
         clock.poll()
         rc = ps.returncode
-        children = [p for n, p in self.procs.items() if n != "ps" and not n.startswith(("proxy-", "http-"))]
+        children = [p for n, p in self.procs.items()
+                    if n != "ps" and not n.startswith(("proxy-", "http-", "kdelay-"))]
         stop = time.monotonic() + (STOP_GRACE_S if rc == 0 else 0.0)  # a failed PS: no Bye is coming
         for p in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -310,6 +376,10 @@ class Testbed:
         if self.losses and not kernel_bytes.nft_available():
             raise TestbedError("a [network] loss needs nftables (apt-get install -y nftables)")
         loss.apply_loss(self.net, self.losses, self.loss_tables)
+        if any(self.held.values()):
+            self.delay_mode = self._choose_delay()
+            if self.delay_mode == "kernel":
+                self._start_kernel_delay()
         self.counters.install()
         self._replay_t0_ns = time.time_ns()
         self.replay.start()  # the traces' time 0: shaping in place, the roles about to start
@@ -331,6 +401,8 @@ class Testbed:
                                    if (a, b) in lossy], self.loss_tables)
         for node, control in self.controls.items():
             profile.write_holds(control, self._holds(node, links))
+        for node, control in self.kdelay_controls.items():
+            kernel_delay.write_control(control, self._kernel_holds(node, links))
         self.links = links
         log.info("trace step at %gs applied", t)
 
@@ -339,6 +411,8 @@ class Testbed:
         logs; the live page's address (``fedhop testbed up`` prints them)."""
         lines = [f"{len(self.net.nodes)} namespaces ({self.net.tag}-*) on {self.net.subnet}, "
                  f"{len(self.shapes)} rate-limited link directions, {len(self.losses)} lossy, "
+                 f"{sum(map(len, self.held.values()))} delayed"
+                 f"{f' ({self.delay_mode})' if self.delay_mode else ''}, "
                  f"wire counters: {self.counters.backend}, links: "
                  f"{'mutual TLS' if self.tls_dir else 'plaintext'}; logs in {self.out / 'logs'}"]
         if self.http:

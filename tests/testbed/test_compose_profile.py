@@ -1,8 +1,8 @@
 """The ``[network]`` profile under compose and swarm (root + Docker; ``make test-testbed``): each container shapes
-its own namespace (deploy/container_net.py: htb on what it sends, the nft loss rule on what it receives, the delay
-proxy in front of a listening role). One client's links are made slow, late and lossy; the run completes, that
-link is the slow one in ``timeline.csv``, its transfer time is what the profile predicts, and the containers'
-own counters show the rate held back and the packets dropped."""
+its own namespace (deploy/container_net.py: htb on what it sends, the nft loss rule and the kernel delay on what it
+receives). One client's links are made slow, late, jittery and lossy; the run completes, that link is the slow one
+in ``timeline.csv``, its transfer time is what the profile predicts, and the containers' own counters show the
+rate held back and the packets dropped, and that the kernel held the delay (not the proxy fallback)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from fedhop.common.network_spec import Shape
 from fedhop.common.spec import RunSpec
 from fedhop.common.timeline import read_csv as read_timeline
+from fedhop.common.virtual_clock import jitter_lag_s
 from fedhop.deploy.compose import write_compose
 from fedhop.deploy.compose_run import run_compose
 from fedhop.deploy.container_net import read_stats
@@ -23,7 +25,7 @@ from fedhop.deploy.link_table import read_link_table
 from tests.specs import DIGITS, run_spec
 from tests.testbed.docker_env import sh, wait_for
 
-MBIT, DELAY_MS, LOSS = 4.0, 50.0, 0.01
+MBIT, DELAY_MS, JITTER_MS, LOSS = 4.0, 50.0, 10.0, 0.01
 # The slow client is the last child: a folding scatter reads the replies in child order, so a child after the slow
 # one would show the slow one's time as its own transfer time (its reply waits for its turn; transport/session).
 SLOW = "client-2"
@@ -31,12 +33,14 @@ ROUNDS = 3
 
 
 def profile_spec(name: str) -> RunSpec:
-    """FedAvg, three clients straight to the PS, a ~0.67 MB model; client-2's links at 4 Mbit/s, 50 ms, 1% loss."""
+    """FedAvg, three clients straight to the PS, a ~0.67 MB model; client-2's links at 4 Mbit/s, 50 +- 10 ms, 1%
+    loss."""
     base = run_spec("fedavg", {"lr": 0.05, "local_steps": 1, "batch_size": 16}, clients=3, edges=0,
                     name=name, rounds=ROUNDS, seed=7, data=DIGITS, model={"name": "mlp", "hidden": [512, 256]},
                     transport={"round_deadline_s": 120.0, "join_timeout_s": 900.0})
     return RunSpec.parse({**base.model_dump(mode="json", exclude_none=True),
-                          "network": {"nodes": {SLOW: {"mbit": MBIT, "delay_ms": DELAY_MS, "loss": LOSS}}}})
+                          "network": {"nodes": {SLOW: {"mbit": MBIT, "delay_ms": DELAY_MS,
+                                                                "jitter_ms": JITTER_MS, "loss": LOSS}}}})
 
 
 def write_project(folder: Path, name: str, image: str) -> RunSpec:
@@ -63,18 +67,21 @@ def check_run(run_dir: Path, log: str) -> str:
     links = {(r.src, r.dst): r for r in read_link_table(run_dir / "link_bytes.csv")}
     both = (links[("ps", SLOW)].wire or 0) + (links[(SLOW, "ps")].wire or 0)
     measured = per_link[slowest] / ROUNDS  # the model down and the update up, per round
-    predicted = both / ROUNDS * 8 / (MBIT * 1e6) + 2 * DELAY_MS / 1000
+    lag = jitter_lag_s(Shape(mbit=MBIT, delay_ms=DELAY_MS, jitter_ms=JITTER_MS), both / ROUNDS / 2)  # each way
+    predicted = both / ROUNDS * 8 / (MBIT * 1e6) + 2 * (DELAY_MS / 1000 + lag)
     achieved = both / ROUNDS * 8 / max(1e-9, measured - 2 * DELAY_MS / 1000) / 1e6
     stats = read_stats(log)
     assert set(stats) >= {"ps", SLOW} and "client-0" not in stats, sorted(stats)  # only the shaped ones
+    assert stats["ps"]["delay"] == stats[SLOW]["delay"] == "kernel", stats  # each holds what it receives
     to_slow = next(r for r in stats["ps"]["rate"] if r["peer"] == SLOW)
     to_ps = next(r for r in stats[SLOW]["rate"] if r["peer"] == "ps")
     assert to_slow["mbit"] == to_ps["mbit"] == MBIT and to_slow["overlimits"] > 0 and to_ps["overlimits"] > 0
     drops = {(d["peer"], node): d["dropped_packets"] for node in ("ps", SLOW) for d in stats[node]["loss"]}
     packets = {(r["src"], r["dst"]): int(r["packets"]) for r in _csv(run_dir / "wire.csv")}  # crossed the wire
     lost = {k: drops[k] / packets[k] for k in ((SLOW, "ps"), ("ps", SLOW))}
-    line = (f"{SLOW} <-> ps at {MBIT:g} Mbit/s, {DELAY_MS:g} ms, {LOSS:.0%} loss: transfer {measured:.2f} s per "
-            f"round (predicted {predicted:.2f} s), achieved {achieved:.2f} Mbit/s of wire bytes; htb sent "
+    line = (f"{SLOW} <-> ps at {MBIT:g} Mbit/s, {DELAY_MS:g} +- {JITTER_MS:g} ms, {LOSS:.0%} loss: transfer "
+            f"{measured:.2f} s per round (predicted {predicted:.2f} s), achieved {achieved:.2f} Mbit/s of wire bytes; "
+            f"htb sent "
             f"{to_slow['bytes']} / {to_ps['bytes']} bytes with {to_slow['overlimits']} / {to_ps['overlimits']} "
             f"overlimits; nft dropped {drops[(SLOW, 'ps')]} of {packets[(SLOW, 'ps')]} / {drops[('ps', SLOW)]} of "
             f"{packets[('ps', SLOW)]} packets ({lost[(SLOW, 'ps')]:.2%} / {lost[('ps', SLOW)]:.2%}); other links "

@@ -268,7 +268,7 @@ def test_tls_delay_and_live_page_in_one_run(tmp_path: Path) -> None:
 
     - ``--tls DIR`` from ``fedhop certs init`` (the PS's certificate names its testbed address): every link is
       mutual TLS, and payload <= message <= wire still holds per link (TLS records on top); the ratio is printed;
-    - a 400 ms one-way delay on client <-> PS (the delay proxy): each round crosses that link at least twice in
+    - a 400 ms one-way delay on client <-> PS (held in the kernel): each round crosses that link at least twice in
       sequence (task down, result up), so every round lasts at least 2 x 400 ms;
     - ``--http 127.0.0.1:0``: the PS's live API, served inside its namespace, is read from the host while the PS
       is held before round 3 (the gate hook), and agrees with the run's results afterwards.
@@ -333,5 +333,5 @@ def test_tls_delay_and_live_page_in_one_run(tmp_path: Path) -> None:
     times = {int(r["round"]): float(r["round_s"]) for r in read_csv(out / "round_times.csv")}
     print("round times with a", delay_ms, "ms one-way delay (s):", times)
     assert all(times[k] >= 2 * delay_ms / 1000 for k in (1, 2)), times
-    proxy = (out / "logs" / "proxy-ps.log").read_text()
-    assert "delays" in proxy and "10.231.0.2" in proxy
+    held = (out / "logs" / "kdelay-ps.log").read_text()  # the delay is held in the kernel (deploy/kernel_delay.py)
+    assert "kernel delay (NFQUEUE)" in held and "10.231.0.2" in held

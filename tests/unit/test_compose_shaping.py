@@ -78,3 +78,14 @@ def test_a_trace_that_cannot_be_read_is_refused_when_the_file_is_generated(tmp_p
     (tmp_path / "gone.csv").write_text("time_s,mbit\n0,ten\n")
     with pytest.raises(SpecError, match="row 2, column mbit: 'ten' is not a number"):
         write_compose(s, "spec.toml", tmp_path)
+
+
+def test_a_delay_shapes_every_receiver_of_a_delayed_direction_clients_too() -> None:
+    """The kernel delay holds what a node receives (deploy/kernel_delay.py), so a client of a delayed link runs
+    the entrypoint too; the edges keep their --proxy-port for the proxy fallback (the entrypoint opens the role's
+    listen address when the kernel holds the delay)."""
+    base, _ = compose_files(spec({"client_edge": {"delay_ms": 25}}), ComposeOptions(spec_path="s.toml"))
+    svc = base["services"]
+    assert {n for n, s in svc.items() if "cap_add" in s} == {"edge-0", "edge-1", *(f"client-{i}" for i in range(4))}
+    assert "--proxy-port" not in svc["client-0"]["entrypoint"]
+    assert svc["edge-0"]["entrypoint"][-3:] == ["--proxy-port", "50061", "--"]

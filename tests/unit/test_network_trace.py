@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from fedhop.common.network_spec import (
     Shape,
     TraceError,
     compute_at,
+    compute_speed,
+    compute_trace_env,
     directed_shape,
     load_traces,
     parse_trace,
@@ -194,3 +197,22 @@ def test_a_container_shapes_its_own_egress_as_peers_resolve_and_at_trace_steps(t
     assert "numgen" not in nft.scripts[-1]  # the loss went to 0: no rule left
     _, client = container_net.plan("client-0", tmp_path / "spec.toml")
     assert client.rated == {"ps"} and client.lossy == {"ps"}
+
+
+def test_a_node_replays_its_own_compute_column_from_the_environment_its_testbed_gives(tmp_path: Path) -> None:
+    """The testbed names the node's trace and the traces' time 0 in its role's environment; the role's speed then
+    follows the trace's compute column (its table's compute before the first row, and after a row without it)."""
+    (tmp_path / "slow.csv").write_text("time_s,compute,mbit\n0,1,\n20,0.25,\n40,,5\n")
+    net = NetworkSpec.model_validate({"nodes": {"client-1": {"compute": 0.5, "trace": "slow.csv"},
+                                                "client-0": {"compute": 0.8}}})
+    assert compute_trace_env(net, "client-0", tmp_path, 7) == {}
+    assert compute_speed(net, "client-0", {})() == 0.8
+    t0 = time.time_ns()
+    env = compute_trace_env(net, "client-1", tmp_path, t0)
+    assert env == {"FEDHOP_COMPUTE_TRACE": str((tmp_path / "slow.csv").resolve()), "FEDHOP_TRACE_T0_NS": str(t0)}
+    assert compute_speed(net, "client-1", env)() == 1.0  # at 0 s: the first row
+    assert compute_speed(net, "client-1", {**env, "FEDHOP_TRACE_T0_NS": str(t0 - 25 * 10**9)})() == 0.25
+    assert compute_speed(net, "client-1", {**env, "FEDHOP_TRACE_T0_NS": str(t0 + 60 * 10**9)})() == 0.5  # before
+    assert compute_speed(net, "client-1", {})() == 0.5  # no trace given: the table's own value
+    with pytest.raises(TraceError, match="FEDHOP_COMPUTE_TRACE: cannot read"):
+        compute_speed(net, "client-1", {"FEDHOP_COMPUTE_TRACE": str(tmp_path / "gone.csv")})

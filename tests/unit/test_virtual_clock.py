@@ -12,9 +12,12 @@ from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.network_spec import NetworkSpec, Shape
 from fedhop.common.timeline import derive
 from fedhop.common.virtual_clock import (
+    bbr_jitter_share,
+    jitter_lag_s,
     link_seconds,
     mathis_bps,
     predict_rounds,
+    send_s,
     shape_of,
     transfer_s,
     wire_bytes,
@@ -47,6 +50,45 @@ def test_loss_resends_its_share_and_bounds_tcp_by_mathis() -> None:
     assert transfer_s(Shape(mbit=1, delay_ms=50, loss=0.01), 144_800) == pytest.approx(0.05 + 150_000 / 0.99 * 8 / 1e6)
     # an undelayed lossy link: the bound takes a 1 ms round trip
     assert mathis_bps(0.04, 0.0) == pytest.approx(1448 * 8 / 0.001 * math.sqrt(1.5) / 0.2)
+
+
+def test_bbr_is_not_bounded_by_mathis_only_its_resent_volume_costs() -> None:
+    s = Shape(mbit=10, delay_ms=50, loss=0.01)
+    # 4 MB: 4e6 * 1500/1448 / 0.99 bytes on the wire at 10 Mbit/s, plus 50 ms
+    assert transfer_s(s, 4e6, "bbr") == pytest.approx(0.05 + 4e6 * 1500 / 1448 / 0.99 * 8 / 1e7)
+    assert transfer_s(s, 4e6, "reno") == pytest.approx(0.05 + 4e6 * 1500 / 1448 / 0.99 * 8 / mathis_bps(0.01, 0.1))
+    assert transfer_s(s, 4e6, "cubic") == transfer_s(s, 4e6)  # loss-based: the default
+
+
+def test_a_cold_start_doubles_its_window_each_round_trip_until_it_covers_the_path() -> None:
+    # 10 Mbit/s, RTT 100 ms: the path holds 125,000 bytes; flights of 15,000, 30,000, 60,000 bytes (3 round
+    # trips), then the window (120,000) still < path: a 4th round trip; then 240,000 >= path: the rest at the rate
+    wire = 1_000_000
+    assert send_s(wire, 1e7, 0.1, 15_000) == pytest.approx(4 * 0.1 + (wire - 225_000) * 8 / 1e7)
+    assert send_s(10_000, 1e7, 0.1, 15_000) == pytest.approx(10_000 * 8 / 1e7)  # fits the first flight
+    assert send_s(wire, float("inf"), 0.1, 15_000) == pytest.approx(6 * 0.1)  # no rate: round trips only
+    assert send_s(wire, 1e7, 0.1, float("inf")) == pytest.approx(wire * 8 / 1e7)  # warm
+    assert transfer_s(Shape(mbit=10, delay_ms=50), 1e6, cold=True) > transfer_s(Shape(mbit=10, delay_ms=50), 1e6)
+
+
+def test_jitter_lags_a_long_message_by_up_to_the_jitter() -> None:
+    s = Shape(mbit=10, delay_ms=50, jitter_ms=20)
+    assert jitter_lag_s(s, 1500) == 0.0  # one packet: the uniform hold's mean is the delay
+    two = jitter_lag_s(Shape(delay_ms=50, jitter_ms=20), 3000)  # back to back: E[max of 2 uniforms] = j / 3
+    assert two == pytest.approx(0.020 / 3, rel=1e-3)
+    long = jitter_lag_s(s, 4e6)
+    assert 0.5 * 0.020 < long < 0.020
+    assert transfer_s(s, 4e6) == pytest.approx(transfer_s(Shape(mbit=10, delay_ms=50), 4e6) + long)
+
+
+def test_bbr_with_jitter_above_a_third_of_the_delay_is_capped_by_its_window() -> None:
+    assert bbr_jitter_share(Shape(mbit=20, delay_ms=50, jitter_ms=10)) == 1.0  # 2 x 40 / 60 > 1
+    assert bbr_jitter_share(Shape(mbit=50, delay_ms=40, jitter_ms=30)) == pytest.approx(2 * 10 / 70)
+    assert bbr_jitter_share(Shape(delay_ms=40, jitter_ms=40)) == pytest.approx(0.01 * 40 / 80)  # never 0
+    s = Shape(mbit=50, delay_ms=40, jitter_ms=30)
+    plain = transfer_s(s, 4e6, "bbr") - 0.040 - jitter_lag_s(s, 4e6 * 1500 / 1448)
+    assert plain == pytest.approx(4e6 * 1500 / 1448 * 8 / (50e6 * 2 / 7))
+    assert transfer_s(s, 4e6, "cubic") < transfer_s(s, 4e6, "bbr")  # (no loss: the cap is BBR's alone)
 
 
 def test_many_messages_pay_the_delay_each_and_the_rate_once_for_all_bytes() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from fedhop.common import timeline, timing
 from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, get_task
+from fedhop.common.network_spec import compute_speed
 from fedhop.common.spec import TransportSpec
 from fedhop.common.testhooks import gate
 from fedhop.common.wire.budget import InflightBudget
@@ -77,7 +78,7 @@ class ChildProtocol:
         self._worker: threading.Thread | None = None
         self._stopping = threading.Event()
         # the node's compute speed from the run's [network] profile (1.0: as fast as this host)
-        self.compute = ctx.spec.network_profile().compute(node)
+        self.compute = compute_speed(ctx.spec.network_profile(), node)  # a trace's compute column: over time
 
     def on_frame(self, frame: Frame, asm: MessageAssembler) -> pb.Bye | None:
         """Handle one frame of the parent's stream; returns the parent's Bye when it comes."""
@@ -182,8 +183,9 @@ class ChildProtocol:
         """Emulate a node ``compute`` times as fast as this host: after a handler that took ``handler_s``,
         wait out the difference to ``handler_s / compute`` (the result is unchanged, only later). Each task's
         times are a timing event ``compute`` (``handler_s``, ``slowed_s``). Returns the seconds waited."""
-        extra = handler_s * (1.0 / self.compute - 1.0) if self.compute < 1.0 else 0.0
-        timing.event("compute", at=self.node, handler_s=handler_s, slowed_s=extra, factor=self.compute)
+        factor = self.compute()
+        extra = handler_s * (1.0 / factor - 1.0) if factor < 1.0 else 0.0
+        timing.event("compute", at=self.node, handler_s=handler_s, slowed_s=extra, factor=factor)
         if extra > 0:
             t0 = time.perf_counter()
             self._stopping.wait(extra)
