@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from fedhop.common import timeline, timing
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
+from fedhop.common.engine.api import NodeContext, NodeId, Post, Reply, Scalar
 from fedhop.common.engine.size_claims import SIZE_KEY, size_claim_error
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle, non_finite
@@ -19,6 +19,15 @@ from fedhop.common.wire.bundle import Bundle, non_finite
 
 class HandOffError(RuntimeError):
     """A hand-off that could not be delivered after its retries."""
+
+
+class PostError(HandOffError):
+    """A post to a neighbour that it refused (an unknown task, a sender that is not its neighbour, a bad bundle)
+    or that could not be delivered after its retries; logged as missing. A :class:`HandOffError`, so that code
+    rerouting a failed hand-off reroutes a failed post the same way."""
+
+
+PARENT, PEER = "parent", "peer"  # where a post goes (BaseComm.post_route)
 
 
 @dataclass(frozen=True)
@@ -300,6 +309,68 @@ class BaseComm(ABC):
         """A task of round ``round_idx`` that ``node`` had to answer got no reply at all (not an optional one).
         A networked engine counts these to drop a child that stays silent; the in-process engine drops no one."""
         return None
+
+    # -- posts: a message that makes its receiver act; the parent's mailbox --------------------------------------
+    def post_route(self, to: NodeId) -> str:
+        """Where a post from this node to ``to`` goes: :data:`PARENT` (the parent's mailbox) or :data:`PEER` (a
+        neighbour runs it). A child, or a node this one has no link to, is refused: a parent sends its
+        children work with ``scatter`` or ``submit``."""
+        if to == self.topology.parent.get(self.node):
+            return PARENT
+        if to in self.topology.neighbours.get(self.node, ()):
+            return PEER
+        if to in self.topology.children(self.node):
+            raise ValueError(f"{self.node} cannot post to its child {to}: a parent sends work down with scatter or "
+                             "submit")
+        raise ValueError(f"{self.node} has no link to {to}: it can post to its parent "
+                         f"({self.topology.parent.get(self.node, 'none')}) and to its neighbours "
+                         f"{list(self.topology.neighbours.get(self.node, ()))}")
+
+    def post(self, to: NodeId, task: str, bundle: Bundle | None = None, args: Mapping[str, Scalar] | None = None,
+             *, round: int | None = None) -> None:
+        """See :meth:`~fedhop.common.engine.api.Comm.post`."""
+        if not task:
+            raise ValueError(f"{self.node}: a post needs a task name")
+        route = self.post_route(to)
+        rnd = self.current_round() if round is None else int(round)
+        began = time.perf_counter()
+        try:
+            self._post(route, to, task, dict(bundle or {}), dict(args or {}), rnd)
+        finally:
+            self.clock().add(self.current_round(), self.node, "transfer", time.perf_counter() - began, peer=to)
+
+    def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot post")
+
+    def receive(self, task: str, *, sender: NodeId | None = None, deadline_s: float | None = None,
+                expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
+        """See :meth:`~fedhop.common.engine.api.Comm.receive`."""
+        if not self.topology.children(self.node):
+            raise RuntimeError(f"{self.node} has no children: nothing is posted to it (receive is a parent's)")
+        if sender is not None and sender not in self.topology.children(self.node):
+            raise ValueError(f"{self.node} can only receive from its children; {sender} is not among them")
+        end = time.monotonic() + self._receive_deadline(deadline_s)
+        began = time.perf_counter()
+        try:
+            while True:
+                got = self._next_post(task, sender, end)
+                if got is None:
+                    return None
+                reason = check_bundle(got.bundle, expect)
+                if reason is None:
+                    return got
+                self.missing.add(self.current_round(), self.node, got.sender, task, f"refused post: {reason}")
+        finally:
+            self.clock().add(self.current_round(), self.node, "wait", time.perf_counter() - began)
+
+    def _receive_deadline(self, deadline_s: float | None) -> float:
+        """Seconds a receive waits (the networked engine: ``deadline_s`` or ``transport.round_deadline_s``)."""
+        return deadline_s if deadline_s is not None else 0.0
+
+    def _next_post(self, task: str, sender: NodeId | None, end: float) -> Post | None:
+        """The first message of kind ``task`` (from ``sender``, if given) in this node's mailbox, taken out of
+        it; None when none came by ``end`` (a time.monotonic() time)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive posts")
 
     def _check_peer(self, peer: NodeId) -> None:
         if peer not in self.topology.neighbours.get(self.node, ()):

@@ -2,12 +2,20 @@
 
 Calls run sequentially in canonical node order. Every bundle that crosses a "link" is copied, so no node
 ever aliases another's tensors, and counted on the same byte meter the networked engine uses.
+
+Posts (``Comm.post``) are scheduled deterministically, first in, first out: a post to a parent lands in its
+mailbox at once; a post to a neighbour is queued, and the queue runs (each posted task in its receiver's
+context, in the order posted; what a posted task posts joins the end of the queue) only when a parent
+``receive`` s and its mailbox holds no matching message, or when the run drains at its end. The order of a
+protocol whose decisions do not depend on arrival order is therefore the networked run's too.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +26,7 @@ from fedhop.common.engine.api import (
     NoAnswer,
     NodeContext,
     NodeId,
+    Post,
     Reply,
     Scalar,
     get_algorithm,
@@ -25,10 +34,12 @@ from fedhop.common.engine.api import (
     meter_kind,
 )
 from fedhop.common.engine.base import (
+    PARENT,
     BaseComm,
     Failure,
     HandOffError,
     MissingLog,
+    PostError,
     Settle,
     check_bundle,
     inbox_key,
@@ -45,6 +56,7 @@ from fedhop.common.spec import RunSpec
 from fedhop.common.virtual_clock import VirtualClock
 from fedhop.common.wire.bundle import Bundle, clone, payload_bytes
 from fedhop.common.wire.frames import message_bytes
+from fedhop.common.wire.messages import HANDOFF, post_bytes
 from fedhop.common.wire.meter import ByteMeter
 
 
@@ -53,6 +65,18 @@ class FaultPlan:
 
     def __init__(self, dead: Callable[[NodeId, str, int], bool] | None = None) -> None:
         self.dead = dead or (lambda node, task, rnd: False)
+
+
+@dataclass(frozen=True)
+class QueuedPost:
+    """A post to a neighbour, queued until the scheduler runs it (in its receiver's context, at ``round``)."""
+
+    src: NodeId
+    dst: NodeId
+    task: str
+    bundle: Bundle
+    args: dict[str, Scalar]
+    round: int
 
 
 class InProcessEngine:
@@ -85,6 +109,8 @@ class InProcessEngine:
             # binds its _LocalComm to itself
             self.nodes[n] = NodeContext(node_id=n, role=role, ws=self.ws, comm=_LocalComm(self, n), sizes=known)
         self.public_defaults = sizes
+        self.posts: deque[QueuedPost] = deque()  # posts to neighbours not run yet, in the order posted
+        self.mailboxes: dict[NodeId, deque[Post]] = {n: deque() for n in self.nodes}  # posts to parents
 
     @property
     def round(self) -> int:
@@ -161,6 +187,35 @@ class InProcessEngine:
         return out
 
 
+    def send_post(self, src: NodeId, dst: NodeId, task: str, bundle: Bundle, scalars: dict[str, Scalar], *,
+                  up: bool, round_idx: int) -> Bundle:
+        """One post over a simulated link (to the parent: a Post frame; to a neighbour: a Task frame and, on
+        delivery, its Ack), counted under the task's request kind; returns the receiver's copy of the bundle."""
+        size = post_bytes(task, bundle, scalars, self.spec.transport.chunk_bytes, up=up, round_idx=round_idx)
+        self.meter.record(src, dst, meter_kind(task, "request"), "request", payload_bytes(bundle), size, self.round)
+        return clone(bundle)
+
+    def run_post(self, q: QueuedPost) -> None:
+        """Run one queued post: its task's handler in the receiver's context at the post's round. A handler that
+        fails is logged as missing by its node (nobody waits for it); what it returns goes nowhere."""
+        ctx = self.nodes[q.dst]
+        ctx.round = q.round
+        began = time.perf_counter()
+        try:
+            get_task(q.task)(ctx, q.bundle, dict(q.args))
+        except NoAnswer:
+            pass
+        except Exception as e:  # a failing node is a missing node, as over the network
+            self.missing.add(self.round, q.dst, q.dst, q.task, f"posted task failed: {type(e).__name__}: {e}")
+        finally:
+            self.timeline.add(self.round, q.dst, "busy", time.perf_counter() - began)
+
+    def run_posts(self) -> None:
+        """Run every queued post, and what they post in turn, until none is left (the run's end)."""
+        while self.posts:
+            self.run_post(self.posts.popleft())
+
+
 class ReplayError(RuntimeError):
     """A replayed run took a turn the recorded one did not (a collect's recorded reply is not in flight)."""
 
@@ -220,6 +275,46 @@ class _LocalComm(BaseComm):
     def drain(self) -> None:
         super().drain()
         self._done.clear()
+        self.engine.run_posts()  # over the network every post is delivered and run, waited for or not
+
+    # -- posts: a FIFO scheduler ------------------------------------------------------------------------------
+    def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        eng = self.engine
+        if route == PARENT:
+            received = eng.send_post(self.node, to, task, bundle, args, up=True, round_idx=rnd)
+            eng.mailboxes[to].append(Post(self.node, task, received, dict(args), rnd))
+            return
+        if eng.faults.dead(to, task, eng.round):
+            reason = f"post {task} {self.node} -> {to} failed: {to} is down"
+            self.missing.add(eng.round, self.node, to, task, reason)
+            raise PostError(reason)
+        received = eng.send_post(self.node, to, task, bundle, args, up=False, round_idx=rnd)
+        reason = None
+        try:
+            get_task(task)
+        except KeyError:
+            reason = f"unknown task {task!r}"
+        reason = reason or check_bundle(received)
+        if reason is not None:
+            reason = f"{to} refused the post from {self.node}: {reason}"
+            self.missing.add(eng.round, self.node, to, task, reason)
+            raise PostError(reason)
+        eng.meter.record(to, self.node, meter_kind(task, "request"), "reply", 0,
+                         message_bytes(HANDOFF, "reply", {}, {}, eng.spec.transport.chunk_bytes), eng.round)
+        eng.posts.append(QueuedPost(self.node, to, task, received, dict(args), rnd))
+
+    def _next_post(self, task: str, sender: NodeId | None, end: float) -> Post | None:
+        """The first matching message in this node's mailbox; while there is none, the next queued post runs
+        (none left: None, at once: nothing else can ever post)."""
+        box = self.engine.mailboxes[self.node]
+        while True:
+            for p in box:
+                if p.task == task and (sender is None or p.sender == sender):
+                    box.remove(p)
+                    return p
+            if not self.engine.posts:
+                return None
+            self.engine.run_post(self.engine.posts.popleft())
 
     def current_round(self) -> int:
         return self.engine.round
