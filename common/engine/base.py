@@ -332,7 +332,8 @@ class BaseComm(ABC):
         if not task:
             raise ValueError(f"{self.node}: a post needs a task name")
         route = self.post_route(to)
-        rnd = self.current_round() if round is None else int(round)
+        own = self.ctx.round if self.ctx is not None else self.current_round()  # the sender's round
+        rnd = own if round is None else int(round)
         began = time.perf_counter()
         try:
             self._post(route, to, task, dict(bundle or {}), dict(args or {}), rnd)
