@@ -28,8 +28,8 @@ from typing import Any
 
 import grpc
 
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
-from fedhop.common.engine.base import BaseComm, Failure, MissingLog
+from fedhop.common.engine.api import NodeContext, NodeId, Post, Reply, Scalar
+from fedhop.common.engine.base import PARENT, BaseComm, Failure, MissingLog
 from fedhop.common.engine.node_store import NEWEST, NodeStore, Restored
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
@@ -40,7 +40,7 @@ from fedhop.common.user_code import UserCodeError, check_parent_code
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
-from fedhop.common.wire.messages import MessageAssembler
+from fedhop.common.wire.messages import POST_ID_BASE, MessageAssembler, message_frames, on_host, post_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
@@ -73,16 +73,23 @@ class _StillConnected(Exception):
     """The parent refused a re-join: it still holds this node's session (``ERROR_CODE_ALREADY_CONNECTED``)."""
 
 
+PostUp = Callable[[str, Bundle, dict[str, Scalar], int], None]  # (task, bundle, args, round): a Post to the parent
+
+
 class LeafComm(BaseComm):
     """A client's Comm: it has no children to scatter to. On a run with client peer links
-    (``topology.peer_graph``) it hands models to its peers and describes them, through ``peer_client`` (a
-    :class:`~fedhop.transport.peer.PeerClient` over the peers' addresses the parent sent at the start);
-    without peers both are errors."""
+    (``topology.peer_graph``) it hands models to its peers, posts to them and describes them, through
+    ``peer_client`` (a :class:`~fedhop.transport.peer.PeerClient` over the peers' addresses the parent sent at
+    the start); without peers these are errors. ``up``: posts to its parent (:meth:`ChildSession.post_up`)."""
 
     def __init__(self, node: NodeId, topology: Topology, missing: MissingLog,
-                 peer_client: PeerClient | None = None) -> None:
+                 peer_client: PeerClient | None = None, up: PostUp | None = None) -> None:
         super().__init__(node, topology, missing)
         self.peer_client = peer_client
+        self.up = up
+
+    def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        post_out(self, self.up, self.peer_client, route, to, task, bundle, args, rnd)
 
     def current_round(self) -> int:
         return self.ctx.round if self.ctx is not None else -1
@@ -119,6 +126,19 @@ class LeafComm(BaseComm):
     def close(self) -> None:
         if self.peer_client is not None:
             self.peer_client.close()
+
+
+def post_out(comm: BaseComm, up: PostUp | None, peers: PeerClient | None, route: str, to: NodeId, task: str,
+             bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+    """A networked node's post: up its session stream to its parent, or to a neighbour over its peer link."""
+    if route == PARENT:
+        if up is None:
+            raise RuntimeError(f"{comm.node} has no session to its parent to post on")
+        up(task, bundle, args, rnd)
+        return
+    if peers is None:
+        raise RuntimeError(f"{comm.node} has no peer links (topology.peer_graph = 'none'): it posts to nobody")
+    peers.post(to, task, bundle, args, comm.ctx.round if comm.ctx is not None else rnd, rnd)
 
 
 class _Stream:
@@ -205,12 +225,31 @@ class ChildSession:
         self._ctx: NodeContext | None = None
         self.task_lock = task_lock
         self.own_connection = own_connection
+        self._post_ids = itertools.count(POST_ID_BASE)  # the call ids of this node's Posts to its parent
+        self._early_posts: list[Post] = []  # posts from neighbours that came before serve() started the task loop
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
         with self._lock:
             assert self._stream is not None, "send before connect"
             self._stream.out.put(frames)
+
+    def post_up(self, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        """A Post to the parent (``Comm.post``): queued on the session stream, not waited for; what a broken
+        stream had not sent yet moves to the re-joined one. The parent counts it when it arrives."""
+        out = on_host(bundle)
+        head = post_frame(next(self._post_ids), task, args, has_bundle=bool(out), round_idx=rnd)
+        self.send(message_frames(head, out, self.transport.chunk_bytes))
+
+    def deliver_post(self, post: Post) -> None:
+        """A neighbour's validated post (``EdgeService``'s ``on_post``): it runs in this node's task loop, after
+        the tasks and posts before it (one that comes before the loop starts waits for it)."""
+        with self._lock:
+            if self.protocol is None:
+                self._early_posts.append(post)
+                return
+            proto = self.protocol
+        proto.posted(post)
 
     # -- joining ------------------------------------------------------------------------------------------
     def connect(self) -> pb.Welcome:
@@ -410,7 +449,11 @@ class ChildSession:
                           report=report)
         proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, hooks=hooks,
                               peers=self.peers, task_lock=self.task_lock)
-        self.protocol = proto
+        with self._lock:
+            self.protocol = proto
+            early, self._early_posts = self._early_posts, []
+        for post in early:
+            proto.posted(post)
         asms: dict[int, MessageAssembler] = {}
         tick = self.transport.keepalive_s
         quiet = 0

@@ -188,11 +188,13 @@ class InProcessEngine:
 
 
     def send_post(self, src: NodeId, dst: NodeId, task: str, bundle: Bundle, scalars: dict[str, Scalar], *,
-                  up: bool, round_idx: int) -> Bundle:
+                  up: bool, round_idx: int, meter_round: int) -> Bundle:
         """One post over a simulated link (to the parent: a Post frame; to a neighbour: a Task frame and, on
-        delivery, its Ack), counted under the task's request kind; returns the receiver's copy of the bundle."""
+        delivery, its Ack), counted under the task's request kind at ``meter_round`` (where the networked engine
+        counts it: the post's round for a post to the parent, counted by the parent; the sender's round for one
+        to a neighbour, counted by the sender); returns the receiver's copy of the bundle."""
         size = post_bytes(task, bundle, scalars, self.spec.transport.chunk_bytes, up=up, round_idx=round_idx)
-        self.meter.record(src, dst, meter_kind(task, "request"), "request", payload_bytes(bundle), size, self.round)
+        self.meter.record(src, dst, meter_kind(task, "request"), "request", payload_bytes(bundle), size, meter_round)
         return clone(bundle)
 
     def run_post(self, q: QueuedPost) -> None:
@@ -281,14 +283,15 @@ class _LocalComm(BaseComm):
     def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
         eng = self.engine
         if route == PARENT:
-            received = eng.send_post(self.node, to, task, bundle, args, up=True, round_idx=rnd)
+            received = eng.send_post(self.node, to, task, bundle, args, up=True, round_idx=rnd, meter_round=rnd)
             eng.mailboxes[to].append(Post(self.node, task, received, dict(args), rnd))
             return
+        own = self.ctx.round if self.ctx is not None else eng.round  # the sender's round: where it counts
         if eng.faults.dead(to, task, eng.round):
-            reason = f"post {task} {self.node} -> {to} failed: {to} is down"
-            self.missing.add(eng.round, self.node, to, task, reason)
+            reason = f"post {task} {self.node} -> {to} failed after its retries: {to} is down"
+            self.missing.add(own, self.node, to, task, reason)
             raise PostError(reason)
-        received = eng.send_post(self.node, to, task, bundle, args, up=False, round_idx=rnd)
+        received = eng.send_post(self.node, to, task, bundle, args, up=False, round_idx=rnd, meter_round=own)
         reason = None
         try:
             get_task(task)
@@ -297,10 +300,10 @@ class _LocalComm(BaseComm):
         reason = reason or check_bundle(received)
         if reason is not None:
             reason = f"{to} refused the post from {self.node}: {reason}"
-            self.missing.add(eng.round, self.node, to, task, reason)
+            self.missing.add(own, self.node, to, task, reason)
             raise PostError(reason)
         eng.meter.record(to, self.node, meter_kind(task, "request"), "reply", 0,
-                         message_bytes(HANDOFF, "reply", {}, {}, eng.spec.transport.chunk_bytes), eng.round)
+                         message_bytes(HANDOFF, "reply", {}, {}, eng.spec.transport.chunk_bytes), own)
         eng.posts.append(QueuedPost(self.node, to, task, received, dict(args), rnd))
 
     def _next_post(self, task: str, sender: NodeId | None, end: float) -> Post | None:

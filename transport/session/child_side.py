@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedhop.common import timeline, timing
-from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, get_task
+from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, Post, get_task
 from fedhop.common.spec import TransportSpec
 from fedhop.common.testhooks import gate
 from fedhop.common.wire.budget import InflightBudget
@@ -75,6 +75,7 @@ class ChildProtocol:
         self._report_lock = threading.Lock()
         self._tasks: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
         self._stopping = threading.Event()
         # the node's compute speed from the run's [network] profile (1.0: as fast as this host)
         self.compute = ctx.spec.network_profile().compute(node)
@@ -103,9 +104,7 @@ class ChildProtocol:
             self._complain(e.call_id, str(e))
             return None
         if msg is not None:
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, daemon=True, name=f"{self.node}-tasks")
-                self._worker.start()
+            self._start_worker()
             timing.event("task_in", at=self.node, call=msg.call_id)
             self._tasks.put((msg, time.monotonic()))
         return None
@@ -118,10 +117,53 @@ class ChildProtocol:
         log.warning("%s: call %d failed: %s", self.node, call_id, message)
         self.send([error_result_frame(call_id, code, message)])
 
+    def posted(self, post: Post) -> None:
+        """A neighbour's post (validated by the peer service): it runs in the task worker, in turn."""
+        self._start_worker()
+        timing.event("post_in", at=self.node, task=post.task, sender=post.sender)
+        self._tasks.put((post, time.monotonic()))
+
+    def _start_worker(self) -> None:
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True, name=f"{self.node}-tasks")
+                self._worker.start()
+
     def _work(self) -> None:
         while (item := self._tasks.get()) is not CLOSE:
             msg, received = item
-            self._run_task(msg, received)
+            if isinstance(msg, Post):
+                self._run_post(msg)
+            else:
+                self._run_task(msg, received)
+
+    def _run_post(self, post: Post) -> None:
+        """Run a posted task at the post's round, as a task from the parent runs (its state saved after it, its
+        Report sent), but nobody waits for an answer: what the handler returns goes nowhere. A handler that
+        fails is logged, and named in this node's missing log."""
+        ctx = self.ctx
+        ctx.round = post.round
+        if self.hooks.before_task is not None:
+            self.hooks.before_task(post.round, 0.0)
+        clock = timeline.recorder(self.node)
+        began = time.perf_counter()
+        try:
+            timing.event("run", at=self.node, task=post.task)
+            with self.task_lock:
+                get_task(post.task)(ctx, post.bundle, dict(post.args))
+        except NoAnswer:
+            pass
+        except Exception as e:
+            log.exception("%s: posted task %s (from %s) failed", self.node, post.task, post.sender)
+            missing = getattr(ctx.comm, "missing", None)
+            if missing is not None:
+                missing.add(ctx.round, self.node, self.node, post.task,
+                            f"posted task failed: {type(e).__name__}: {e}")
+        finally:
+            clock.add(ctx.round, self.node, "busy", time.perf_counter() - began)
+        if self.hooks.after_task is not None:
+            self.hooks.after_task(ctx)
+        self.send_report(ctx.round)
 
     def _run_task(self, msg: Message, received: float) -> int:
         ctx = self.ctx
