@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhop.common.engine.api import NodeContext, Reply, Scalar, task
+from fedhop.common.engine.api import NodeContext, Post, Reply, Scalar, task
 from fedhop.common.engine.base import PostError
 from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.workspace import Workspace
 from fedhop.common.wire.bundle import payload_bytes
-from fedhop.common.wire.messages import message_bytes, post_bytes
+from fedhop.common.wire.messages import CALL_ID_BASE, message_bytes, post_bytes, task_frame
+from fedhop.transport.peer import NODE_HEADER, POST_HEADER, ROUND_HEADER, EdgeService
 from tests.specs import run_spec
 
 DATA = {"dataset": "synthetic", "partition": "dirichlet", "train_limit": 120, "test_limit": 40}
@@ -145,3 +147,41 @@ def test_receive_is_a_parents_and_takes_from_its_children() -> None:
         eng.nodes["client-0"].comm.receive("x")
     with pytest.raises(ValueError, match="client-0 is not among them"):
         eng.nodes["ps"].comm.receive("x", sender="client-0")
+
+
+class _PostContext:
+    """The part of a grpc.ServicerContext that EdgeService reads, for a post from edge-0 with id ``pid``."""
+
+    def __init__(self, pid: str, sender: str = "edge-0") -> None:
+        self.md = ((NODE_HEADER, sender), (POST_HEADER, pid), (ROUND_HEADER, "4"))
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.md
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def cancel(self) -> None:
+        return None
+
+
+def test_the_peer_service_runs_a_retried_post_once_and_refuses_strangers_and_unknown_tasks() -> None:
+    """The same post id delivered twice (its first Ack lost): acknowledged both times, handed on once."""
+    eng = engine()
+    svc = EdgeService("edge-1")
+    got: list[Post] = []
+    svc.serve(NodeContext(node_id="edge-1", role="edge", ws=Workspace(eng.spec, "cpu"), comm=None),  # type: ignore[arg-type]
+              on_post=got.append)
+
+    def frames(name: str = "test.post.note") -> object:
+        return iter([task_frame(CALL_ID_BASE, name, {"n": 1}, deadline_s=5.0, has_bundle=False)])
+
+    assert svc.HandOff(frames(), _PostContext("edge-0/1")).ok
+    assert svc.HandOff(frames(), _PostContext("edge-0/1")).ok
+    assert svc.HandOff(frames(), _PostContext("edge-0/2")).ok
+    assert [(p.sender, p.task, p.round, p.scalars) for p in got] == [("edge-0", "test.post.note", 4, {"n": 1})] * 2
+    ack = svc.HandOff(frames("test.post.nope"), _PostContext("edge-0/3"))
+    assert not ack.ok and "unknown task 'test.post.nope'" in ack.error.message
+    ack = svc.HandOff(frames(), _PostContext("x/1", sender="client-0"))
+    assert not ack.ok and "client-0 is not a neighbour of edge-1" in ack.error.message
+    assert len(got) == 2
