@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fedhop.common.engine.api import NodeId, Post, Reply, Scalar, get_algorithm
-from fedhop.common.engine.base import BaseComm, Failure, MissingLog, Settle
+from fedhop.common.engine.base import BaseComm, Failure, MissingLog, PostFilter, Settle
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle
@@ -267,8 +267,8 @@ class NetComm(BaseComm):
     def _receive_deadline(self, deadline_s: float | None) -> float:
         return deadline_s if deadline_s is not None else self.transport.round_deadline_s
 
-    def _next_post(self, task: str, sender: NodeId | None, end: float) -> Post | None:
-        got = self.hub.mailbox.take(task, sender, end)
+    def _next_post(self, want: PostFilter, end: float) -> Post | None:
+        got = self.hub.mailbox.take(want, end)
         if got is None or not got.bundle:
             return got
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")

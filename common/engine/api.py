@@ -156,10 +156,10 @@ class Comm(Protocol):
         byte meter under the task's request kind (a post without tensors is a control message)."""
         ...
 
-    def receive(self, task: str, *, sender: NodeId | None = None, deadline_s: float | None = None,
-                expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
-        """The PS (the driver) takes the next message of kind ``task`` (from ``sender``, when given) posted to
-        it, first in, first out; None when none comes before ``deadline_s`` (default
+    def receive(self, task: str, *, sender: NodeId | None = None, round: int | None = None,
+                deadline_s: float | None = None, expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
+        """The PS (the driver) takes the next message of kind ``task`` (from ``sender``, of the post's ``round``,
+        when given) posted to it, first in, first out; None when none comes before ``deadline_s`` (default
         ``transport.round_deadline_s``): the protocol's missing-participant rule applies. A message whose
         bundle does not match ``expect`` (names, shapes, dtypes) or is not finite is refused (logged as
         missing) and the next one is waited for. The in-process engine runs the queued posts of other nodes

@@ -31,6 +31,18 @@ PARENT, PEER = "parent", "peer"  # where a post goes (BaseComm.post_route)
 
 
 @dataclass(frozen=True)
+class PostFilter:
+    """Which posted message a ``receive`` takes: of kind ``task``, and from ``sender`` / of ``round`` if given."""
+
+    task: str
+    sender: NodeId | None = None
+    round: int | None = None
+
+    def __call__(self, p: Post) -> bool:
+        return p.task == self.task and self.sender in (None, p.sender) and self.round in (None, p.round)
+
+
+@dataclass(frozen=True)
 class Failure:
     """A target that did not produce a usable reply. ``silent``: it did not answer at all (it chose not to, or
     no reply came before the deadline or the quorum), as opposed to answering with an error. ``left_out``: it
@@ -343,8 +355,8 @@ class BaseComm(ABC):
     def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} cannot post")
 
-    def receive(self, task: str, *, sender: NodeId | None = None, deadline_s: float | None = None,
-                expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
+    def receive(self, task: str, *, sender: NodeId | None = None, round: int | None = None,
+                deadline_s: float | None = None, expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
         """See :meth:`~fedhop.common.engine.api.Comm.receive`."""
         if not self.topology.children(self.node):
             raise RuntimeError(f"{self.node} has no children: nothing is posted to it (receive is a parent's)")
@@ -354,7 +366,7 @@ class BaseComm(ABC):
         began = time.perf_counter()
         try:
             while True:
-                got = self._next_post(task, sender, end)
+                got = self._next_post(PostFilter(task, sender, round), end)
                 if got is None:
                     return None
                 reason = check_bundle(got.bundle, expect)
@@ -368,9 +380,9 @@ class BaseComm(ABC):
         """Seconds a receive waits (the networked engine: ``deadline_s`` or ``transport.round_deadline_s``)."""
         return deadline_s if deadline_s is not None else 0.0
 
-    def _next_post(self, task: str, sender: NodeId | None, end: float) -> Post | None:
-        """The first message of kind ``task`` (from ``sender``, if given) in this node's mailbox, taken out of
-        it; None when none came by ``end`` (a time.monotonic() time)."""
+    def _next_post(self, want: PostFilter, end: float) -> Post | None:
+        """The first message in this node's mailbox that ``want`` matches, taken out of it; None when none came by
+        ``end`` (a time.monotonic() time)."""
         raise NotImplementedError(f"{type(self).__name__} cannot receive posts")
 
     def _check_peer(self, peer: NodeId) -> None:

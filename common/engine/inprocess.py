@@ -40,6 +40,7 @@ from fedhop.common.engine.base import (
     HandOffError,
     MissingLog,
     PostError,
+    PostFilter,
     Settle,
     check_bundle,
     inbox_key,
@@ -306,13 +307,13 @@ class _LocalComm(BaseComm):
                          message_bytes(HANDOFF, "reply", {}, {}, eng.spec.transport.chunk_bytes), own)
         eng.posts.append(QueuedPost(self.node, to, task, received, dict(args), rnd))
 
-    def _next_post(self, task: str, sender: NodeId | None, end: float) -> Post | None:
+    def _next_post(self, want: PostFilter, end: float) -> Post | None:
         """The first matching message in this node's mailbox; while there is none, the next queued post runs
         (none left: None, at once: nothing else can ever post)."""
         box = self.engine.mailboxes[self.node]
         while True:
             for p in box:
-                if p.task == task and (sender is None or p.sender == sender):
+                if want(p):
                     box.remove(p)
                     return p
             if not self.engine.posts:

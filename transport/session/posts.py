@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from fedhop.common.engine.api import NodeId, Post, meter_kind
 from fedhop.common.engine.base import MissingLog
@@ -54,13 +55,12 @@ class Mailbox:
             self._posts.append(Post(sender, post.name, msg.bundle, args, rnd))
             self._changed.notify_all()
 
-    def take(self, task: str, sender: NodeId | None, end: float) -> Post | None:
-        """The first post of kind ``task`` (from ``sender``, when given), taken out; None at ``end`` (a
-        time.monotonic() time) if none came."""
+    def take(self, want: Callable[[Post], bool], end: float) -> Post | None:
+        """The first post ``want`` matches, taken out; None at ``end`` (a time.monotonic() time) if none came."""
         with self._changed:
             while True:
                 for p in self._posts:
-                    if p.task == task and (sender is None or p.sender == sender):
+                    if want(p):
                         self._posts.remove(p)
                         return p
                 left = end - time.monotonic()
