@@ -160,7 +160,8 @@ class Comm(Protocol):
                 deadline_s: float | None = None, expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
         """The PS (the driver) takes the next message of kind ``task`` (from ``sender``, of the post's ``round``,
         when given) posted to it, first in, first out; None when none comes before ``deadline_s`` (default
-        ``transport.round_deadline_s``): the protocol's missing-participant rule applies. A message whose
+        ``transport.round_deadline_s``): the protocol's missing-participant rule applies (a ``sender`` waited
+        for is logged as missing). A message whose
         bundle does not match ``expect`` (names, shapes, dtypes) or is not finite is refused (logged as
         missing) and the next one is waited for. The in-process engine runs the queued posts of other nodes
         in the order they were posted until such a message is there (none left: None at once)."""

@@ -368,6 +368,9 @@ class BaseComm(ABC):
             while True:
                 got = self._next_post(PostFilter(task, sender, round), end)
                 if got is None:
+                    if sender is not None:  # a post this node waited for from one child: that child is missing
+                        of = f" of round {round + 1}" if round is not None else ""
+                        self.missing.add(self.current_round(), self.node, sender, task, f"no {task}{of} posted")
                     return None
                 reason = check_bundle(got.bundle, expect)
                 if reason is None:

@@ -62,10 +62,16 @@ from fedhop.common.wire.meter import ByteMeter
 
 
 class FaultPlan:
-    """Test hook: make chosen (node, task, round) calls fail as if the node were gone."""
+    """Test hook: make chosen (node, task, round) calls fail as if the node were gone. A post to a neighbour is
+    asked about twice, with the round it is posted for: ``(receiver, task, round)`` when it is delivered (down:
+    the sender gets a PostError) and ``(receiver, RUN + task, round)`` before it runs (down: it took the post,
+    then went down before running it; nobody hears of it)."""
 
     def __init__(self, dead: Callable[[NodeId, str, int], bool] | None = None) -> None:
         self.dead = dead or (lambda node, task, rnd: False)
+
+
+RUN = "run:"  # FaultPlan: the task key asked before a queued post runs
 
 
 @dataclass(frozen=True)
@@ -201,6 +207,8 @@ class InProcessEngine:
     def run_post(self, q: QueuedPost) -> None:
         """Run one queued post: its task's handler in the receiver's context at the post's round. A handler that
         fails is logged as missing by its node (nobody waits for it); what it returns goes nowhere."""
+        if self.faults.dead(q.dst, RUN + q.task, q.round):  # it took the post, then went down before running it
+            return
         ctx = self.nodes[q.dst]
         ctx.round = q.round
         began = time.perf_counter()
@@ -288,7 +296,7 @@ class _LocalComm(BaseComm):
             eng.mailboxes[to].append(Post(self.node, task, received, dict(args), rnd))
             return
         own = self.ctx.round if self.ctx is not None else eng.round  # the sender's round: where it counts
-        if eng.faults.dead(to, task, eng.round):
+        if eng.faults.dead(to, task, rnd):
             reason = f"post {task} {self.node} -> {to} failed after its retries: {to} is down"
             self.missing.add(own, self.node, to, task, reason)
             raise PostError(reason)
