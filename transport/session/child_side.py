@@ -150,7 +150,7 @@ class ChildProtocol:
         try:
             timing.event("run", at=self.node, task=post.task)
             with self.task_lock:
-                get_task(post.task)(ctx, post.bundle, dict(post.args))
+                get_task(post.task)(ctx, post.bundle, dict(post.scalars))
         except NoAnswer:
             pass
         except Exception as e:
