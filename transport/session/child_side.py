@@ -143,6 +143,7 @@ class ChildProtocol:
         fails is logged, and named in this node's missing log."""
         ctx = self.ctx
         ctx.round = post.round
+        gate(f"{self.node}-{ctx.round}")  # test hook: hold this node mid-round (common/testhooks.py)
         if self.hooks.before_task is not None:
             self.hooks.before_task(post.round, 0.0)
         clock = timeline.recorder(self.node)
