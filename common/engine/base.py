@@ -30,6 +30,33 @@ class PostError(HandOffError):
 PARENT, PEER = "parent", "peer"  # where a post goes (BaseComm.post_route)
 
 
+POST_SLOT = "post:"  # inbox entries "post:<sequence number>": posts taken and not run yet (part of the node's state)
+_META = ("post.task", "post.sender", "post.round", "post.epoch")
+
+
+def post_entry(post: Post, epoch: int = -1) -> tuple[Bundle, dict[str, Scalar]]:
+    """A post as an inbox entry (``(bundle, scalars)``, saved with the node's state until it runs): its scalars
+    prefixed ``arg.``, beside who sent it, its task, its round and the PS incarnation (``epoch``, the round a
+    resumed PS resumed at; -1: the first) it was sent under."""
+    meta: dict[str, Scalar] = {"post.task": post.task, "post.sender": post.sender, "post.round": post.round,
+                               "post.epoch": epoch}
+    return post.bundle, {**meta, **{f"arg.{k}": v for k, v in post.scalars.items()}}
+
+
+def post_of(entry: tuple[Bundle, dict[str, Scalar]]) -> tuple[Post, int]:
+    """The post an inbox entry holds (:func:`post_entry`), and its epoch."""
+    bundle, meta = entry
+    args = {k[4:]: v for k, v in meta.items() if k.startswith("arg.")}
+    return (Post(str(meta["post.sender"]), str(meta["post.task"]), bundle, args, int(meta["post.round"])),
+            int(meta["post.epoch"]))
+
+
+def post_seq(key: str) -> int:
+    """The sequence number of an inbox key ``post:<n>`` (-1 for any other key)."""
+    tail = key[len(POST_SLOT):] if key.startswith(POST_SLOT) else ""
+    return int(tail) if tail.isdigit() else -1
+
+
 @dataclass(frozen=True)
 class PostFilter:
     """Which posted message a ``receive`` takes: of kind ``task``, and from ``sender`` / of ``round`` if given."""

@@ -7,7 +7,8 @@ Posts (``Comm.post``) are scheduled deterministically, first in, first out: a po
 mailbox at once; a post to a neighbour is queued, and the queue runs (each posted task in its receiver's
 context, in the order posted; what a posted task posts joins the end of the queue) only when a parent
 ``receive`` s and its mailbox holds no matching message, or when the run drains at its end. The order of a
-protocol whose decisions do not depend on arrival order is therefore the networked run's too.
+protocol whose decisions do not depend on arrival order is therefore the networked run's too. A queued post
+is its receiver's state (an inbox entry ``post:<n>``, as over the network), so a checkpoint carries it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fedhop.common.engine.api import (
 )
 from fedhop.common.engine.base import (
     PARENT,
+    POST_SLOT,
     BaseComm,
     Failure,
     HandOffError,
@@ -44,6 +46,9 @@ from fedhop.common.engine.base import (
     Settle,
     check_bundle,
     inbox_key,
+    post_entry,
+    post_of,
+    post_seq,
 )
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.events import RunEvents
@@ -76,14 +81,11 @@ RUN = "run:"  # FaultPlan: the task key asked before a queued post runs
 
 @dataclass(frozen=True)
 class QueuedPost:
-    """A post to a neighbour, queued until the scheduler runs it (in its receiver's context, at ``round``)."""
+    """A post to a neighbour, queued until the scheduler runs it: its receiver and its inbox key there (the post
+    itself is the receiver's inbox entry ``key``, :func:`~fedhop.common.engine.base.post_entry`)."""
 
-    src: NodeId
     dst: NodeId
-    task: str
-    bundle: Bundle
-    args: dict[str, Scalar]
-    round: int
+    key: str
 
 
 class InProcessEngine:
@@ -117,6 +119,7 @@ class InProcessEngine:
             self.nodes[n] = NodeContext(node_id=n, role=role, ws=self.ws, comm=_LocalComm(self, n), sizes=known)
         self.public_defaults = sizes
         self.posts: deque[QueuedPost] = deque()  # posts to neighbours not run yet, in the order posted
+        self.post_seq = 0  # the number of the next post to a neighbour (its inbox key)
         self.mailboxes: dict[NodeId, deque[Post]] = {n: deque() for n in self.nodes}  # posts to parents
 
     @property
@@ -178,6 +181,9 @@ class InProcessEngine:
         self.meter.merge(ck.meter)
         self.missing.entries[:] = ck.missing
         self.nodes[self.ws.topology.server].comm.last_ok = dict(ck.last_ok)
+        queued = sorted((post_seq(k), n) for n, c in self.nodes.items() for k in c.inbox if post_seq(k) >= 0)
+        self.posts = deque(QueuedPost(n, f"{POST_SLOT}{seq:012d}") for seq, n in queued)  # the queue at the save
+        self.post_seq = queued[-1][0] + 1 if queued else 0
         return Start(int(got.meta["next_round"]), ck.state), list(ck.records), run_id or ck.run_id or None
 
     # -- one message over a simulated link ----------------------------------------------------------------
@@ -207,17 +213,21 @@ class InProcessEngine:
     def run_post(self, q: QueuedPost) -> None:
         """Run one queued post: its task's handler in the receiver's context at the post's round. A handler that
         fails is logged as missing by its node (nobody waits for it); what it returns goes nowhere."""
-        if self.faults.dead(q.dst, RUN + q.task, q.round):  # it took the post, then went down before running it
-            return
         ctx = self.nodes[q.dst]
-        ctx.round = q.round
+        entry = ctx.inbox.pop(q.key, None)
+        if entry is None:
+            return
+        post, _ = post_of(entry)
+        if self.faults.dead(q.dst, RUN + post.task, post.round):  # it took the post, then went down before running
+            return
+        ctx.round = post.round
         began = time.perf_counter()
         try:
-            get_task(q.task)(ctx, q.bundle, dict(q.args))
+            get_task(post.task)(ctx, post.bundle, dict(post.scalars))
         except NoAnswer:
             pass
         except Exception as e:  # a failing node is a missing node, as over the network
-            self.missing.add(self.round, q.dst, q.dst, q.task, f"posted task failed: {type(e).__name__}: {e}")
+            self.missing.add(self.round, q.dst, q.dst, post.task, f"posted task failed: {type(e).__name__}: {e}")
         finally:
             self.timeline.add(self.round, q.dst, "busy", time.perf_counter() - began)
 
@@ -313,7 +323,10 @@ class _LocalComm(BaseComm):
             raise PostError(reason)
         eng.meter.record(to, self.node, meter_kind(task, "request"), "reply", 0,
                          message_bytes(HANDOFF, "reply", {}, {}, eng.spec.transport.chunk_bytes), own)
-        eng.posts.append(QueuedPost(self.node, to, task, received, dict(args), rnd))
+        key = f"{POST_SLOT}{eng.post_seq:012d}"
+        eng.post_seq += 1
+        eng.nodes[to].inbox[key] = post_entry(Post(self.node, task, received, dict(args), rnd))
+        eng.posts.append(QueuedPost(to, key))
 
     def _next_post(self, want: PostFilter, end: float) -> Post | None:
         """The first matching message in this node's mailbox; while there is none, the next queued post runs
