@@ -105,6 +105,8 @@ def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: P
     meter, missing = ByteMeter(), MissingLog()  # its hand-offs to peers: the caller counts both directions
     peer_client = (PeerClient(node_id, meter, missing, ws.spec.transport, session.peers, config.security)
                    if has_peers else None)
+    if peer_client is not None:
+        peer_client.epoch = session.epoch  # its posts say which PS incarnation they were sent under
     comm = LeafComm(node_id, ws.topology, missing, peer_client, up=session.post_up)
     ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=comm, sizes={node_id: n})
     try:

@@ -83,6 +83,7 @@ def run_edge(config: NodeConfig) -> int:
         pending.serve(hub)
         comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security,
                        up=session.post_up)
+        comm.peer_client.epoch = session.epoch  # its posts say which PS incarnation they were sent under
         ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)  # binds comm to ctx
         try:
             got = session.keep_state(ctx, store, meter)

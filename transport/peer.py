@@ -54,6 +54,8 @@ NODE_HEADER = "fedhop-node"  # gRPC metadata: who calls (Edge.HandOff, Edge.Desc
 SLOT_HEADER = "fedhop-slot"  # gRPC metadata: the hand-off's inbox slot
 ROUND_HEADER = "fedhop-round"  # gRPC metadata: the round the hand-off happens in (for the receiver's snapshot)
 POST_HEADER = "fedhop-post"  # gRPC metadata on a post: the sender's id of the post (a HandOff that is a post)
+SENT_HEADER = "fedhop-sent-round"  # gRPC metadata on a post: the sender's round (the receiver saves its state under it)
+EPOCH_HEADER = "fedhop-epoch"  # gRPC metadata on a post: the PS incarnation it was sent under (ChildSession.epoch)
 POSTS_KEPT = 1024  # post ids remembered per sender (a retried post that was delivered is acknowledged, not rerun)
 
 
@@ -71,6 +73,7 @@ class PeerClient:
         self._channels: dict[str, grpc.Channel] = {}
         self._posts = 0  # posts sent: their ids
         self._post_lock = threading.Lock()
+        self.epoch: Callable[[], int] = lambda: -1  # the PS incarnation this node serves (ChildSession.epoch)
 
     def _channel(self, peer: NodeId) -> grpc.Channel:
         if peer not in self.peers:
@@ -94,7 +97,8 @@ class PeerClient:
             self._posts += 1
             pid = f"{self.node}/{self._posts}"
         self._stream(to, task, meter_kind(task, "request"), bundle, args, rnd,
-                     ((POST_HEADER, pid), (ROUND_HEADER, str(post_round))), PostError, f"post {task}")
+                     ((POST_HEADER, pid), (ROUND_HEADER, str(post_round)), (SENT_HEADER, str(rnd)),
+                      (EPOCH_HEADER, str(self.epoch()))), PostError, f"post {task}")
 
     def _stream(self, to: NodeId, name: str, kind: str, bundle: Bundle, scalars: Mapping[str, Scalar], rnd: int,
                 metadata: tuple[tuple[str, str], ...], error: type[HandOffError], what: str) -> None:
@@ -175,14 +179,16 @@ class EdgeService:
         self._budgets: dict[str, InflightBudget] = {}  # per sender: every hand-off stream it has open
         self._budget_lock = threading.Lock()
         self.on_received: Callable[[NodeContext, int], None] | None = None  # (ctx, round): save the node's state
-        self.on_post: Callable[[Post], None] | None = None  # a validated post: queue it for the node's task loop
+        # a validated post, its epoch and its sender's round: keep it and queue it for the node's task loop
+        self.on_post: Callable[[Post, int, int], None] | None = None
         self._seen: dict[str, OrderedDict[str, None]] = {}  # per sender: the ids of the posts it delivered
 
     def serve(self, ctx: NodeContext, on_received: Callable[[NodeContext, int], None] | None = None,
-              on_post: Callable[[Post], None] | None = None) -> None:
+              on_post: Callable[[Post, int, int], None] | None = None) -> None:
         """The edge is in the run: take hand-offs into ``ctx`` (bundles capped by its spec's
         ``transport.max_bundle_bytes``); ``on_received(ctx, round)`` is told of each before it is acknowledged
-        (to save the node's state); ``on_post(post)`` gets each validated post (None: posts are refused)."""
+        (to save the node's state); ``on_post(post, epoch, sent_round)`` gets each validated post before it is
+        acknowledged (None: posts are refused)."""
         self.max_bytes = ctx.spec.transport.max_bundle_bytes
         self.on_received = on_received
         self.on_post = on_post
@@ -288,8 +294,10 @@ class EdgeService:
             return self._refuse(req.code, req.message)
         try:
             rnd = int(md.get(ROUND_HEADER, ctx.round))
+            sent = int(md.get(SENT_HEADER, rnd))
+            epoch = int(md.get(EPOCH_HEADER, -1))
         except ValueError:
-            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"post from {sender}: bad round {md.get(ROUND_HEADER)!r}")
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"post from {sender}: bad round or epoch in its metadata")
         with self._budget_lock:
             seen = self._seen.setdefault(sender, OrderedDict())
             again = pid in seen
@@ -298,7 +306,7 @@ class EdgeService:
                 seen.popitem(last=False)
         if not again:
             assert self.on_post is not None
-            self.on_post(Post(sender, req.name, req.bundle, dict(req.args), rnd))
+            self.on_post(Post(sender, req.name, req.bundle, dict(req.args), rnd), epoch, sent)
         return pb.Ack(ok=True)
 
     def _budget(self, sender: str, transport: TransportSpec) -> InflightBudget:

@@ -101,7 +101,8 @@ def test_a_post_to_a_neighbour_runs_in_its_task_loop_and_is_counted_by_the_sende
     ws = Workspace(spec, "cpu")
     svc = EdgeService("edge-1")
     got: list[Post] = []
-    svc.serve(NodeContext(node_id="edge-1", role="edge", ws=ws, comm=None), on_post=got.append)  # type: ignore[arg-type]
+    ctx = NodeContext(node_id="edge-1", role="edge", ws=ws, comm=None)  # type: ignore[arg-type]
+    svc.serve(ctx, on_post=lambda post, epoch, sent: got.append(post))
     server = make_server(8)
     svc.register(server)
     addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"

@@ -171,7 +171,7 @@ def test_the_peer_service_runs_a_retried_post_once_and_refuses_strangers_and_unk
     svc = EdgeService("edge-1")
     got: list[Post] = []
     svc.serve(NodeContext(node_id="edge-1", role="edge", ws=Workspace(eng.spec, "cpu"), comm=None),  # type: ignore[arg-type]
-              on_post=got.append)
+              on_post=lambda post, epoch, sent: got.append(post))
 
     def frames(name: str = "test.post.note") -> object:
         return iter([task_frame(CALL_ID_BASE, name, {"n": 1}, deadline_s=5.0, has_bundle=False)])

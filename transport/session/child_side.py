@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedhop.common import timeline, timing
-from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, Post, get_task
+from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, get_task
+from fedhop.common.engine.base import post_of
 from fedhop.common.spec import TransportSpec
 from fedhop.common.testhooks import gate
 from fedhop.common.wire.budget import InflightBudget
@@ -48,9 +49,11 @@ class TaskHooks:
     before_task: Callable[[int | None, float], None] | None = None
     after_task: Callable[[NodeContext], None] | None = None
     report: Callable[[], tuple[list[dict], list[dict]]] | None = None
+    parent_up: threading.Event | None = None  # set while the session to the parent works: posted tasks wait for it
 
 
 NO_HOOKS = TaskHooks()
+POSTED = object()  # the task worker's queue: (POSTED, inbox key) is a neighbour's post to run
 
 
 class ChildProtocol:
@@ -117,11 +120,12 @@ class ChildProtocol:
         log.warning("%s: call %d failed: %s", self.node, call_id, message)
         self.send([error_result_frame(call_id, code, message)])
 
-    def posted(self, post: Post) -> None:
-        """A neighbour's post (validated by the peer service): it runs in the task worker, in turn."""
+    def posted(self, key: str) -> None:
+        """A neighbour's post, held in the node's inbox under ``key`` (``ChildSession.deliver_post``): it runs in
+        the task worker, in turn; a key queued twice runs once, and one no longer in the inbox (rolled back) not."""
         self._start_worker()
-        timing.event("post_in", at=self.node, task=post.task, sender=post.sender)
-        self._tasks.put((post, time.monotonic()))
+        timing.event("post_in", at=self.node, key=key)
+        self._tasks.put((POSTED, key))
 
     def _start_worker(self) -> None:
         with self._worker_lock:
@@ -132,16 +136,33 @@ class ChildProtocol:
     def _work(self) -> None:
         while (item := self._tasks.get()) is not CLOSE:
             msg, received = item
-            if isinstance(msg, Post):
-                self._run_post(msg)
+            if msg is POSTED:
+                self._run_post(received)
             else:
                 self._run_task(msg, received)
 
-    def _run_post(self, post: Post) -> None:
+    def _wait_parent(self) -> bool:
+        """Wait while the session to the parent is down (a posted task's reports must reach it, and a parent that
+        resumed from a checkpoint rolls this node back first); False when the node stops meanwhile."""
+        up = self.hooks.parent_up
+        while up is not None and not up.is_set():
+            if self._stopping.is_set():
+                return False
+            up.wait(0.2)
+        return not self._stopping.is_set()
+
+    def _run_post(self, key: str) -> None:
         """Run a posted task at the post's round, as a task from the parent runs (its state saved after it, its
         Report sent), but nobody waits for an answer: what the handler returns goes nowhere. A handler that
-        fails is logged, and named in this node's missing log."""
+        fails is logged, and named in this node's missing log. It runs only while the session to the parent
+        works (:meth:`_wait_parent`)."""
         ctx = self.ctx
+        if not self._wait_parent():
+            return
+        entry = ctx.inbox.pop(key, None)
+        if entry is None:  # queued twice, or rolled back with the node's state
+            return
+        post, _ = post_of(entry)
         ctx.round = post.round
         gate(f"{self.node}-{ctx.round}")  # test hook: hold this node mid-round (common/testhooks.py)
         if self.hooks.before_task is not None:
