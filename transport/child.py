@@ -238,7 +238,11 @@ class ChildSession:
 
     def post_up(self, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
         """A Post to the parent (``Comm.post``): queued on the session stream, not waited for; what a broken
-        stream had not sent yet moves to the re-joined one. The parent counts it when it arrives."""
+        stream had not sent yet moves to the re-joined one. The parent counts it when it arrives. The node's byte
+        rows not reported yet go first (a Report), so that a parent holding the post holds them too (its
+        checkpoint of the round the post completes is whole)."""
+        if self.protocol is not None:
+            self.protocol.send_report(rnd)
         out = on_host(bundle)
         head = post_frame(next(self._post_ids), task, args, has_bundle=bool(out), round_idx=rnd)
         self.send(message_frames(head, out, self.transport.chunk_bytes))
