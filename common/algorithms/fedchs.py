@@ -19,8 +19,14 @@ a round (no tensors) and receives scalars (the next edge, evaluation metrics). W
 paper's flow, :func:`exact_round`) there is no PS message during training: the PS starts m(0) once
 (``fedchs.go``, control), and from then on the edge that receives the model (a post of ``fedchs.round``
 carrying it) runs the next round itself and posts its round report (scalars, control) to the PS, whose round
-is the ``receive`` of that report. Each edge learns its neighbours' visit counts and cluster sizes D_{A,m}
-through ``describe`` (visit counter in ``ctx.public["visits"]``) and passes the model with ``hand_off``.
+is the ``receive`` of that report. The report goes after the model was passed on (it names m(t+1)); a model
+posted for round T (after the last) is kept for ``fedchs.collect``. A walk that stays at an edge (no neighbour
+takes the model) is told to go on by the PS (``fedchs.go``: an edge does not post to itself). A PS crash:
+an edge runs a posted round only while its session to the PS works, and the post it holds is its state; the
+resumed PS (checkpoint at round c) rolls the edges back to before round c, the edge that held round c's
+model runs it again, and the run is bit-identical to the uninterrupted one (docs/protocols.md, ``post``).
+Each edge learns its neighbours' visit counts and cluster sizes D_{A,m} through ``describe`` (visit counter in
+``ctx.public["visits"]``) and passes the model with ``hand_off`` (exact flow: the post).
 After the last round the PS fetches the final model from the edge holding it with the separate task
 ``fedchs.collect``, so every other message kind carries exactly 2 K |N_m(t)| d + d floats per round (sec. 7).
 
