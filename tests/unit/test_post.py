@@ -89,6 +89,13 @@ def test_receive_takes_by_kind_and_sender_and_leaves_the_rest_in_the_mailbox() -
     assert got is not None and got.sender == "edge-0"
     assert [p.task for p in eng.mailboxes["ps"]] == ["test.post.b"]
     assert ps.receive("test.post.a") is None
+    eng.nodes["edge-1"].comm.post("ps", "test.post.b", None, {"n": 4}, round=4)
+    eng.nodes["edge-1"].comm.post("ps", "test.post.b", None, {"n": 3}, round=3)
+    got = ps.receive("test.post.b", round=3)
+    assert got is not None and (got.sender, got.scalars["n"]) == ("edge-1", 3)
+    assert ps.receive("test.post.b", sender="edge-1", round=5) is None
+    assert eng.missing.entries[-1]["reason"] == "no test.post.b of round 6 posted"
+    assert [p.round for p in eng.mailboxes["ps"]] == [0, 4]
 
 
 def test_posts_are_metered_as_the_networked_engine_sends_them() -> None:
