@@ -268,11 +268,24 @@ class NetComm(BaseComm):
         return deadline_s if deadline_s is not None else self.transport.round_deadline_s
 
     def _next_post(self, want: PostFilter, end: float) -> Post | None:
-        got = self.hub.mailbox.take(want, end)
+        """The mailbox's first post ``want`` matches, waited for until ``end``. A receive from one ``sender``
+        stops early when that child's session is gone and not back within ``transport.rejoin_grace_s`` (as a
+        scatter to it fails): a node that is down posts nothing."""
+        got = None
+        while got is None and time.monotonic() < end:
+            got = self.hub.mailbox.take(want, min(end, time.monotonic() + 0.25) if want.sender else end)
+            if got is None and want.sender is not None and not self._reachable(want.sender):
+                got = self.hub.mailbox.take(want, 0.0)  # it may have posted just before it went
+                break
         if got is None or not got.bundle:
             return got
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")
         return replace(got, bundle=to_device(got.bundle, device))
+
+    def _reachable(self, node: NodeId) -> bool:
+        """Whether ``node``'s session works, or comes back within ``transport.rejoin_grace_s``."""
+        link, _ = self.hub.await_link(node)
+        return link is not None and link.alive and link.ready.is_set()
 
     def close(self) -> None:
         self.peer_client.close()

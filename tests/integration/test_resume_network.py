@@ -222,12 +222,14 @@ def test_resume_skips_a_truncated_checkpoint(tmp_path: Path, gate: Path) -> None
     assert payload(file_rows) == payload(oracle.links)
 
 
-def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(tmp_path: Path, gate: Path) -> None:
+@pytest.mark.parametrize("flow", ["driven", "exact"])
+def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(flow: str, tmp_path: Path, gate: Path) -> None:
     """The edge that holds the model dies in the middle of round 3 (held by the gate inside its round task,
-    the PS waiting for its reply): its predecessor hands its copy again to another neighbour (two-step rule
-    without the dead edge), round 3 is redone there and shows the redo, the run finishes, and no model byte
-    crosses a PS link except the final collect."""
-    spec = small_spec("fedchs", clients=4, edges=4, rounds=5, edge_graph="complete",
+    the PS waiting for its reply, or, in the exact flow, for its report, which it stops waiting for when the
+    edge's session is lost): its predecessor hands its copy again to another neighbour (two-step rule without the
+    dead edge), round 3 is redone there and shows the redo, the run finishes, and no model byte crosses a PS link
+    except the final collect."""
+    spec = small_spec("fedchs", clients=4, edges=4, rounds=5, edge_graph="complete", options={"flow": flow},
                       transport={"round_deadline_s": 60.0, "rpc_timeout_s": 5.0})
     seq = [r["edge"] for r in InProcessEngine(spec, device="cpu").run().rounds]
     victim = seq[2]
