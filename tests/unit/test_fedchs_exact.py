@@ -100,3 +100,18 @@ def test_a_walk_that_stays_is_told_to_go_on() -> None:
     assert same_model(driven, exact)
     gos = [(r["src"], r["round"]) for r in exact.links if r["kind"] == "fedchs.go" and r["phase"] == "request"]
     assert gos == [("ps", 0), ("ps", 1), ("ps", 2)]
+
+
+def test_a_next_edge_that_cannot_take_the_model_is_ruled_out_as_in_the_driven_flow() -> None:
+    """The post of round 2's model to m(1) fails (its receiver is down): PostError, and the two-step rule is
+    applied again without it, as the driven flow does with a failed hand-off."""
+    kw = dict(clients=6, edges=3, graph="complete", rounds=4)
+    clean = edge_sequence(InProcessEngine(spec({"K": 4}, **kw)).run())
+    victim = f"edge-{clean[1]}"
+    driven = InProcessEngine(spec({"K": 4}, **kw), faults=FaultPlan(
+        lambda node, task, rnd: node == victim and task == "handoff" and rnd == 0)).run()
+    exact = InProcessEngine(spec({"K": 4, "flow": "exact"}, **kw), faults=FaultPlan(
+        lambda node, task, rnd: node == victim and task == "fedchs.round" and rnd == 1)).run()
+    assert edge_sequence(exact) == edge_sequence(driven) and edge_sequence(exact)[1] != clean[1]
+    assert same_model(driven, exact)
+    assert [(m["node"], m["task"]) for m in exact.missing] == [(victim, "fedchs.round")]
