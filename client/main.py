@@ -105,8 +105,10 @@ def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: P
     meter, missing = ByteMeter(), MissingLog()  # its hand-offs to peers: the caller counts both directions
     peer_client = (PeerClient(node_id, meter, missing, ws.spec.transport, session.peers, config.security)
                    if has_peers else None)
-    ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=LeafComm(node_id, ws.topology, missing, peer_client),
-                      sizes={node_id: n})
+    if peer_client is not None:
+        peer_client.epoch = session.epoch  # its posts say which PS incarnation they were sent under
+    comm = LeafComm(node_id, ws.topology, missing, peer_client, up=session.post_up)
+    ctx = NodeContext(node_id=node_id, role="client", ws=ws, comm=comm, sizes={node_id: n})
     try:
         got = session.keep_state(ctx, store)
     except (RuntimeError, OSError) as e:  # state of another run, or an unreadable state folder
@@ -116,7 +118,9 @@ def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: P
     if got.tag is not None:
         log.info("%s: state restored from round %d (%s)", node_id, got.tag + 1, got.source)
     if peers is not None and has_peers:  # before Ready: a peer may hand off as soon as the run starts
-        peers.service.serve(ctx)  # peers' hand-offs land in ctx.inbox (saved with the state after its next task)
+        # peers' hand-offs land in ctx.inbox (saved with the state after its next task); their posts run in
+        # this client's task loop
+        peers.service.serve(ctx, on_post=session.deliver_post)
     session.send_ready({node_id: n})
     if on_ready is not None:
         on_ready(node_id)

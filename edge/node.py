@@ -2,7 +2,8 @@
 
 An edge is a child of the PS (it dials the PS and serves the PS's tasks) and a parent of its clients (it
 serves ``Parent.Session`` to them), and it serves ``Edge.HandOff`` / ``Edge.Describe`` to its neighbour
-edges: a model handed to a neighbour goes edge -> edge directly, never through the PS.
+edges: a model handed to a neighbour goes edge -> edge directly, never through the PS. A neighbour's post
+(``Comm.post``) runs in the edge's task loop; the edge's own posts to the PS go up its session stream.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def run_edge(config: NodeConfig) -> int:
         hub = ParentHub(HubConfig(node_id, spec, ws.topology, welcome.run_id, welcome_info, security), meter,
                         missing, listener=_TellParent(session, lambda: hub.data_sizes()))
         pending.serve(hub)
-        comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security)
+        comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security,
+                       up=session.post_up)
+        comm.peer_client.epoch = session.epoch  # its posts say which PS incarnation they were sent under
         ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)  # binds comm to ctx
         try:
             got = session.keep_state(ctx, store, meter)
@@ -96,7 +99,8 @@ def run_edge(config: NodeConfig) -> int:
             log.warning("%s: clients that did not join: %s", node_id, absent)
         sizes = hub.start()
         ctx.sizes = {**sizes, node_id: sum(sizes.values())}
-        service.serve(ctx, on_received=lambda c, rnd: store.save(c, welcome.run_id, tag=rnd))
+        service.serve(ctx, on_received=lambda c, rnd: store.save(c, welcome.run_id, tag=rnd),
+                      on_post=session.deliver_post)  # a neighbour's post runs in this edge's task loop
         session.send_ready(sizes)
 
         def bye(finished: bool) -> None:

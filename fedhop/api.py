@@ -17,7 +17,8 @@ What is here:
   ``ctx.data``, ``ctx.state``, ...);
 * the message primitives: :class:`Comm` (``ctx.comm.scatter``, ``ctx.comm.hand_off`` between neighbour edges
   or peer clients, ``ctx.comm.describe``; ``ctx.comm.submit`` / ``collect`` / ``in_flight`` for asynchronous
-  protocols), :class:`HandOffError`;
+  protocols; ``ctx.comm.post`` / ``receive``, a message that makes its receiver act and the parent's mailbox),
+  :class:`Post` (what ``receive`` returns), :class:`HandOffError`, :class:`PostError`;
 * bundles (``dict[str, torch.Tensor]``, what travels): :data:`Bundle` and its helpers (:func:`clone`,
   :func:`zeros_like`, :func:`axpy`, :func:`sub`, :func:`weighted_sum`, :func:`weighted_mean`, :func:`flat`,
   :func:`payload_bytes`), :class:`WeightedMean` (a ``fold`` that averages while replies arrive);
@@ -41,12 +42,13 @@ from fedhop.common.engine.api import (
     NoAnswer,
     NodeContext,
     NodeId,
+    Post,
     Reply,
     Scalar,
     final_model,
     task,
 )
-from fedhop.common.engine.base import HandOffError
+from fedhop.common.engine.base import HandOffError, PostError
 from fedhop.common.spec import RunSpec
 from fedhop.common.validation import NoOptions
 from fedhop.common.wire.bundle import (
@@ -63,9 +65,9 @@ from fedhop.common.wire.bundle import (
 
 __all__ = [
     "SETUP_ROUND", "Algorithm", "Bundle", "Comm", "HandOffError", "Handler", "LinkKind", "NoAnswer", "NoOptions",
-    "NodeContext", "NodeId", "Reply", "RunSpec", "Scalar", "WeightedMean", "axpy", "clone", "final_model", "flat",
-    "local_sgd", "loss_and_grad", "payload_bytes", "sample_batch", "sub", "task", "weighted_mean", "weighted_sum",
-    "zeros_like",
+    "NodeContext", "NodeId", "Post", "PostError", "Reply", "RunSpec", "Scalar", "WeightedMean", "axpy", "clone",
+    "final_model", "flat", "local_sgd", "loss_and_grad", "payload_bytes", "sample_batch", "sub", "task",
+    "weighted_mean", "weighted_sum", "zeros_like",
 ]
 
 

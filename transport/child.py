@@ -28,8 +28,8 @@ from typing import Any
 
 import grpc
 
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
-from fedhop.common.engine.base import BaseComm, Failure, MissingLog
+from fedhop.common.engine.api import NodeContext, NodeId, Post, Reply, Scalar
+from fedhop.common.engine.base import PARENT, POST_SLOT, BaseComm, Failure, MissingLog, post_entry, post_of, post_seq
 from fedhop.common.engine.node_store import NEWEST, NodeStore, Restored
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
@@ -40,7 +40,7 @@ from fedhop.common.user_code import UserCodeError, check_parent_code
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
-from fedhop.common.wire.messages import MessageAssembler
+from fedhop.common.wire.messages import POST_ID_BASE, MessageAssembler, message_frames, on_host, post_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
@@ -73,16 +73,23 @@ class _StillConnected(Exception):
     """The parent refused a re-join: it still holds this node's session (``ERROR_CODE_ALREADY_CONNECTED``)."""
 
 
+PostUp = Callable[[str, Bundle, dict[str, Scalar], int], None]  # (task, bundle, args, round): a Post to the parent
+
+
 class LeafComm(BaseComm):
     """A client's Comm: it has no children to scatter to. On a run with client peer links
-    (``topology.peer_graph``) it hands models to its peers and describes them, through ``peer_client`` (a
-    :class:`~fedhop.transport.peer.PeerClient` over the peers' addresses the parent sent at the start);
-    without peers both are errors."""
+    (``topology.peer_graph``) it hands models to its peers, posts to them and describes them, through
+    ``peer_client`` (a :class:`~fedhop.transport.peer.PeerClient` over the peers' addresses the parent sent at
+    the start); without peers these are errors. ``up``: posts to its parent (:meth:`ChildSession.post_up`)."""
 
     def __init__(self, node: NodeId, topology: Topology, missing: MissingLog,
-                 peer_client: PeerClient | None = None) -> None:
+                 peer_client: PeerClient | None = None, up: PostUp | None = None) -> None:
         super().__init__(node, topology, missing)
         self.peer_client = peer_client
+        self.up = up
+
+    def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        post_out(self, self.up, self.peer_client, route, to, task, bundle, args, rnd)
 
     def current_round(self) -> int:
         return self.ctx.round if self.ctx is not None else -1
@@ -119,6 +126,19 @@ class LeafComm(BaseComm):
     def close(self) -> None:
         if self.peer_client is not None:
             self.peer_client.close()
+
+
+def post_out(comm: BaseComm, up: PostUp | None, peers: PeerClient | None, route: str, to: NodeId, task: str,
+             bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+    """A networked node's post: up its session stream to its parent, or to a neighbour over its peer link."""
+    if route == PARENT:
+        if up is None:
+            raise RuntimeError(f"{comm.node} has no session to its parent to post on")
+        up(task, bundle, args, rnd)
+        return
+    if peers is None:
+        raise RuntimeError(f"{comm.node} has no peer links (topology.peer_graph = 'none'): it posts to nobody")
+    peers.post(to, task, bundle, args, comm.ctx.round if comm.ctx is not None else rnd, rnd)
 
 
 class _Stream:
@@ -205,12 +225,60 @@ class ChildSession:
         self._ctx: NodeContext | None = None
         self.task_lock = task_lock
         self.own_connection = own_connection
+        self._post_ids = itertools.count(POST_ID_BASE)  # the call ids of this node's Posts to its parent
+        self._post_keys = itertools.count()  # the inbox keys of the posts neighbours give it (post:<n>)
+        self.parent_up = threading.Event()  # set while the session to the parent works (posted tasks wait for it)
+        self._posts_lock = threading.Lock()  # the posts in the node's inbox: delivered, saved, rolled back
 
     # -- outbound -----------------------------------------------------------------------------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
         with self._lock:
             assert self._stream is not None, "send before connect"
             self._stream.out.put(frames)
+
+    def post_up(self, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        """A Post to the parent (``Comm.post``): queued on the session stream, not waited for; what a broken
+        stream had not sent yet moves to the re-joined one. The parent counts it when it arrives. The node's byte
+        rows not reported yet go first (a Report), so that a parent holding the post holds them too (its
+        checkpoint of the round the post completes is whole)."""
+        if self.protocol is not None:
+            self.protocol.send_report(rnd)
+        out = on_host(bundle)
+        head = post_frame(next(self._post_ids), task, args, has_bundle=bool(out), round_idx=rnd)
+        self.send(message_frames(head, out, self.transport.chunk_bytes))
+
+    def epoch(self) -> int:
+        """The incarnation of the parent this node serves: the round it resumed at (its Welcome's
+        ``resume_round``), -1 for the first. A post carries its sender's (``PeerClient.epoch``)."""
+        info = get_scalars(self.welcome.info) if self.welcome is not None else {}
+        return int(info["resume_round"]) if "resume_round" in info else -1
+
+    def deliver_post(self, post: Post, epoch: int, sent_round: int) -> None:
+        """A neighbour's validated post (``EdgeService``'s ``on_post``), before it is acknowledged: it becomes this
+        node's state (an inbox entry ``post:<n>``, saved under the sender's round ``sent_round``, as a hand-off:
+        an acknowledged post is never lost), then runs in this node's task loop after the tasks and posts before
+        it (one that comes before the loop starts waits for it)."""
+        ctx = self._ctx
+        if ctx is None:
+            raise RuntimeError(f"{self.node}: a post came before this node has its context")
+        with self._posts_lock:
+            key = f"{POST_SLOT}{next(self._post_keys):012d}"
+            ctx.inbox[key] = post_entry(post, epoch)
+            if self.store is not None:
+                self.store.save(ctx, self.run_id, tag=sent_round)
+            proto = self.protocol
+        if proto is not None:
+            proto.posted(key)
+
+    def _queue_posts(self, ctx: NodeContext) -> None:
+        """Give the task loop every post this node holds (after a start, a restart or a roll-back), in order; one
+        already queued runs once (the loop takes it out of the inbox)."""
+        keys = sorted((k for k in ctx.inbox if post_seq(k) >= 0), key=post_seq)
+        if keys:
+            self._post_keys = itertools.count(max(post_seq(keys[-1]) + 1, next(self._post_keys)))
+        if self.protocol is not None:
+            for k in keys:
+                self.protocol.posted(k)
 
     # -- joining ------------------------------------------------------------------------------------------
     def connect(self) -> pb.Welcome:
@@ -221,7 +289,9 @@ class ChildSession:
             up = listening(self.parent_addr)
             if up:
                 try:
-                    return self._open(rejoin=False)
+                    welcome = self._open(rejoin=False)
+                    self.parent_up.set()
+                    return welcome
                 except _Retry as e:
                     why = str(e)
             else:
@@ -338,6 +408,7 @@ class ChildSession:
         is then kept (the parent was only slow, and gets what was sent on it); one that ended here is retried
         until the parent notices too."""
         mark(f"rejoining-{self.node}")  # test hooks (common/testhooks.py): the tests await states, not log lines
+        self.parent_up.clear()  # posted tasks wait: their reports must reach the parent, and a resumed one rolls back
         end = time.monotonic() + self.transport.reconnect_s
         delay = 0.25
         while time.monotonic() < end:
@@ -348,6 +419,7 @@ class ChildSession:
                     log.info("%s: parent %s still holds this node's session (%s); staying on it", self.node,
                              self.parent_addr, e)
                     mark(f"rejoined-{self.node}")
+                    self.parent_up.set()
                     return None
                 time.sleep(max(0.0, min(delay, end - time.monotonic())))
                 delay = min(delay * 2, 5.0)
@@ -365,6 +437,7 @@ class ChildSession:
                 self.send_ready(self._ready_sizes)
             log.info("%s: re-joined run %s at %s", self.node, self.run_id, self.parent_addr)
             mark(f"rejoined-{self.node}")
+            self.parent_up.set()
             return None
         log.error("%s: parent %s did not come back within transport.reconnect_s = %gs; giving up", self.node,
                   self.parent_addr, self.transport.reconnect_s)
@@ -385,7 +458,11 @@ class ChildSession:
         info = get_scalars(self.welcome.info)
         if "resume_round" in info:
             r = int(info["resume_round"])
-            got = self.store.rollback(ctx, r, self.run_id)
+            with self._posts_lock:  # posts sent under the resumed parent (by a neighbour that re-joined first) stay
+                fresh = {k: e for k, e in ctx.inbox.items() if post_seq(k) >= 0 and post_of(e)[1] == r}
+                got = self.store.rollback(ctx, r, self.run_id)
+                ctx.inbox.update(fresh)
+            self._queue_posts(ctx)
             if self.meter is not None and self.meter.relabel_from(r) and self.protocol is not None:
                 log.info("%s: byte rows of round %d on are reported as redo", self.node, r + 1)
         elif self.store.newest_tag() is not None and self.store.disk is not None and self.protocol is None:
@@ -407,10 +484,12 @@ class ChildSession:
         """Serve the parent until its Bye (``on_bye(finished)`` runs first, e.g. an edge's own shutdown; then
         this node answers Bye) or until the parent is lost for good. Returns the process's exit code."""
         hooks = TaskHooks(before_task=before_task, after_task=self._saved if self.store is not None else None,
-                          report=report)
+                          report=report, parent_up=self.parent_up)
         proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, hooks=hooks,
                               peers=self.peers, task_lock=self.task_lock)
-        self.protocol = proto
+        with self._lock:
+            self.protocol = proto
+        self._queue_posts(ctx)  # the posts that came before (or that a restarted node restored)
         asms: dict[int, MessageAssembler] = {}
         tick = self.transport.keepalive_s
         quiet = 0

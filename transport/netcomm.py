@@ -16,16 +16,18 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from fedhop.common.engine.api import NodeId, Reply, Scalar, get_algorithm
-from fedhop.common.engine.base import BaseComm, Failure, MissingLog, Settle
+from fedhop.common.engine.api import NodeId, Post, Reply, Scalar, get_algorithm
+from fedhop.common.engine.base import BaseComm, Failure, MissingLog, PostFilter, Settle
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.messages import on_host, to_device
+from fedhop.transport.child import PostUp, post_out
 from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.reply_gate import ReplyGate
@@ -36,8 +38,10 @@ class NetComm(BaseComm):
     """The networked Comm of one node (the PS or an edge)."""
 
     def __init__(self, node: NodeId, topology: Topology, missing: MissingLog, hub: ParentHub, spec: RunSpec,
-                 peers: Mapping[NodeId, str] | None = None, security: Security = PLAINTEXT) -> None:
+                 peers: Mapping[NodeId, str] | None = None, security: Security = PLAINTEXT,
+                 up: PostUp | None = None) -> None:
         super().__init__(node, topology, missing)
+        self.up = up  # posts to this node's parent (an edge's session; the PS has none)
         self.hub = hub
         self.meter = hub.meter
         self.transport = spec.transport
@@ -255,6 +259,33 @@ class NetComm(BaseComm):
             if facts is not None:
                 out[p] = facts
         return out
+
+    # -- posts -------------------------------------------------------------------------------------------------
+    def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        post_out(self, self.up, self.peer_client, route, to, task, bundle, args, rnd)
+
+    def _receive_deadline(self, deadline_s: float | None) -> float:
+        return deadline_s if deadline_s is not None else self.transport.round_deadline_s
+
+    def _next_post(self, want: PostFilter, end: float) -> Post | None:
+        """The mailbox's first post ``want`` matches, waited for until ``end``. A receive from one ``sender``
+        stops early when that child's session is gone and not back within ``transport.rejoin_grace_s`` (as a
+        scatter to it fails): a node that is down posts nothing."""
+        got = None
+        while got is None and time.monotonic() < end:
+            got = self.hub.mailbox.take(want, min(end, time.monotonic() + 0.25) if want.sender else end)
+            if got is None and want.sender is not None and not self._reachable(want.sender):
+                got = self.hub.mailbox.take(want, 0.0)  # it may have posted just before it went
+                break
+        if got is None or not got.bundle:
+            return got
+        device = self.ctx.device if self.ctx is not None else torch.device("cpu")
+        return replace(got, bundle=to_device(got.bundle, device))
+
+    def _reachable(self, node: NodeId) -> bool:
+        """Whether ``node``'s session works, or comes back within ``transport.rejoin_grace_s``."""
+        link, _ = self.hub.await_link(node)
+        return link is not None and link.alive and link.ready.is_set()
 
     def close(self) -> None:
         self.peer_client.close()

@@ -2,6 +2,11 @@
 neighbour edge directly, never through the PS; acknowledged only once the neighbour holds and has validated
 the whole bundle) and ``Edge.Describe`` (small public facts about an edge).
 
+A post to a neighbour (``Comm.post``) travels on ``Edge.HandOff`` too: its Task frame is named after the posted
+task and the ``fedhop-post`` metadata entry says it is one (with the post's id, so that a retried post whose
+first Ack was lost is not run twice). The receiver validates it like a hand-off, checks that it knows the task,
+acknowledges it and queues it for its task loop (``EdgeService.serve``'s ``on_post``).
+
 :class:`PeerClient` is the calling half (used by the networked Comm), :class:`EdgeService` the serving
 half (run by every edge). Who calls and the hand-off's inbox slot travel in gRPC metadata, so that the
 counted message bytes do not depend on node ids. Byte meter: the caller counts both directions.
@@ -12,13 +17,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import grpc
 
-from fedhop.common.engine.api import NodeContext, NodeId, Scalar, get_algorithm
-from fedhop.common.engine.base import HandOffError, MissingLog, inbox_key
+from fedhop.common.engine.api import NodeContext, NodeId, Post, Scalar, get_algorithm, get_task, meter_kind
+from fedhop.common.engine.base import HandOffError, MissingLog, PostError, inbox_key
 from fedhop.common.spec import TransportSpec
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.bundle import Bundle, payload_bytes
@@ -28,6 +34,7 @@ from fedhop.common.wire.messages import (
     DESCRIBE,
     HANDOFF,
     FrameError,
+    Message,
     MessageAssembler,
     describe_reply,
     message_frames,
@@ -46,6 +53,10 @@ log = logging.getLogger("fedhop.peer")
 NODE_HEADER = "fedhop-node"  # gRPC metadata: who calls (Edge.HandOff, Edge.Describe)
 SLOT_HEADER = "fedhop-slot"  # gRPC metadata: the hand-off's inbox slot
 ROUND_HEADER = "fedhop-round"  # gRPC metadata: the round the hand-off happens in (for the receiver's snapshot)
+POST_HEADER = "fedhop-post"  # gRPC metadata on a post: the sender's id of the post (a HandOff that is a post)
+SENT_HEADER = "fedhop-sent-round"  # gRPC metadata on a post: the sender's round (the receiver saves its state under it)
+EPOCH_HEADER = "fedhop-epoch"  # gRPC metadata on a post: the PS incarnation it was sent under (ChildSession.epoch)
+POSTS_KEPT = 1024  # post ids remembered per sender (a retried post that was delivered is acknowledged, not rerun)
 
 
 class PeerClient:
@@ -60,6 +71,9 @@ class PeerClient:
         self.peers = peers  # filled when the run starts (and when an edge joins late)
         self.security = security
         self._channels: dict[str, grpc.Channel] = {}
+        self._posts = 0  # posts sent: their ids
+        self._post_lock = threading.Lock()
+        self.epoch: Callable[[], int] = lambda: -1  # the PS incarnation this node serves (ChildSession.epoch)
 
     def _channel(self, peer: NodeId) -> grpc.Channel:
         if peer not in self.peers:
@@ -71,13 +85,31 @@ class PeerClient:
 
     def hand_off(self, to: NodeId, slot: str, bundle: Bundle, scalars: Mapping[str, Scalar], rnd: int) -> None:
         """Stream the bundle to the neighbour's ``Edge.HandOff``; retried on transport errors."""
+        self._stream(to, HANDOFF, HANDOFF, bundle, scalars, rnd, ((SLOT_HEADER, slot), (ROUND_HEADER, str(rnd))),
+                     HandOffError, "hand-off")
+
+    def post(self, to: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], rnd: int,
+             post_round: int) -> None:
+        """Post ``task`` to the neighbour (``Edge.HandOff`` with ``fedhop-post``); it runs there at ``post_round``.
+        Counted at round ``rnd`` under the task's request kind, its Ack as that kind's reply. Retried on transport
+        errors; raises :class:`PostError` when refused or not delivered."""
+        with self._post_lock:
+            self._posts += 1
+            pid = f"{self.node}/{self._posts}"
+        self._stream(to, task, meter_kind(task, "request"), bundle, args, rnd,
+                     ((POST_HEADER, pid), (ROUND_HEADER, str(post_round)), (SENT_HEADER, str(rnd)),
+                      (EPOCH_HEADER, str(self.epoch()))), PostError, f"post {task}")
+
+    def _stream(self, to: NodeId, name: str, kind: str, bundle: Bundle, scalars: Mapping[str, Scalar], rnd: int,
+                metadata: tuple[tuple[str, str], ...], error: type[HandOffError], what: str) -> None:
+        """One Task message (``name``, ``scalars``, ``bundle``) on ``Edge.HandOff``, counted under ``kind``."""
         snapshot = on_host(bundle)
         payload = payload_bytes(snapshot)
         call = self._channel(to).stream_unary("/fedhop.v1.Edge/HandOff", request_serializer=serialize_frame,
                                               response_deserializer=pb.Ack.FromString)
         last = ""
         for attempt in range(self.transport.handoff_retries + 1):
-            head = task_frame(CALL_ID_BASE + attempt, HANDOFF, scalars, deadline_s=self.transport.rpc_timeout_s,
+            head = task_frame(CALL_ID_BASE + attempt, name, scalars, deadline_s=self.transport.rpc_timeout_s,
                               has_bundle=bool(snapshot))
             frames = message_frames(head, snapshot, self.transport.chunk_bytes)
             counted = [0]  # bytes of the frames gRPC has taken so far (the Ack may come before the
@@ -90,24 +122,24 @@ class PeerClient:
 
             try:
                 ack = call(counting(), timeout=self.transport.rpc_timeout_s,
-                           metadata=((NODE_HEADER, self.node), (SLOT_HEADER, slot), (ROUND_HEADER, str(rnd))))
+                           metadata=((NODE_HEADER, self.node), *metadata))
             except grpc.RpcError as e:
                 last = f"{e.code().name}: {e.details()}"
                 if counted[0]:
-                    self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0], rnd)
-                log.warning("%s: hand-off to %s failed (attempt %d): %s", self.node, to, attempt + 1, last)
+                    self.meter.record(self.node, to, kind, "request", payload, counted[0], rnd)
+                log.warning("%s: %s to %s failed (attempt %d): %s", self.node, what, to, attempt + 1, last)
                 time.sleep(min(0.2 * 2 ** attempt, 2.0))
                 continue
-            self.meter.record(self.node, to, HANDOFF, "request", payload, counted[0], rnd)
-            self.meter.record(to, self.node, HANDOFF, "reply", 0, ack.ByteSize(), rnd)
+            self.meter.record(self.node, to, kind, "request", payload, counted[0], rnd)
+            self.meter.record(to, self.node, kind, "reply", 0, ack.ByteSize(), rnd)
             if not ack.ok:
-                reason = f"{to} rejected the hand-off from {self.node}: {ack.error.message}"
-                self.missing.add(rnd, self.node, to, HANDOFF, reason)
-                raise HandOffError(reason)
+                reason = f"{to} rejected the {what} from {self.node}: {ack.error.message}"
+                self.missing.add(rnd, self.node, to, name, reason)
+                raise error(reason)
             return
-        reason = f"hand-off {self.node} -> {to} failed after {self.transport.handoff_retries + 1} attempts: {last}"
-        self.missing.add(rnd, self.node, to, HANDOFF, reason)
-        raise HandOffError(reason)
+        reason = f"{what} {self.node} -> {to} failed after {self.transport.handoff_retries + 1} attempts: {last}"
+        self.missing.add(rnd, self.node, to, name, reason)
+        raise error(reason)
 
     def describe(self, peer: NodeId, rnd: int) -> dict[str, Scalar] | None:
         """The peer's public facts, or None (logged as missing) when it does not answer."""
@@ -147,13 +179,19 @@ class EdgeService:
         self._budgets: dict[str, InflightBudget] = {}  # per sender: every hand-off stream it has open
         self._budget_lock = threading.Lock()
         self.on_received: Callable[[NodeContext, int], None] | None = None  # (ctx, round): save the node's state
+        # a validated post, its epoch and its sender's round: keep it and queue it for the node's task loop
+        self.on_post: Callable[[Post, int, int], None] | None = None
+        self._seen: dict[str, OrderedDict[str, None]] = {}  # per sender: the ids of the posts it delivered
 
-    def serve(self, ctx: NodeContext, on_received: Callable[[NodeContext, int], None] | None = None) -> None:
+    def serve(self, ctx: NodeContext, on_received: Callable[[NodeContext, int], None] | None = None,
+              on_post: Callable[[Post, int, int], None] | None = None) -> None:
         """The edge is in the run: take hand-offs into ``ctx`` (bundles capped by its spec's
         ``transport.max_bundle_bytes``); ``on_received(ctx, round)`` is told of each before it is acknowledged
-        (to save the node's state)."""
+        (to save the node's state); ``on_post(post, epoch, sent_round)`` gets each validated post before it is
+        acknowledged (None: posts are refused)."""
         self.max_bytes = ctx.spec.transport.max_bundle_bytes
         self.on_received = on_received
+        self.on_post = on_post
         self.ctx = ctx  # last: a call that sees the run sees its cap and its saver
 
     def register(self, server: grpc.Server) -> None:
@@ -198,10 +236,15 @@ class EdgeService:
         if why is not None:
             log.warning("%s: hand-off from %s refused: %s", self.node, context.peer(), why)
             return pb.Ack(ok=False, error=pb.Error(code=pb.ERROR_CODE_BAD_REQUEST, message=f"{self.node}: {why}"))
-        if not slot:
+        md = dict(context.invocation_metadata())
+        pid = str(md.get(POST_HEADER, ""))
+        if pid:
+            if self.on_post is None:
+                return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"post from {sender}: this node takes no posts")
+        elif not slot:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} names no slot")
-        slots = get_algorithm(ctx.spec.algorithm.name).handoff_slots
-        if slot not in slots:  # checked before a byte is read: nothing is kept for a slot nobody takes from
+        elif slot not in get_algorithm(ctx.spec.algorithm.name).handoff_slots:
+            # checked before a byte is read: nothing is kept for a slot nobody takes from
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} into slot {slot!r}, which "
                                 f"{ctx.spec.algorithm.name} does not use")
         transport = ctx.spec.transport
@@ -228,13 +271,42 @@ class EdgeService:
             asm.close()
         if msg is None:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} ended before its bundle")
+        if pid:
+            return self._posted(msg, sender, pid, md, ctx)
         req = accept_request(msg, self.node, sender, ctx.device, expect_name=HANDOFF)
         if isinstance(req, Rejection):
             return self._refuse(req.code, req.message)
         ctx.inbox[inbox_key(slot, sender)] = (req.bundle, req.args)
         if self.on_received is not None:  # saved before the Ack: an acknowledged model is never lost
-            md = dict(context.invocation_metadata())
             self.on_received(ctx, int(md.get(ROUND_HEADER, ctx.round)))
+        return pb.Ack(ok=True)
+
+    def _posted(self, msg: Message, sender: str, pid: str, md: Mapping[str, Any], ctx: NodeContext) -> pb.Ack:
+        """A whole post from a neighbour: validated (a task this node knows, a finite bundle), then queued for the
+        node's task loop and acknowledged; one already delivered (its first Ack was lost) is acknowledged only."""
+        name = msg.head.task.name if msg.kind == "task" else ""
+        try:
+            get_task(name)
+        except KeyError:
+            return self._refuse(pb.ERROR_CODE_UNKNOWN_TASK, f"unknown task {name!r}")
+        req = accept_request(msg, self.node, sender, ctx.device, expect_name=name)
+        if isinstance(req, Rejection):
+            return self._refuse(req.code, req.message)
+        try:
+            rnd = int(md.get(ROUND_HEADER, ctx.round))
+            sent = int(md.get(SENT_HEADER, rnd))
+            epoch = int(md.get(EPOCH_HEADER, -1))
+        except ValueError:
+            return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"post from {sender}: bad round or epoch in its metadata")
+        with self._budget_lock:
+            seen = self._seen.setdefault(sender, OrderedDict())
+            again = pid in seen
+            seen[pid] = None
+            while len(seen) > POSTS_KEPT:
+                seen.popitem(last=False)
+        if not again:
+            assert self.on_post is not None
+            self.on_post(Post(sender, req.name, req.bundle, dict(req.args), rnd), epoch, sent)
         return pb.Ack(ok=True)
 
     def _budget(self, sender: str, transport: TransportSpec) -> InflightBudget:

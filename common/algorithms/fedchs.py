@@ -14,9 +14,19 @@ counter c (Alg. 1 line 18). The counter of m(0) is literally never incremented (
 default False = literal).
 
 Where things live on the engine: the model lives at the edges; the parameter server is control plane only.
-It draws m(0) uniformly at random, tells the active edge to run a round (no tensors), and receives scalars
-(the next edge, evaluation metrics). Each edge learns its neighbours' visit counts and cluster sizes D_{A,m}
-through ``describe`` (visit counter in ``ctx.public["visits"]``) and passes the model with ``hand_off``.
+It draws m(0) uniformly at random and, with ``flow = "driven"`` (the default), tells the active edge to run
+a round (no tensors) and receives scalars (the next edge, evaluation metrics). With ``flow = "exact"`` (the
+paper's flow, :func:`exact_round`) there is no PS message during training: the PS starts m(0) once
+(``fedchs.go``, control), and from then on the edge that receives the model (a post of ``fedchs.round``
+carrying it) runs the next round itself and posts its round report (scalars, control) to the PS, whose round
+is the ``receive`` of that report. The report goes after the model was passed on (it names m(t+1)); a model
+posted for round T (after the last) is kept for ``fedchs.collect``. A walk that stays at an edge (no neighbour
+takes the model) is told to go on by the PS (``fedchs.go``: an edge does not post to itself). A PS crash:
+an edge runs a posted round only while its session to the PS works, and the post it holds is its state; the
+resumed PS (checkpoint at round c) rolls the edges back to before round c, the edge that held round c's
+model runs it again, and the run is bit-identical to the uninterrupted one (docs/protocols.md, ``post``).
+Each edge learns its neighbours' visit counts and cluster sizes D_{A,m} through ``describe`` (visit counter in
+``ctx.public["visits"]``) and passes the model with ``hand_off`` (exact flow: the post).
 After the last round the PS fetches the final model from the edge holding it with the separate task
 ``fedchs.collect``, so every other message kind carries exactly 2 K |N_m(t)| d + d floats per round (sec. 7).
 
@@ -160,21 +170,34 @@ def _acquire(ctx: NodeContext, first: bool, o: FedCHSOptions) -> Bundle:
 
 
 @task("fedchs.round")
-def edge_round(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
-    """Active ES m(t): K interactions (Eq. 5), then the two-step rule and the hand-off of w^{t+1}."""
+def edge_round(ctx: NodeContext, w: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Active ES m(t): K interactions (Eq. 5), then the two-step rule and the hand-off of w^{t+1}. Called by
+    the PS (``flow = "driven"``, no tensors), or posted by the previous ES with the model (``"exact"``)."""
+    if args.get("flow") == "exact":
+        return _posted_round(ctx, w)
     o: FedCHSOptions = ctx.opts
     w = _acquire(ctx, bool(args["first"]), o)
+    return Reply({}, _train_and_pass(ctx, w, bool(args["eval"]), o))
+
+
+def _train_and_pass(ctx: NodeContext, w: Bundle, evaluate: bool, o: FedCHSOptions,
+                    post_round: int | None = None) -> dict[str, Scalar]:
+    """Round t at this ES from w^t: its K interactions, the evaluation if due, and w^{t+1} passed on (posted
+    for round ``post_round`` in the exact flow); returns the round's report."""
     w, train_loss, uploads = cluster_round(ctx, w, o)
     scalars: dict[str, Scalar] = {"train_loss": train_loss, "uploads": uploads,
                                   VISITS: ctx.public.get(VISITS, 0)}
-    if bool(args["eval"]):
+    if evaluate:
         scalars.update(ctx.evaluate(w))
-    scalars["next"] = pass_model(ctx, w)
-    return Reply({}, scalars)
+    scalars["next"] = pass_model(ctx, w, post_round=post_round)
+    return scalars
 
 
-def pass_model(ctx: NodeContext, w: Bundle, avoid: frozenset[NodeId] = frozenset()) -> NodeId:
-    """Hand w^{t+1} to m(t+1) chosen by the two-step rule among the neighbours that answer describe.
+def pass_model(ctx: NodeContext, w: Bundle, avoid: frozenset[NodeId] = frozenset(),
+               post_round: int | None = None) -> NodeId:
+    """Hand w^{t+1} to m(t+1) chosen by the two-step rule among the neighbours that answer describe: a
+    ``hand_off``, or (exact flow, ``post_round`` given) a post of ``fedchs.round`` that makes m(t+1) run round
+    ``post_round``.
 
     A neighbour that cannot take the model is ruled out and the rule applied again (docs/design.md section 7:
     rerouted, never lost); with no neighbour reachable (or none at all: one cluster) the model stays here and
@@ -188,24 +211,97 @@ def pass_model(ctx: NodeContext, w: Bundle, avoid: frozenset[NodeId] = frozenset
     while candidates:
         nxt = choose_next(candidates)
         try:
-            ctx.comm.hand_off(nxt, "model", w)
+            if post_round is None:
+                ctx.comm.hand_off(nxt, "model", w)
+            else:
+                ctx.comm.post(nxt, "fedchs.round", w, {"flow": "exact"}, round=post_round)
             st.sent = w  # kept until this edge next receives a model: the redo copy
             return nxt
-        except HandOffError:
+        except HandOffError:  # a PostError too
             candidates = [c for c in candidates if c[0] != nxt]
     st.held = w
     return ctx.node_id
 
 
+# -- the exact flow (flow = "exact"): no PS message during training -------------------------------------------
+REPORT = "fedchs.report"  # an ES's round report to the PS (scalars only: a control message)
+
+
+def _posted_round(ctx: NodeContext, w: Bundle) -> Reply:
+    """The ES that received w^t (a post of round t = ``ctx.round``) runs round t and reports it; a model posted
+    for round T (after the last round) is kept for the PS to collect."""
+    st: EdgeState = ctx.state
+    st.sent = None  # this edge received a model: the copy of the last one it passed on is no longer needed
+    if ctx.round >= ctx.spec.rounds:
+        st.held = w
+        return Reply()
+    ctx.public[VISITS] = int(ctx.public.get(VISITS, 0)) + 1  # Alg. 1 line 18: c(m(t+1)) += 1
+    _run_and_report(ctx, w)
+    return Reply()
+
+
+def _run_and_report(ctx: NodeContext, w: Bundle) -> None:
+    o: FedCHSOptions = ctx.opts
+    report = _train_and_pass(ctx, w, ctx.should_eval(), o, post_round=ctx.round + 1)
+    ctx.comm.post(ctx.topology.server, REPORT, None, report)
+
+
+@task("fedchs.go")
+def edge_go(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Exact flow, from the PS (control): run round t = ``ctx.round`` here with w^0 (``first``: m(0), or the
+    edge a failed m(0)'s round moved to) or with the model this edge kept (the walk stayed here: an edge does
+    not post to itself), and report it like a posted round."""
+    o: FedCHSOptions = ctx.opts
+    _run_and_report(ctx, _acquire(ctx, bool(args["first"]), o))
+    return Reply()
+
+
+def exact_round(ctx: NodeContext, s: ServerState) -> ServerState:
+    """PS, exact flow: round t is the report that m(t) posts. The PS sends a message only to start m(0), to tell
+    an edge that kept the model (the walk stayed) to go on, and after a fault: when m(t)'s report does not come
+    (``transport.round_deadline_s``), the previous holder posts its copy again (``fedchs.resend``), as in the
+    driven flow, and the report of the edge that redoes the round is awaited."""
+    o: FedCHSOptions = ctx.opts
+    t, active, redo = ctx.round, s.active, ""
+    if s.first or s.previous == s.active:
+        ctx.comm.scatter([active], "fedchs.go", None, {"first": s.first})
+    got = ctx.comm.receive(REPORT, sender=active, round=t)
+    if got is None:
+        redo = active  # receive logged it as missing
+        active = _redo_at(ctx, s, exact=True)
+        if s.first or active == s.previous:
+            ctx.comm.scatter([active], "fedchs.go", None, {"first": s.first})
+        got = ctx.comm.receive(REPORT, sender=active, round=t)
+        if got is None:
+            raise RuntimeError(f"Fed-CHS round {t + 1}: neither {s.active} nor {active} (the redo) reported the "
+                               "round")
+    return _reported(ctx, s, active, got.scalars, redo, o)
+
+
+def _reported(ctx: NodeContext, s: ServerState, active: NodeId, r: dict[str, Scalar], redo: str,
+              o: FedCHSOptions) -> ServerState:
+    """Report round t from m(t)'s scalars; the state of round t + 1."""
+    steps = s.steps + int(r["uploads"]) * o.E
+    metrics: dict[str, Scalar] = {"edge": active, "train_loss": r["train_loss"], "client_steps": steps}
+    if redo:
+        metrics["redo"] = f"{redo} failed"
+    if ctx.should_eval():
+        metrics.update({k: r[k] for k in ("loss", "accuracy") if k in r})
+    ctx.report(**metrics)
+    return ServerState(str(r["next"]), active, False, steps)
+
+
 @task("fedchs.resend")
 def edge_resend(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
     """Previous holder, after the edge it handed the model to failed its round: hand its copy again, to
-    another neighbour by the two-step rule (or keep it); replies with the new m(t)."""
+    another neighbour by the two-step rule (or keep it); replies with the new m(t). In the exact flow the copy
+    is posted for round t = ``ctx.round`` (the receiver redoes it)."""
     st: EdgeState = ctx.state
     if st.sent is None:
         raise RuntimeError(f"{ctx.node_id}: asked to hand its copy of the model again but keeps none")
     w, st.sent = st.sent, None
-    return Reply({}, {"next": pass_model(ctx, w, frozenset({str(args["avoid"])}))})
+    post_round = ctx.round if args.get("flow") == "exact" else None
+    return Reply({}, {"next": pass_model(ctx, w, frozenset({str(args["avoid"])}), post_round=post_round)})
 
 
 @task("fedchs.collect")
@@ -237,8 +333,11 @@ def init(ctx: NodeContext) -> ServerState:
 
 
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
-    """PS (control plane only): one ``fedchs.round`` at the active edge; it names m(t+1)."""
+    """PS (control plane only): one ``fedchs.round`` at the active edge; it names m(t+1). With ``flow =
+    "exact"``: :func:`exact_round`."""
     o: FedCHSOptions = ctx.opts
+    if o.flow == "exact":
+        return exact_round(ctx, s)
     ev = ctx.should_eval()
     active, redo = s.active, ""
     replies = ctx.comm.scatter([active], "fedchs.round", None, {"first": s.first, "eval": ev})
@@ -249,25 +348,18 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
         if active not in replies:
             raise RuntimeError(f"Fed-CHS round {ctx.round + 1}: neither {s.active} nor {active} (the redo) "
                                "finished the round")
-    r = replies[active].scalars
-    steps = s.steps + int(r["uploads"]) * o.E
-    metrics: dict[str, Scalar] = {"edge": active, "train_loss": r["train_loss"], "client_steps": steps}
-    if redo:
-        metrics["redo"] = f"{redo} failed"
-    if ev:
-        metrics.update({k: r[k] for k in ("loss", "accuracy") if k in r})
-    ctx.report(**metrics)
-    return ServerState(str(r["next"]), active, False, steps)
+    return _reported(ctx, s, active, replies[active].scalars, redo, o)
 
 
-def _redo_at(ctx: NodeContext, s: ServerState) -> NodeId:
+def _redo_at(ctx: NodeContext, s: ServerState, *, exact: bool = False) -> NodeId:
     """Where the failed round is redone: w^0 is rebuilt at the next edge in canonical order (round 0), else
     the previous holder hands its copy again (or keeps it and is the new m(t))."""
     if s.first:
         edges = list(ctx.topology.edges)
         return edges[(edges.index(s.active) + 1) % len(edges)]
     assert s.previous is not None
-    got = ctx.comm.scatter([s.previous], "fedchs.resend", None, {"avoid": s.active})
+    args: dict[str, Scalar] = {"avoid": s.active, **({"flow": "exact"} if exact else {})}
+    got = ctx.comm.scatter([s.previous], "fedchs.resend", None, args)
     if s.previous not in got:
         raise RuntimeError(f"Fed-CHS round {ctx.round + 1}: {s.active} failed and {s.previous}, which holds "
                            "the only copy of the model, does not answer")

@@ -57,6 +57,18 @@ class Reply:
     scalars: dict[str, Scalar] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Post:
+    """A posted message as its receiver takes it (:meth:`Comm.receive`): who sent it, its task (or kind), its
+    tensors and scalars, and the round it was posted for (``post``'s ``round``, default the sender's)."""
+
+    sender: NodeId
+    task: str
+    bundle: Bundle = field(default_factory=dict)
+    scalars: dict[str, Scalar] = field(default_factory=dict)
+    round: int = 0
+
+
 class Comm(Protocol):
     """Communication primitives. Every call is counted by the engine's byte meter."""
 
@@ -129,6 +141,30 @@ class Comm(Protocol):
 
     def in_flight(self) -> tuple[NodeId, ...]:
         """The children working on a submitted task not collected yet (canonical order)."""
+        ...
+
+    def post(self, to: NodeId, task: str, bundle: Bundle | None = None, args: Mapping[str, Scalar] | None = None,
+             *, round: int | None = None) -> None:
+        """Send ``task`` to ``to`` and return without waiting for a reply: the receiver acts on it. ``to`` is
+        this node's parent (the message lands in the parent's mailbox, taken by :meth:`receive`) or a neighbour
+        (an edge of the edge graph, a peer client of ``topology.peer_graph``: the receiver runs the registered
+        handler ``task`` in its own task loop, with its own context, at ``ctx.round = round``; what the handler
+        returns is not sent anywhere). ``round``: the round the message belongs to at its receiver (default:
+        this node's). A post to a neighbour is acknowledged once the neighbour holds and has validated it; one
+        it refuses (an unknown task, a sender that is not its neighbour) or that cannot be delivered raises
+        :class:`~fedhop.common.engine.base.PostError` (logged as missing): the caller may reroute. Counted on the
+        byte meter under the task's request kind (a post without tensors is a control message)."""
+        ...
+
+    def receive(self, task: str, *, sender: NodeId | None = None, round: int | None = None,
+                deadline_s: float | None = None, expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
+        """The PS (the driver) takes the next message of kind ``task`` (from ``sender``, of the post's ``round``,
+        when given) posted to it, first in, first out; None when none comes before ``deadline_s`` (default
+        ``transport.round_deadline_s``): the protocol's missing-participant rule applies (a ``sender`` waited
+        for is logged as missing). A message whose
+        bundle does not match ``expect`` (names, shapes, dtypes) or is not finite is refused (logged as
+        missing) and the next one is waited for. The in-process engine runs the queued posts of other nodes
+        in the order they were posted until such a message is there (none left: None at once)."""
         ...
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from fedhop.common import timeline, timing
-from fedhop.common.engine.api import NodeContext, NodeId, Reply, Scalar
+from fedhop.common.engine.api import NodeContext, NodeId, Post, Reply, Scalar
 from fedhop.common.engine.size_claims import SIZE_KEY, size_claim_error
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle, non_finite
@@ -19,6 +19,54 @@ from fedhop.common.wire.bundle import Bundle, non_finite
 
 class HandOffError(RuntimeError):
     """A hand-off that could not be delivered after its retries."""
+
+
+class PostError(HandOffError):
+    """A post to a neighbour that it refused (an unknown task, a sender that is not its neighbour, a bad bundle)
+    or that could not be delivered after its retries; logged as missing. A :class:`HandOffError`, so that code
+    rerouting a failed hand-off reroutes a failed post the same way."""
+
+
+PARENT, PEER = "parent", "peer"  # where a post goes (BaseComm.post_route)
+
+
+POST_SLOT = "post:"  # inbox entries "post:<sequence number>": posts taken and not run yet (part of the node's state)
+_META = ("post.task", "post.sender", "post.round", "post.epoch")
+
+
+def post_entry(post: Post, epoch: int = -1) -> tuple[Bundle, dict[str, Scalar]]:
+    """A post as an inbox entry (``(bundle, scalars)``, saved with the node's state until it runs): its scalars
+    prefixed ``arg.``, beside who sent it, its task, its round and the PS incarnation (``epoch``, the round a
+    resumed PS resumed at; -1: the first) it was sent under."""
+    meta: dict[str, Scalar] = {"post.task": post.task, "post.sender": post.sender, "post.round": post.round,
+                               "post.epoch": epoch}
+    return post.bundle, {**meta, **{f"arg.{k}": v for k, v in post.scalars.items()}}
+
+
+def post_of(entry: tuple[Bundle, dict[str, Scalar]]) -> tuple[Post, int]:
+    """The post an inbox entry holds (:func:`post_entry`), and its epoch."""
+    bundle, meta = entry
+    args = {k[4:]: v for k, v in meta.items() if k.startswith("arg.")}
+    return (Post(str(meta["post.sender"]), str(meta["post.task"]), bundle, args, int(meta["post.round"])),
+            int(meta["post.epoch"]))
+
+
+def post_seq(key: str) -> int:
+    """The sequence number of an inbox key ``post:<n>`` (-1 for any other key)."""
+    tail = key[len(POST_SLOT):] if key.startswith(POST_SLOT) else ""
+    return int(tail) if tail.isdigit() else -1
+
+
+@dataclass(frozen=True)
+class PostFilter:
+    """Which posted message a ``receive`` takes: of kind ``task``, and from ``sender`` / of ``round`` if given."""
+
+    task: str
+    sender: NodeId | None = None
+    round: int | None = None
+
+    def __call__(self, p: Post) -> bool:
+        return p.task == self.task and self.sender in (None, p.sender) and self.round in (None, p.round)
 
 
 @dataclass(frozen=True)
@@ -300,6 +348,72 @@ class BaseComm(ABC):
         """A task of round ``round_idx`` that ``node`` had to answer got no reply at all (not an optional one).
         A networked engine counts these to drop a child that stays silent; the in-process engine drops no one."""
         return None
+
+    # -- posts: a message that makes its receiver act; the parent's mailbox --------------------------------------
+    def post_route(self, to: NodeId) -> str:
+        """Where a post from this node to ``to`` goes: :data:`PARENT` (the parent's mailbox) or :data:`PEER` (a
+        neighbour runs it). A child, or a node this one has no link to, is refused: a parent sends its
+        children work with ``scatter`` or ``submit``."""
+        if to == self.topology.parent.get(self.node):
+            return PARENT
+        if to in self.topology.neighbours.get(self.node, ()):
+            return PEER
+        if to in self.topology.children(self.node):
+            raise ValueError(f"{self.node} cannot post to its child {to}: a parent sends work down with scatter or "
+                             "submit")
+        raise ValueError(f"{self.node} has no link to {to}: it can post to its parent "
+                         f"({self.topology.parent.get(self.node, 'none')}) and to its neighbours "
+                         f"{list(self.topology.neighbours.get(self.node, ()))}")
+
+    def post(self, to: NodeId, task: str, bundle: Bundle | None = None, args: Mapping[str, Scalar] | None = None,
+             *, round: int | None = None) -> None:
+        """See :meth:`~fedhop.common.engine.api.Comm.post`."""
+        if not task:
+            raise ValueError(f"{self.node}: a post needs a task name")
+        route = self.post_route(to)
+        own = self.ctx.round if self.ctx is not None else self.current_round()  # the sender's round
+        rnd = own if round is None else int(round)
+        began = time.perf_counter()
+        try:
+            self._post(route, to, task, dict(bundle or {}), dict(args or {}), rnd)
+        finally:
+            self.clock().add(self.current_round(), self.node, "transfer", time.perf_counter() - began, peer=to)
+
+    def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot post")
+
+    def receive(self, task: str, *, sender: NodeId | None = None, round: int | None = None,
+                deadline_s: float | None = None, expect: Mapping[str, torch.Tensor] | None = None) -> Post | None:
+        """See :meth:`~fedhop.common.engine.api.Comm.receive`."""
+        if not self.topology.children(self.node):
+            raise RuntimeError(f"{self.node} has no children: nothing is posted to it (receive is a parent's)")
+        if sender is not None and sender not in self.topology.children(self.node):
+            raise ValueError(f"{self.node} can only receive from its children; {sender} is not among them")
+        end = time.monotonic() + self._receive_deadline(deadline_s)
+        began = time.perf_counter()
+        try:
+            while True:
+                got = self._next_post(PostFilter(task, sender, round), end)
+                if got is None:
+                    if sender is not None:  # a post this node waited for from one child: that child is missing
+                        of = f" of round {round + 1}" if round is not None else ""
+                        self.missing.add(self.current_round(), self.node, sender, task, f"no {task}{of} posted")
+                    return None
+                reason = check_bundle(got.bundle, expect)
+                if reason is None:
+                    return got
+                self.missing.add(self.current_round(), self.node, got.sender, task, f"refused post: {reason}")
+        finally:
+            self.clock().add(self.current_round(), self.node, "wait", time.perf_counter() - began)
+
+    def _receive_deadline(self, deadline_s: float | None) -> float:
+        """Seconds a receive waits (the networked engine: ``deadline_s`` or ``transport.round_deadline_s``)."""
+        return deadline_s if deadline_s is not None else 0.0
+
+    def _next_post(self, want: PostFilter, end: float) -> Post | None:
+        """The first message in this node's mailbox that ``want`` matches, taken out of it; None when none came by
+        ``end`` (a time.monotonic() time)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot receive posts")
 
     def _check_peer(self, peer: NodeId) -> None:
         if peer not in self.topology.neighbours.get(self.node, ()):

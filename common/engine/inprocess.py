@@ -2,12 +2,21 @@
 
 Calls run sequentially in canonical node order. Every bundle that crosses a "link" is copied, so no node
 ever aliases another's tensors, and counted on the same byte meter the networked engine uses.
+
+Posts (``Comm.post``) are scheduled deterministically, first in, first out: a post to a parent lands in its
+mailbox at once; a post to a neighbour is queued, and the queue runs (each posted task in its receiver's
+context, in the order posted; what a posted task posts joins the end of the queue) only when a parent
+``receive`` s and its mailbox holds no matching message, or when the run drains at its end. The order of a
+protocol whose decisions do not depend on arrival order is therefore the networked run's too. A queued post
+is its receiver's state (an inbox entry ``post:<n>``, as over the network), so a checkpoint carries it.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +27,7 @@ from fedhop.common.engine.api import (
     NoAnswer,
     NodeContext,
     NodeId,
+    Post,
     Reply,
     Scalar,
     get_algorithm,
@@ -25,13 +35,20 @@ from fedhop.common.engine.api import (
     meter_kind,
 )
 from fedhop.common.engine.base import (
+    PARENT,
+    POST_SLOT,
     BaseComm,
     Failure,
     HandOffError,
     MissingLog,
+    PostError,
+    PostFilter,
     Settle,
     check_bundle,
     inbox_key,
+    post_entry,
+    post_of,
+    post_seq,
 )
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.events import RunEvents
@@ -45,14 +62,30 @@ from fedhop.common.spec import RunSpec
 from fedhop.common.virtual_clock import VirtualClock
 from fedhop.common.wire.bundle import Bundle, clone, payload_bytes
 from fedhop.common.wire.frames import message_bytes
+from fedhop.common.wire.messages import HANDOFF, post_bytes
 from fedhop.common.wire.meter import ByteMeter
 
 
 class FaultPlan:
-    """Test hook: make chosen (node, task, round) calls fail as if the node were gone."""
+    """Test hook: make chosen (node, task, round) calls fail as if the node were gone. A post to a neighbour is
+    asked about twice, with the round it is posted for: ``(receiver, task, round)`` when it is delivered (down:
+    the sender gets a PostError) and ``(receiver, RUN + task, round)`` before it runs (down: it took the post,
+    then went down before running it; nobody hears of it)."""
 
     def __init__(self, dead: Callable[[NodeId, str, int], bool] | None = None) -> None:
         self.dead = dead or (lambda node, task, rnd: False)
+
+
+RUN = "run:"  # FaultPlan: the task key asked before a queued post runs
+
+
+@dataclass(frozen=True)
+class QueuedPost:
+    """A post to a neighbour, queued until the scheduler runs it: its receiver and its inbox key there (the post
+    itself is the receiver's inbox entry ``key``, :func:`~fedhop.common.engine.base.post_entry`)."""
+
+    dst: NodeId
+    key: str
 
 
 class InProcessEngine:
@@ -85,6 +118,9 @@ class InProcessEngine:
             # binds its _LocalComm to itself
             self.nodes[n] = NodeContext(node_id=n, role=role, ws=self.ws, comm=_LocalComm(self, n), sizes=known)
         self.public_defaults = sizes
+        self.posts: deque[QueuedPost] = deque()  # posts to neighbours not run yet, in the order posted
+        self.post_seq = 0  # the number of the next post to a neighbour (its inbox key)
+        self.mailboxes: dict[NodeId, deque[Post]] = {n: deque() for n in self.nodes}  # posts to parents
 
     @property
     def round(self) -> int:
@@ -145,6 +181,9 @@ class InProcessEngine:
         self.meter.merge(ck.meter)
         self.missing.entries[:] = ck.missing
         self.nodes[self.ws.topology.server].comm.last_ok = dict(ck.last_ok)
+        queued = sorted((post_seq(k), n) for n, c in self.nodes.items() for k in c.inbox if post_seq(k) >= 0)
+        self.posts = deque(QueuedPost(n, f"{POST_SLOT}{seq:012d}") for seq, n in queued)  # the queue at the save
+        self.post_seq = queued[-1][0] + 1 if queued else 0
         return Start(int(got.meta["next_round"]), ck.state), list(ck.records), run_id or ck.run_id or None
 
     # -- one message over a simulated link ----------------------------------------------------------------
@@ -159,6 +198,43 @@ class InProcessEngine:
         if self.vclock is not None:  # observes only: what it predicts never reaches the math
             self.vclock.message(src, dst, phase, size, began)
         return out
+
+
+    def send_post(self, src: NodeId, dst: NodeId, task: str, bundle: Bundle, scalars: dict[str, Scalar], *,
+                  up: bool, round_idx: int, meter_round: int) -> Bundle:
+        """One post over a simulated link (to the parent: a Post frame; to a neighbour: a Task frame and, on
+        delivery, its Ack), counted under the task's request kind at ``meter_round`` (where the networked engine
+        counts it: the post's round for a post to the parent, counted by the parent; the sender's round for one
+        to a neighbour, counted by the sender); returns the receiver's copy of the bundle."""
+        size = post_bytes(task, bundle, scalars, self.spec.transport.chunk_bytes, up=up, round_idx=round_idx)
+        self.meter.record(src, dst, meter_kind(task, "request"), "request", payload_bytes(bundle), size, meter_round)
+        return clone(bundle)
+
+    def run_post(self, q: QueuedPost) -> None:
+        """Run one queued post: its task's handler in the receiver's context at the post's round. A handler that
+        fails is logged as missing by its node (nobody waits for it); what it returns goes nowhere."""
+        ctx = self.nodes[q.dst]
+        entry = ctx.inbox.pop(q.key, None)
+        if entry is None:
+            return
+        post, _ = post_of(entry)
+        if self.faults.dead(q.dst, RUN + post.task, post.round):  # it took the post, then went down before running
+            return
+        ctx.round = post.round
+        began = time.perf_counter()
+        try:
+            get_task(post.task)(ctx, post.bundle, dict(post.scalars))
+        except NoAnswer:
+            pass
+        except Exception as e:  # a failing node is a missing node, as over the network
+            self.missing.add(self.round, q.dst, q.dst, post.task, f"posted task failed: {type(e).__name__}: {e}")
+        finally:
+            self.timeline.add(self.round, q.dst, "busy", time.perf_counter() - began)
+
+    def run_posts(self) -> None:
+        """Run every queued post, and what they post in turn, until none is left (the run's end)."""
+        while self.posts:
+            self.run_post(self.posts.popleft())
 
 
 class ReplayError(RuntimeError):
@@ -220,6 +296,50 @@ class _LocalComm(BaseComm):
     def drain(self) -> None:
         super().drain()
         self._done.clear()
+        self.engine.run_posts()  # over the network every post is delivered and run, waited for or not
+
+    # -- posts: a FIFO scheduler ------------------------------------------------------------------------------
+    def _post(self, route: str, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar], rnd: int) -> None:
+        eng = self.engine
+        if route == PARENT:
+            received = eng.send_post(self.node, to, task, bundle, args, up=True, round_idx=rnd, meter_round=rnd)
+            eng.mailboxes[to].append(Post(self.node, task, received, dict(args), rnd))
+            return
+        own = self.ctx.round if self.ctx is not None else eng.round  # the sender's round: where it counts
+        if eng.faults.dead(to, task, rnd):
+            reason = f"post {task} {self.node} -> {to} failed after its retries: {to} is down"
+            self.missing.add(own, self.node, to, task, reason)
+            raise PostError(reason)
+        received = eng.send_post(self.node, to, task, bundle, args, up=False, round_idx=rnd, meter_round=own)
+        reason = None
+        try:
+            get_task(task)
+        except KeyError:
+            reason = f"unknown task {task!r}"
+        reason = reason or check_bundle(received)
+        if reason is not None:
+            reason = f"{to} refused the post from {self.node}: {reason}"
+            self.missing.add(own, self.node, to, task, reason)
+            raise PostError(reason)
+        eng.meter.record(to, self.node, meter_kind(task, "request"), "reply", 0,
+                         message_bytes(HANDOFF, "reply", {}, {}, eng.spec.transport.chunk_bytes), own)
+        key = f"{POST_SLOT}{eng.post_seq:012d}"
+        eng.post_seq += 1
+        eng.nodes[to].inbox[key] = post_entry(Post(self.node, task, received, dict(args), rnd))
+        eng.posts.append(QueuedPost(to, key))
+
+    def _next_post(self, want: PostFilter, end: float) -> Post | None:
+        """The first matching message in this node's mailbox; while there is none, the next queued post runs
+        (none left: None, at once: nothing else can ever post)."""
+        box = self.engine.mailboxes[self.node]
+        while True:
+            for p in box:
+                if want(p):
+                    box.remove(p)
+                    return p
+            if not self.engine.posts:
+                return None
+            self.engine.run_post(self.engine.posts.popleft())
 
     def current_round(self) -> int:
         return self.engine.round

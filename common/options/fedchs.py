@@ -26,6 +26,10 @@ class FedCHSOptions(BaseModel):
         "interaction", description="E > 1: local step j of interaction k uses eta_k or eta_{kE+j}")
     upload_levels: int = Field(0, ge=0, le=MAX_LEVELS, description="0: uploads uncompressed (Alg. 1); s > 0: "
                                "QSGD with s levels on every upload (Fig. 2 'with compression')")
+    flow: Literal["driven", "exact"] = Field(
+        "driven", description="driven: the PS calls fedchs.round on the active edge every round; exact: the "
+        "paper's flow, no PS message during training (the edge that receives the model runs the next round "
+        "and posts its report to the PS)")
 
     @model_validator(mode="after")
     def _divisible(self) -> FedCHSOptions:

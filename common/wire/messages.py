@@ -40,6 +40,7 @@ from fedhop.v1 import fedhop_pb2 as pb
 
 PROTOCOL_VERSION = 1
 CALL_ID_BASE = 1 << 56
+POST_ID_BASE = 1 << 60  # a child numbers its Posts to its parent from here (never a call id of the parent)
 ROUND_ARG = "_round"
 HANDOFF = "handoff"
 DESCRIBE = "describe"
@@ -60,6 +61,29 @@ def task_frame(call_id: int, name: str, args: Mapping[str, object], *, deadline_
     f.task.has_bundle = has_bundle
     f.task.deadline_s = max(float(deadline_s), MIN_DEADLINE_S)
     return f
+
+
+def post_frame(call_id: int, name: str, args: Mapping[str, object], *, has_bundle: bool, round_idx: int) -> pb.Frame:
+    """The Post frame of a child's unprompted message to its parent (``Comm.post``)."""
+    f = pb.Frame(call_id=call_id)
+    f.post.name = name
+    put_scalars(f.post.args, args)
+    f.post.has_bundle = has_bundle
+    f.post.round = round_idx
+    return f
+
+
+def post_bytes(kind: str, bundle: Mapping[str, torch.Tensor], scalars: Mapping[str, object], chunk_bytes: int,
+               *, up: bool, round_idx: int) -> int:
+    """Exact serialized bytes of one post as the networked engine sends it: to the parent (``up``) a Post frame
+    on the session stream; to a neighbour a Task frame (name ``kind``, args ``scalars``, no round: the round
+    travels in metadata) on an ``Edge.HandOff`` stream, answered by an Ack (:func:`message_bytes` ``handoff``
+    ``reply``). Either way followed by the bundle's frames."""
+    has = bool(bundle)
+    cid = POST_ID_BASE if up else CALL_ID_BASE
+    head = post_frame(cid, kind, scalars, has_bundle=has, round_idx=round_idx) if up else \
+        task_frame(cid, kind, scalars, deadline_s=1.0, has_bundle=has)
+    return head.ByteSize() + (bundle_frames_bytes(cid, bundle, chunk_bytes) if has else 0)
 
 
 def result_frame(call_id: int, scalars: Mapping[str, object], *, has_bundle: bool) -> pb.Frame:
@@ -258,7 +282,7 @@ class MessageAssembler:
             return self._chunk(frame.call_id, frame, size)
         body = frame.WhichOneof("body")
         cid = frame.call_id
-        if body in ("task", "result"):
+        if body in ("task", "result", "post"):
             if cid == 0:
                 raise FrameError(f"{body} frame without a call id")
             if cid in self._open:
@@ -272,7 +296,7 @@ class MessageAssembler:
                 raise FrameError(refused, cid)
             self._dropped.pop(cid, None)
             self._refused.pop(cid, None)
-            has = frame.task.has_bundle if body == "task" else frame.result.has_bundle
+            has = {"task": frame.task, "result": frame.result, "post": frame.post}[body].has_bundle
             if not has:
                 return Message(cid, frame, {}, 0, size)
             self._open[cid] = (frame, size, None)

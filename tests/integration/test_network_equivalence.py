@@ -42,6 +42,9 @@ CASES: dict[str, dict[str, Any]] = {
     "hierfavg": dict(algorithm="hierfavg", clients=4, edges=2, options={"edge_rounds": 2}),
     # edge -> edge hand-offs and describes (Fed-CHS walks the model over a ring of edges)
     "fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring", options={"K": 2}),
+    # the paper's flow: no PS message during training; the model is posted edge -> edge (fedchs.round), which
+    # makes the receiver run the next round, and each edge posts its round report to the PS (control)
+    "fedchs-exact": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring", options={"K": 2, "flow": "exact"}),
     # E > 1 (spec 3.6) with QSGD uploads (Fig. 2 "with compression") over the random edge graph
     "fedchs-e2-qsgd-random": dict(algorithm="fedchs", clients=4, edges=3, edge_graph="random", rounds=2,
                                   options={"K": 4, "E": 2, "upload_levels": 8}),
@@ -137,7 +140,7 @@ def _ps_moves_no_model(res: dict[str, Any], final: dict[str, torch.Tensor], coll
     ps_rows = [r for r in res["links"] if "ps" in (r["src"], r["dst"])]
     assert ps_rows, "the PS exchanged no messages at all"
     carrying = sorted((r for r in ps_rows if r["payload_bytes"]), key=lambda r: r["round"])
-    last = max(r["round"] for r in res["links"])
+    last = res["rounds"][-1]["round"]  # the run's last round (an edge may send a control frame after it)
     expected = [(collect, "reply", "ps", last, 1, 4 * d)]
     if first is not None:
         expected.insert(0, (first, "request", "ps", 1, 1, 4 * d))
@@ -264,6 +267,7 @@ FORMULAS = {
     "dpsgd": _dpsgd,
     "fedavg-flat": _fedavg_flat,
     "fedchs-handoff": _fedchs,
+    "fedchs-exact": _fedchs,
     "fedchs-e2-qsgd-random": _fedchs,
     "fedcluster-adam": _fedcluster,
     "fedcluster-momentum-prox-fixed": _fedcluster,
@@ -319,10 +323,13 @@ def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
         assert net_rows[k]["payload_bytes"] == r["payload_bytes"], k
         assert net_rows[k]["message_bytes"] == r["message_bytes"], k
     assert [r.get("accuracy") for r in res["rounds"]] == [r.get("accuracy") for r in oracle.rounds]
+    # how the model moves edge -> edge: hand-offs, or (Fed-CHS's exact flow) posts that make the receiver act
+    walk = "fedchs.round" if spec.algorithm.options.get("flow") == "exact" else "handoff"
     if case.startswith(("fedchs", "fedcluster")):
-        assert "handoff" in {r["kind"] for r in work}
+        assert walk in {r["kind"] for r in work}
+        assert all(r["src"].startswith("edge-") and r["dst"].startswith("edge-") for r in work if r["kind"] == walk)
     if case.startswith("fedchs"):
-        assert {"handoff", "describe"} <= {r["kind"] for r in work}
+        assert {walk, "describe"} <= {r["kind"] for r in work}
     if CASES[case].get("edges"):  # edges report the links they counted (their clients') to the PS as they go
         edges = {f"edge-{m}" for m in range(CASES[case]["edges"])}
         assert control and {r["src"] for r in control} <= edges and {r["dst"] for r in control} == {"ps"}

@@ -222,12 +222,14 @@ def test_resume_skips_a_truncated_checkpoint(tmp_path: Path, gate: Path) -> None
     assert payload(file_rows) == payload(oracle.links)
 
 
-def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(tmp_path: Path, gate: Path) -> None:
+@pytest.mark.parametrize("flow", ["driven", "exact"])
+def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(flow: str, tmp_path: Path, gate: Path) -> None:
     """The edge that holds the model dies in the middle of round 3 (held by the gate inside its round task,
-    the PS waiting for its reply): its predecessor hands its copy again to another neighbour (two-step rule
-    without the dead edge), round 3 is redone there and shows the redo, the run finishes, and no model byte
-    crosses a PS link except the final collect."""
-    spec = small_spec("fedchs", clients=4, edges=4, rounds=5, edge_graph="complete",
+    the PS waiting for its reply, or, in the exact flow, for its report, which it stops waiting for when the
+    edge's session is lost): its predecessor hands its copy again to another neighbour (two-step rule without the
+    dead edge), round 3 is redone there and shows the redo, the run finishes, and no model byte crosses a PS link
+    except the final collect."""
+    spec = small_spec("fedchs", clients=4, edges=4, rounds=5, edge_graph="complete", options={"flow": flow},
                       transport={"round_deadline_s": 60.0, "rpc_timeout_s": 5.0})
     seq = [r["edge"] for r in InProcessEngine(spec, device="cpu").run().rounds]
     victim = seq[2]
@@ -248,6 +250,44 @@ def test_active_fedchs_edge_killed_the_round_is_redone_elsewhere(tmp_path: Path,
     ps_payload = {r["kind"] for r in res["links"] if "ps" in (r["src"], r["dst"]) and r["payload_bytes"] > 0}
     assert ps_payload <= {"fedchs.collect"}
     assert all(torch.isfinite(v).all() for v in final.values())
+
+
+def test_fedchs_exact_ps_killed_while_the_walk_waits_is_bit_identical(tmp_path: Path, gate: Path) -> None:
+    """Fed-CHS's exact flow has no PS message during training, so a PS crash does not stop the walk by itself:
+    an edge runs a posted round only while its session to the PS works, and the post it was given is its state
+    (saved before the Ack). Here m(3) holds round 3's model (posted, held by the gate before it runs) when the PS,
+    past its round-2 checkpoint, is killed: m(3) waits for the PS, the resumed PS rolls every node back to before
+    round 3 (m(3)'s post included), m(3) runs the round and reports it, and the run ends bit-identical to the
+    uninterrupted one, with the same payload per link and nothing redone."""
+    spec = small_spec(rounds=4, **{**CASES["fedchs"], "options": {"flow": "exact"}})
+    oracle = InProcessEngine(spec, device="cpu").run()
+    m3 = oracle.rounds[2]["edge"]
+    (gate / f"stop-{m3}-2").touch()
+    fed = Federation(spec, tmp_path)
+    try:
+        wait_file(gate / "at-2", fed)  # the PS committed round 2 and waits before round 3
+        wait_file(gate / f"at-{m3}-2", fed)  # m(3) holds the model of round 3, not run yet
+        fed.ps.send_signal(signal.SIGKILL)
+        fed.ps.wait(30)
+        wait_until((gate / f"seen-rejoining-{m3}").exists, f"{m3} to notice the PS is gone", timeout=60,
+                   details=fed.all_logs)
+        (gate / f"go-{m3}-2").touch()  # it may go on now: it waits for the PS instead
+        (gate / "go-2").touch()
+        (gate / "stop-2").unlink()
+        fed.restart_ps()
+        assert fed.wait(240) == 0, fed.all_logs()
+        codes = fed.exit_codes(60)
+        assert all(c == 0 for n, c in codes.items() if n not in ("ps", "ps2")), (codes, fed.all_logs())
+    finally:
+        fed.close()
+    assert "resuming run" in fed.log_of("ps2") and "at round 3" in fed.log_of("ps2")
+    res, final = load_result(fed.out)
+    assert_same_model(final, oracle.final, "fedchs-exact")
+    assert [r["edge"] for r in res["rounds"]] == [r["edge"] for r in oracle.rounds]
+    assert not any(r.get("redo") for r in res["rounds"])
+    file_rows = [{**r, "round": r["round"] - 1} for r in res["links"]]
+    assert payload(file_rows) == payload(oracle.links)
+    assert payload(file_rows, redo=True) == {}
 
 
 def test_gate_holds_only_when_asked(tmp_path: Path, monkeypatch) -> None:

@@ -26,6 +26,8 @@ CASES = {
     "fedavg-markov": (FLAT, {"local_steps": 2, "participation": MARKOV}),
     "hierfavg": (EDGES, {"local_steps": 2, "edge_rounds": 2}),
     "fedchs": (EDGES, {"K": 4}),
+    # the model in a post between two edges at the crash: a queued post is its receiver's state, checkpointed
+    "fedchs-exact": (EDGES, {"K": 4, "flow": "exact"}),
     "hier-local-qsgd": (EDGES, {"local_steps": 2, "edge_rounds": 2}),
     "wrwgd": (FLAT, {"K": 3}),
     "dpsgd": (FLAT, {"local_steps": 2}),  # every client's own model (its node state) over a ring of peers

@@ -22,6 +22,7 @@ from fedhop.common.wire.bundle import Bundle, payload_bytes
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.messages import (
     CALL_ID_BASE,
+    POST_ID_BASE,
     Message,
     MessageAssembler,
     TensorShape,
@@ -205,7 +206,11 @@ class CallTable:
         return info.expect if info is not None else None
 
     def _unexpected_reply(self, link: ChildLink, head: pb.Frame) -> str | None:
-        """Why a Task/Result frame from ``link`` opens no message (None: it is a reply to a call of ours)."""
+        """Why a Task/Result frame from ``link`` opens no message (None: it is a reply to a call of ours, or a
+        Post: a child's unprompted message for this node's mailbox)."""
+        if head.WhichOneof("body") == "post":
+            return None if head.call_id >= POST_ID_BASE else \
+                f"{link.name} sent a Post with call id {head.call_id}, below a post's ({POST_ID_BASE})"
         if head.WhichOneof("body") != "result":
             return f"{link.name} sent a {head.WhichOneof('body')} frame; a child only answers calls"
         with self.roster.lock:

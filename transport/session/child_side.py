@@ -16,6 +16,7 @@ from typing import Any
 
 from fedhop.common import timeline, timing
 from fedhop.common.engine.api import NoAnswer, NodeContext, NodeId, get_task
+from fedhop.common.engine.base import post_of
 from fedhop.common.network_spec import compute_speed
 from fedhop.common.spec import TransportSpec
 from fedhop.common.testhooks import gate
@@ -49,9 +50,11 @@ class TaskHooks:
     before_task: Callable[[int | None, float], None] | None = None
     after_task: Callable[[NodeContext], None] | None = None
     report: Callable[[], tuple[list[dict], list[dict]]] | None = None
+    parent_up: threading.Event | None = None  # set while the session to the parent works: posted tasks wait for it
 
 
 NO_HOOKS = TaskHooks()
+POSTED = object()  # the task worker's queue: (POSTED, inbox key) is a neighbour's post to run
 
 
 class ChildProtocol:
@@ -76,6 +79,7 @@ class ChildProtocol:
         self._report_lock = threading.Lock()
         self._tasks: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
         self._stopping = threading.Event()
         # the node's compute speed from the run's [network] profile (1.0: as fast as this host)
         self.compute = compute_speed(ctx.spec.network_profile(), node)  # a trace's compute column: over time
@@ -104,9 +108,7 @@ class ChildProtocol:
             self._complain(e.call_id, str(e))
             return None
         if msg is not None:
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._work, daemon=True, name=f"{self.node}-tasks")
-                self._worker.start()
+            self._start_worker()
             timing.event("task_in", at=self.node, call=msg.call_id)
             self._tasks.put((msg, time.monotonic()))
         return None
@@ -119,10 +121,74 @@ class ChildProtocol:
         log.warning("%s: call %d failed: %s", self.node, call_id, message)
         self.send([error_result_frame(call_id, code, message)])
 
+    def posted(self, key: str) -> None:
+        """A neighbour's post, held in the node's inbox under ``key`` (``ChildSession.deliver_post``): it runs in
+        the task worker, in turn; a key queued twice runs once, and one no longer in the inbox (rolled back) not."""
+        self._start_worker()
+        timing.event("post_in", at=self.node, key=key)
+        self._tasks.put((POSTED, key))
+
+    def _start_worker(self) -> None:
+        with self._worker_lock:
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True, name=f"{self.node}-tasks")
+                self._worker.start()
+
     def _work(self) -> None:
         while (item := self._tasks.get()) is not CLOSE:
             msg, received = item
-            self._run_task(msg, received)
+            if msg is POSTED:
+                self._run_post(received)
+            else:
+                self._run_task(msg, received)
+
+    def _wait_parent(self) -> bool:
+        """Wait while the session to the parent is down (a posted task's reports must reach it, and a parent that
+        resumed from a checkpoint rolls this node back first); False when the node stops meanwhile."""
+        up = self.hooks.parent_up
+        while up is not None and not up.is_set():
+            if self._stopping.is_set():
+                return False
+            up.wait(0.2)
+        return not self._stopping.is_set()
+
+    def _run_post(self, key: str) -> None:
+        """Run a posted task at the post's round, as a task from the parent runs (its state saved after it, its
+        Report sent), but nobody waits for an answer: what the handler returns goes nowhere. A handler that
+        fails is logged, and named in this node's missing log. It runs only while the session to the parent
+        works (:meth:`_wait_parent`)."""
+        ctx = self.ctx
+        held = ctx.inbox.get(key)
+        if held is not None:
+            gate(f"{self.node}-{post_of(held)[0].round}")  # test hook: hold this node mid-round (common/testhooks.py)
+        if not self._wait_parent():
+            return
+        entry = ctx.inbox.pop(key, None)
+        if entry is None:  # queued twice, or rolled back with the node's state
+            return
+        post, _ = post_of(entry)
+        ctx.round = post.round
+        if self.hooks.before_task is not None:
+            self.hooks.before_task(post.round, 0.0)
+        clock = timeline.recorder(self.node)
+        began = time.perf_counter()
+        try:
+            timing.event("run", at=self.node, task=post.task)
+            with self.task_lock:
+                get_task(post.task)(ctx, post.bundle, dict(post.scalars))
+        except NoAnswer:
+            pass
+        except Exception as e:
+            log.exception("%s: posted task %s (from %s) failed", self.node, post.task, post.sender)
+            missing = getattr(ctx.comm, "missing", None)
+            if missing is not None:
+                missing.add(ctx.round, self.node, self.node, post.task,
+                            f"posted task failed: {type(e).__name__}: {e}")
+        finally:
+            clock.add(ctx.round, self.node, "busy", time.perf_counter() - began)
+        if self.hooks.after_task is not None:
+            self.hooks.after_task(ctx)
+        self.send_report(ctx.round)
 
     def _run_task(self, msg: Message, received: float) -> int:
         ctx = self.ctx

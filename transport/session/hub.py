@@ -29,6 +29,7 @@ from fedhop.transport.session.calls import Call, CallTable
 from fedhop.transport.session.config import QUIET, HubConfig, HubListener
 from fedhop.transport.session.link import ChildLink, Frame, Roster, complain
 from fedhop.transport.session.liveness import Liveness
+from fedhop.transport.session.posts import Mailbox
 from fedhop.transport.session.reports import Reports
 from fedhop.transport.tcp_counters import Address, TcpCounters, WireProbe, parse_grpc_peer
 from fedhop.v1 import fedhop_pb2 as pb
@@ -57,6 +58,7 @@ class ParentHub:
         self.admission = Admission(config, self.roster, listener, self.calls.assembler)
         self.liveness = Liveness(config, self.roster, self.calls, listener)
         self.reports = Reports(self.node, meter, self.missing)
+        self.mailbox = Mailbox(self.node, meter, self.missing)  # the children's posts (Comm.receive takes them)
         # the wire level: each child's connection is read here, by its parent (transport/tcp_counters.py)
         self.wire = WireProbe(self.node, meter, self._child_addresses, counters)
         self.liveness.start()
@@ -134,7 +136,10 @@ class ParentHub:
             complain(self.node, link, e.call_id, pb.ERROR_CODE_BAD_REQUEST, f"{link.name}: {e}")
             return True
         if msg is not None:
-            self.calls.result(link, msg)
+            if msg.kind == "post":
+                self.mailbox.arrived(link, msg)
+            else:
+                self.calls.result(link, msg)
         return True
 
     def lost(self, link: ChildLink, why: str) -> None:

@@ -46,7 +46,7 @@ ERROR_CODE_RUN_MISMATCH: ErrorCode
 ERROR_CODE_ALREADY_CONNECTED: ErrorCode
 
 class Frame(_message.Message):
-    __slots__ = ("call_id", "hello", "welcome", "task", "result", "header", "chunk", "error", "bye", "ready", "report")
+    __slots__ = ("call_id", "hello", "welcome", "task", "result", "header", "chunk", "error", "bye", "ready", "report", "post")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class Frame(_message.Message):
     BYE_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    POST_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     hello: Hello
     welcome: Welcome
@@ -69,7 +70,8 @@ class Frame(_message.Message):
     bye: Bye
     ready: Ready
     report: Report
-    def __init__(self, call_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., header: _Optional[_Union[BundleHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ...) -> None: ...
+    post: Post
+    def __init__(self, call_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., header: _Optional[_Union[BundleHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., post: _Optional[_Union[Post, _Mapping]] = ...) -> None: ...
 
 class Ready(_message.Message):
     __slots__ = ("data_sizes", "peers")
@@ -199,6 +201,25 @@ class Result(_message.Message):
     scalars: _containers.MessageMap[str, Scalar]
     has_bundle: bool
     def __init__(self, ok: _Optional[bool] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., scalars: _Optional[_Mapping[str, Scalar]] = ..., has_bundle: _Optional[bool] = ...) -> None: ...
+
+class Post(_message.Message):
+    __slots__ = ("name", "args", "has_bundle", "round")
+    class ArgsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Scalar
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Scalar, _Mapping]] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGS_FIELD_NUMBER: _ClassVar[int]
+    HAS_BUNDLE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    args: _containers.MessageMap[str, Scalar]
+    has_bundle: bool
+    round: int
+    def __init__(self, name: _Optional[str] = ..., args: _Optional[_Mapping[str, Scalar]] = ..., has_bundle: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape", "nbytes")

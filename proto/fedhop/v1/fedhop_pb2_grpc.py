@@ -28,7 +28,8 @@ if _version_not_supported:
 class ParentStub:
     """Served by the parameter server and by every edge. A child (edge or client) dials its parent and keeps
     one stream open for the whole run; the parent pushes work down it (no polling).
-    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Error ..., finally Bye
+    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Post (+ bundle) /
+    Error ..., finally Bye
     parent -> child : Welcome, Ready (run starts), then Task (+ bundle) / Ready (update) / Error /
     keep-alive ..., finally Bye
     The parent sends a keep-alive (an empty Frame) every transport.keepalive_s; a child that hears nothing for
@@ -52,7 +53,8 @@ class ParentStub:
 class ParentServicer:
     """Served by the parameter server and by every edge. A child (edge or client) dials its parent and keeps
     one stream open for the whole run; the parent pushes work down it (no polling).
-    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Error ..., finally Bye
+    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Post (+ bundle) /
+    Error ..., finally Bye
     parent -> child : Welcome, Ready (run starts), then Task (+ bundle) / Ready (update) / Error /
     keep-alive ..., finally Bye
     The parent sends a keep-alive (an empty Frame) every transport.keepalive_s; a child that hears nothing for
@@ -85,7 +87,8 @@ def add_ParentServicer_to_server(servicer, server):
 class Parent:
     """Served by the parameter server and by every edge. A child (edge or client) dials its parent and keeps
     one stream open for the whole run; the parent pushes work down it (no polling).
-    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Error ..., finally Bye
+    child  -> parent: Hello, Ready, then Result (+ bundle) / Report / Ready (update) / Post (+ bundle) /
+    Error ..., finally Bye
     parent -> child : Welcome, Ready (run starts), then Task (+ bundle) / Ready (update) / Error /
     keep-alive ..., finally Bye
     The parent sends a keep-alive (an empty Frame) every transport.keepalive_s; a child that hears nothing for
