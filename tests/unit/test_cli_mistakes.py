@@ -138,7 +138,8 @@ def test_a_mistake_ends_in_one_line_and_its_code(line, code, needle, tmp_path, c
     assert len(lines) == 1, err
     assert lines[0].startswith("fedhop"), err
     assert needle.format(tmp=tmp_path) in lines[0], err
-    assert threading.active_count() == threads, "a mistake left a thread running"
+    # (<=: a thread an earlier test started may end meanwhile; a mistake must not add one)
+    assert threading.active_count() <= threads, "a mistake left a thread running"
     assert psutil.Process().children() == [], "a mistake left a process running"
     assert not (tmp_path / "full" / "results.json").exists()
 
