@@ -116,7 +116,8 @@ CASES: tuple[Case, ...] = (
     Case("truncated-checkpoint", "a truncated checkpoint", "named, the previous one used, bit-identical",
          (I + "test_resume_network.py::test_resume_skips_a_truncated_checkpoint",)),
     Case("client-host-killed", "a SIGKILLed client host re-joins", "it restores its ids' state; the run ends "
-         "(exit 0 everywhere): the chaos soak's kill-host", (T + "test_chaos.py",)),
+         "(exit 0 everywhere): the chaos soak's FedAvg-through-edges run, whose schedule (seed 20) kills the host "
+         "after round 1", (T + "test_chaos.py::test_chaos_soak[fedavg-edges]",)),
     Case("ctrl-c-launch", "Ctrl-C on launch", "exit 130, the rounds done written, nothing left running",
          (I + "test_cli_failures.py::test_ctrl_c_on_launch_writes_the_rounds_done",)),
     Case("malformed-replies", "malformed, mistyped, oversized and NaN replies", "rejected with the reason",

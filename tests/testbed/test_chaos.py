@@ -99,7 +99,6 @@ class Soak:
     name: str
     spec: RunSpec
     tmp: Path
-    seed: int
     fed: Federation = field(init=False)
     host: str = field(init=False)
     singles: list[str] = field(init=False)
@@ -107,7 +106,6 @@ class Soak:
     restarted_without_state: dict[str, int] = field(default_factory=dict)  # ... and the round after which
     earlier_rows: dict[tuple, int] = field(default_factory=dict)  # byte rows of the rounds checked so far
     killed_rows: dict[str, dict[tuple, int]] = field(default_factory=dict)  # a killed node's rows before its kill
-    log: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         from fedhop.common.topology import build_topology
@@ -290,7 +288,7 @@ def test_chaos_soak(run: str, tmp_path: Path, monkeypatch) -> None:
     gates = tmp_path / "gate"
     gates.mkdir()
     monkeypatch.setenv("FEDHOP_TEST_GATE", str(gates))
-    soak = Soak(run, spec, tmp_path, seed)
+    soak = Soak(run, spec, tmp_path)
     fed = soak.fed
     rng = random.Random(f"{seed}/{run}/nodes")
     done: list[Fault] = []
