@@ -6,7 +6,8 @@ cached reads of the RunStatus.
 - :class:`Guard`: ASGI middleware that enforces them: 414 for a long URL, 413 for a request body (the API reads
   none), 429 with ``Retry-After`` beyond a client address' token bucket, 503 with ``Retry-After`` beyond the cap
   on open event streams, and a stream whose reader stops reading for ``stream_send_timeout_s`` is ended (dropped,
-  never buffered: a stream holds a cursor, not a queue of messages).
+  never buffered: a stream holds a cursor, not a queue of messages). The server's protocol (serve.py) answers a
+  new connection from an address over its rate with the same 429 (:func:`canned_429`) before parsing it.
 - :class:`CachedStatus`: the RunStatus reads the API, the feed and ``/metrics`` make, each computed at most every
   ``status_cache_s`` (the status, the link tables, the topology), so a flood of requests costs the run's lock a
   few reads a second instead of one per request.
