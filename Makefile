@@ -16,7 +16,7 @@ help:
 	@echo "make test   - ruff + the whole test suite (except tests/testbed)"
 	@echo "make test-unit - the unit tier only (no sockets, no processes; seconds): the inner loop"
 	@echo "make test-gpu - the CUDA tests (tests/gpu): launch == simulate bit for bit, GPU spread, memory, transfers"
-	@echo "make test-testbed - root + Docker: compose (v1, v2), swarm and namespace testbeds (minutes)"
+	@echo "make test-testbed - root + Docker: compose (v1, v2), swarm and namespace testbeds, the chaos soak (minutes)"
 	@echo "make bench  - benchmarks (printed tables)"
 	@echo "make fuzz   - fuzz the wire long: FEDHOP_FUZZ_EXAMPLES per property (default 5000), then atheris if installed"
 	@echo "make reproduce / reproduce-quick - the paper reproductions (full / CI size)"

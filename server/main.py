@@ -146,6 +146,16 @@ def _gate(t: int) -> None:
     gate(str(t))
 
 
+def _committed(t: int, spec: RunSpec, welcome_info: dict[str, Any]) -> None:
+    """After round ``t``'s checkpoint: a resumed run's Welcome tells a node that joins from now on to roll back to
+    before round t + 1, the first round not committed, not to before the round the PS resumed at (a node
+    restarted later would drop the state it saved since, and be used with it lost); then the test gate."""
+    if "resume_round" in welcome_info:
+        welcome_info["resume_round"] = t + 1
+    if t + 1 < spec.rounds:
+        _gate(t + 1)
+
+
 def run_server(spec: RunSpec, listen: str = "127.0.0.1:0", *, out: Path | None = None, device: str | None = None,
                on_listening: Callable[[int], None] | None = None,
                startup_failure: Callable[[], str | None] | None = None,
@@ -203,7 +213,7 @@ def _serve(spec: RunSpec, listen: str, *, out: Path | None, device: str | None,
     run = Run(spec, topo, engine="network", meter=meter, missing=missing, events=events,
               run_id=resume.run_id if resume is not None else None, records=records,
               journal=out / "rounds.jsonl" if out is not None else None, store=store,
-              after_commit=lambda t: _gate(t + 1) if t + 1 < spec.rounds else None)
+              after_commit=lambda t: _committed(t, spec, welcome_info))
     if resume is not None:
         log.info("ps: resuming run %s at round %d from %s", run.run_id, resume.next_round + 1, resume.path)
     welcome_info[CODE_DIGEST] = code_digest(spec)  # every node checks its user code against it

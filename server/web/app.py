@@ -41,7 +41,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from fedhop.server.web.feed import Cursor, next_message
-from fedhop.server.web.guard import CachedStatus, Guard, ResponseCache, WebLimits
+from fedhop.server.web.guard import CachedStatus, Guard, RateLimiter, ResponseCache, WebLimits
 from fedhop.server.web.metrics import make_registry
 from fedhop.server.web.status import RunStatus
 
@@ -132,12 +132,14 @@ class BearerAuth:
         await response(scope, receive, send)
 
 
-def web_middleware(limits: WebLimits | None, loopback: bool, token: str | None) -> list[Middleware]:
+def web_middleware(limits: WebLimits | None, loopback: bool, token: str | None,
+                   rates: RateLimiter | None = None) -> list[Middleware]:
     """What stands before every route of a web face (the PS's, ``fedhop ui``'s): the request bounds
-    (:class:`Guard`, when ``limits``), the loopback Host check, the bearer token."""
+    (:class:`Guard`, when ``limits``; ``rates``: its token buckets, shared with the server's protocol), the
+    loopback Host check, the bearer token."""
     middleware = []
     if limits is not None:
-        middleware.append(Middleware(Guard, limits=limits))
+        middleware.append(Middleware(Guard, limits=limits, rates=rates))
     if loopback:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=LOOPBACK_HOSTS))
     if token is not None:
@@ -151,6 +153,7 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
     Host headers. ``limits``: the bounds on requests, rates and streams and how often reads are computed (see
     guard.py); None = unbounded, every read computed per request (an app mounted inside another that guards)."""
     view: Any = CachedStatus(status, limits.status_cache_s) if limits is not None else status
+    rates = RateLimiter(limits.rate_per_s, limits.burst, limits.max_clients) if limits is not None else None
     bodies = ResponseCache(limits.status_cache_s if limits is not None else 0.0)
     interval = limits.stream_interval_s if limits is not None else 0.0
     registry = make_registry(view)
@@ -254,9 +257,10 @@ def create_app(status: RunStatus, *, token: str | None = None, loopback: bool = 
         Route("/api/events", events),
         Route("/metrics", metrics),
         Mount("/static", StaticFiles(packages=[("fedhop.server.web", "static")]), name="static"),
-    ], middleware=web_middleware(limits, loopback, token), lifespan=lifespan,
+    ], middleware=web_middleware(limits, loopback, token, rates), lifespan=lifespan,
         exception_handlers={HTTPException: http_error})
     app.state.notifier = notifier
+    app.state.rates = rates  # the Guard's token buckets: the server's protocol screens connections with them
     return app
 
 

@@ -6,7 +6,8 @@ cached reads of the RunStatus.
 - :class:`Guard`: ASGI middleware that enforces them: 414 for a long URL, 413 for a request body (the API reads
   none), 429 with ``Retry-After`` beyond a client address' token bucket, 503 with ``Retry-After`` beyond the cap
   on open event streams, and a stream whose reader stops reading for ``stream_send_timeout_s`` is ended (dropped,
-  never buffered: a stream holds a cursor, not a queue of messages).
+  never buffered: a stream holds a cursor, not a queue of messages). The server's protocol (serve.py) answers a
+  new connection from an address over its rate with the same 429 (:func:`canned_429`) before parsing it.
 - :class:`CachedStatus`: the RunStatus reads the API, the feed and ``/metrics`` make, each computed at most every
   ``status_cache_s`` (the status, the link tables, the topology), so a flood of requests costs the run's lock a
   few reads a second instead of one per request.
@@ -15,6 +16,7 @@ cached reads of the RunStatus.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import threading
 import time
@@ -66,6 +68,15 @@ class RateLimiter:
         self._lock = threading.Lock()
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (tokens, when)
 
+    def peek(self, client: str) -> float:
+        """0.0 if ``client`` may make a request now, else the seconds until it may; takes no token (the server's
+        protocol screens a connection with it before parsing a request, which the Guard then counts)."""
+        now = self._clock()
+        with self._lock:
+            tokens, when = self._buckets.get(client, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - when) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
     def take(self, client: str) -> float:
         """0.0 if ``client`` may make a request now (a token is taken), else the seconds until it may."""
         now = self._clock()
@@ -83,19 +94,37 @@ class RateLimiter:
             return wait
 
 
+TOO_MANY = "too many requests from this address: slow down"
+
+
+def _retry_after(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds)))
+
+
 def _error(status: int, text: str, retry_after: float | None = None) -> JSONResponse:
-    headers = {"Retry-After": str(max(1, math.ceil(retry_after)))} if retry_after is not None else None
+    headers = {"Retry-After": _retry_after(retry_after)} if retry_after is not None else None
     return JSONResponse({"error": text}, status_code=status, headers=headers)
+
+
+def canned_429(retry_after: float) -> bytes:
+    """The Guard's 429 as the bytes of a whole HTTP/1.1 response that closes its connection: what the server's
+    protocol sends a client address over its rate before parsing the request (serve.py)."""
+    body = json.dumps({"error": TOO_MANY}).encode()
+    return (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+            b"retry-after: " + _retry_after(retry_after).encode() + b"\r\ncontent-length: " + str(len(body)).encode()
+            + b"\r\nconnection: close\r\n\r\n" + body)
 
 
 class Guard:
     """ASGI middleware enforcing :class:`WebLimits` (see the module's docstring). Runs before authentication, so
     a client guessing tokens is rate-limited too."""
 
-    def __init__(self, app: ASGIApp, limits: WebLimits, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, app: ASGIApp, limits: WebLimits, clock: Callable[[], float] = time.monotonic,
+                 rates: RateLimiter | None = None) -> None:
         self.app = app
         self.limits = limits
-        self.rates = RateLimiter(limits.rate_per_s, limits.burst, limits.max_clients, clock)
+        self.rates = rates if rates is not None else RateLimiter(limits.rate_per_s, limits.burst,
+                                                                 limits.max_clients, clock)
         self.open_streams = 0  # touched only on the server's event loop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -106,7 +135,7 @@ class Guard:
         client = scope.get("client")
         wait = self.rates.take(str(client[0]) if client else "?")
         if wait > 0:
-            await _error(429, "too many requests from this address: slow down", wait)(scope, receive, send)
+            await _error(429, TOO_MANY, wait)(scope, receive, send)
             return
         if len(scope.get("raw_path") or scope["path"].encode()) + len(scope.get("query_string", b"")) \
                 > lim.max_url_bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -12,8 +13,10 @@ import time
 from dataclasses import dataclass
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fedhop.server.web.app import create_app
+from fedhop.server.web.guard import RateLimiter, canned_429
 from fedhop.server.web.status import RunStatus
 
 log = logging.getLogger("fedhop.http")
@@ -71,6 +74,31 @@ def check_token(host: str, token: str | None) -> None:
                               f"or bind to 127.0.0.1")
 
 
+class ScreeningH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol that screens a new connection's client address before parsing its first
+    request: an address over its rate (the Guard's token bucket, ``rates``, is empty) gets the Guard's 429 as
+    canned bytes and the connection closes, without h11 parsing or the app's middleware. A flood's refusals,
+    most of its requests, then cost the server thread little beyond the accept. The Guard still counts and
+    bounds every request that passes (and those after the first on a kept-alive connection)."""
+
+    rates: RateLimiter | None = None  # set on the subclass that start_http makes for its app
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._screened = self.rates is None
+
+    def data_received(self, data: bytes) -> None:
+        if not self._screened:
+            self._screened = True
+            assert self.rates is not None
+            wait = self.rates.peek(str(self.client[0]) if self.client else "?")
+            if wait > 0:
+                self.transport.write(canned_429(wait))
+                self.transport.close()  # after the write buffer is flushed; the request's bytes were read
+                return
+        super().data_received(data)
+
+
 @dataclass
 class HttpServer:
     """A running web face: its address and how to stop it."""
@@ -119,7 +147,8 @@ def start_http(status: RunStatus, host: str = "127.0.0.1", port: int = 0, token:
     app = create_app(status, token=token, loopback=is_loopback(host))
     # one thread (an asyncio loop) serves every request, below the run's priority, with bounded connections
     # (guard.py bounds rates, sizes and streams; the run's lock is taken a few times a second, not per request)
-    config = uvicorn.Config(app, host=host, port=actual, loop="asyncio", http="h11", ws="none", lifespan="on",
+    protocol = type("ScreeningH11ForApp", (ScreeningH11,), {"rates": app.state.rates})
+    config = uvicorn.Config(app, host=host, port=actual, loop="asyncio", http=protocol, ws="none", lifespan="on",
                             log_config=None, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                             limit_concurrency=MAX_CONNECTIONS, backlog=128, h11_max_incomplete_event_size=16384)
     server = uvicorn.Server(config)

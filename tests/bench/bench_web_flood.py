@@ -13,7 +13,8 @@ the GIL makes it an upper bound of the time taken from training), and the load a
 repetitions. Quiet and flood take turns within each repetition. Also: ``fedhop launch`` wall time with
 plaintext and with ``--tls auto`` (``--launch-reps``; 0 = skip). ``--control``: the same flood against a web face
 in another process, while the run serves nothing to anyone: on a small machine the flood's own client and server
-take CPU from training too, and this measures that share apart from the run's process.
+take CPU from training too, and this measures that share apart from the run's process. ``--server-only``: no
+run, the flood against a served status: the server thread's CPU seconds per flood (the web face's own cost).
 """
 
 from __future__ import annotations
@@ -121,10 +122,14 @@ def flood(url: str, requests: int, seconds: float, streams: int, threads: int) -
 # -- the run --------------------------------------------------------------------------------------------------
 
 
-def thread_cpu_s(tid: int) -> float:
-    """CPU seconds (user + system) a thread of this process has used (Linux: /proc/self/task/TID/stat)."""
+def thread_cpu_s(tid: int, which: str = "all") -> float:
+    """CPU seconds a thread of this process has used (Linux: /proc/self/task/TID/stat): user + system (``all``),
+    or only ``user`` (the Python code, which holds the GIL) or ``system`` (the kernel's: on loopback a send
+    also does the receiving end's TCP work; the GIL is released meanwhile)."""
     fields = Path(f"/proc/self/task/{tid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    user, system = int(fields[11]), int(fields[12])
+    ticks = {"all": user + system, "user": user, "system": system}[which]
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[list[tuple[float, float]], dict]:
@@ -163,6 +168,36 @@ def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[l
         got["server_cpu_s"] = (thread_cpu_s(tid) if tid else 0.0) - cpu0  # this process' server thread
         got["wall_s"] = wall
     return [(t - t0, d) for t, d in rounds], got
+
+
+def server_only(a: argparse.Namespace) -> int:
+    """``--server-only``: the flood against a served RunStatus and no run, ``--reps`` times: the CPU seconds the
+    server thread used per flood and per answer (what the web face costs the process it runs in, whatever the
+    machine's load does to round times)."""
+    from fedhop.server.web.serve import start_http
+    from fedhop.server.web.status import RunStatus
+
+    print(f"load average at the start: {load()} ({os.cpu_count()} CPUs)", flush=True)
+    used = []
+    for rep in range(a.reps):
+        http = start_http(RunStatus(), "127.0.0.1", 0)
+        tid = http._thread.native_id
+        cpu0 = thread_cpu_s(tid) if tid else 0.0
+        user0 = thread_cpu_s(tid, "user") if tid else 0.0
+        out = subprocess.run([sys.executable, __file__, "--flood-client", http.url, str(a.requests), str(a.flood_s),
+                              str(a.streams), str(a.threads)], capture_output=True, text=True).stdout
+        cpu = (thread_cpu_s(tid) if tid else 0.0) - cpu0
+        user = (thread_cpu_s(tid, "user") if tid else 0.0) - user0
+        http.stop()
+        codes = json.loads(out)["codes"]
+        n = sum(codes.values())
+        used.append((cpu, user))
+        print(f"rep {rep + 1}: the server thread used {cpu:.2f} CPU s ({user:.2f} s user, the GIL's share) for {n} "
+              f"answers ({1000 * cpu / n:.2f} ms each): {codes}; load average {load()}", flush=True)
+    print(f"\nmedian of {a.reps}: {statistics.median(u[0] for u in used):.2f} CPU s, "
+          f"{statistics.median(u[1] for u in used):.2f} s of it user, per flood of {a.requests} requests in "
+          f"{a.flood_s:g} s with {a.streams} streams")
+    return 0
 
 
 def window(rounds: list[tuple[float, float]], start: float, end: float) -> list[int]:
@@ -210,9 +245,13 @@ def main() -> int:
     ap.add_argument("--control", action="store_true",
                     help="flood a web face in another process instead of the run's (what the flood costs the "
                     "machine, apart from the run's process)")
+    ap.add_argument("--server-only", action="store_true",
+                    help="no run: the flood against a served status, the server thread's CPU seconds per flood")
     ap.add_argument("--launch-reps", type=int, default=3)
     ap.add_argument("--launch-rounds", type=int, default=2)
     a = ap.parse_args()
+    if a.server_only:
+        return server_only(a)
     spec_text = JOB.format(rounds=a.rounds, steps=a.steps, clients=a.clients, hidden=a.hidden)
     print(f"load average at the start: {load()} ({os.cpu_count()} CPUs)", flush=True)
     rows = []
