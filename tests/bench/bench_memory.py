@@ -3,6 +3,7 @@
     .venv/bin/python tests/bench/bench_memory.py                       # 25M-parameter MLP (100 MB), 4 clients
     .venv/bin/python tests/bench/bench_memory.py --hidden 15800 --clients 2 --rounds 2   # a ~1 GB model
     .venv/bin/python tests/bench/bench_memory.py --clients-per-process 4   # the 4 clients in one client host
+    .venv/bin/python tests/bench/bench_memory.py --compare --repeat 3    # issue 19: streamed fold vs decoded replies
 
 The job is the one of ``bench_vs_flower.py`` (FedAvg, digits IID, MLP 64-h-h-10, 12 local steps of batch 32)
 with ``rounds`` rounds, one ``fedhop client`` process per client unless ``--clients-per-process`` says
@@ -18,6 +19,11 @@ the run (the launcher, which is the PS, and its children) every 20 ms and keeps 
 Also printed: the RSS of a process that only imports fedhop and torch (the floor under every idle figure) and
 (idle - import) / model, the copies a process holds before the run starts. Other processes on the machine do
 not change RSS figures (unlike timings), but the 20 ms polling can miss a short spike: figures are lower bounds.
+
+``--compare`` runs the job with the PS folding replies chunk by chunk as they arrive (issue 19, the default) and
+with the PS decoding each reply whole before folding it (``--no-stream``: ``WeightedMean.sink`` off, as before
+issue 19), alternating, ``--repeat`` times each, and prints every run (with the load average at its end) and
+the median of each figure per mode.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -177,12 +184,21 @@ AUTO_WINDOW_LAUNCH = ("import sys; from fedhop.transport import channels; channe
                       "from fedhop.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
+# ``--no-stream``: the PS (the launcher process) decodes every reply whole before folding it, as before issue 19
+NO_STREAM_LAUNCH = ("import sys; from fedhop.common.algorithms import aggregate; "
+                    "aggregate.WeightedMean.sink = lambda self, *a: None; "
+                    "from fedhop.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
-            trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False) -> Job:
+            trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False,
+            stream: bool = True) -> Job:
     spec = work / "spec.toml"
     spec.write_text(fedavg_job(hidden, clients, rounds, steps, name="bench-memory"))
     out = work / "run"
-    fedhop = ["-c", AUTO_WINDOW_LAUNCH] if auto_window else ["-m", "fedhop"]
+    if auto_window and not stream:
+        raise ValueError("--auto-window and --no-stream are separate ablations")
+    fedhop = ["-c", AUTO_WINDOW_LAUNCH] if auto_window else ["-c", NO_STREAM_LAUNCH] if not stream else ["-m", "fedhop"]
     p = subprocess.Popen([sys.executable, *fedhop, "launch", str(spec), "--out", str(out), "--device", "cpu",
                           "--quiet", "--http", "off", "--clients-per-process", per_process],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -233,6 +249,30 @@ def print_maps(job: Job, model: int) -> None:
     print(f"| total | {ta / mb:.1f} | {tb / mb:.1f} | {(tb - ta) / mb:+.1f} | {(tb - ta) / model:+.3f} |")
 
 
+Figures = tuple[str, float, float, float]  # role, idle MiB, peak MiB, (peak - idle) / model
+
+
+def report(job: Job, a: argparse.Namespace, model: int, floor: int, label: str) -> list[Figures]:
+    """Print one run; its rows as (role, idle MiB, peak MiB, (peak - idle) / model)."""
+    mb = 1 << 20
+    res = job.results
+    last = res["rounds"][-1] if res["rounds"] else {}
+    print(f"\n[{label}] mean round {job.mean_round_s:.2f} s; results.json: {len(res['rounds'])} of {a.rounds} rounds, "
+          f"interrupted {res['interrupted']}, final accuracy {last.get('accuracy', float('nan')):.4f}, "
+          f"{len(res['missing'])} missing entries, payload {res['totals']['payload_bytes']:,} B, load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print("| process | idle MiB | peak MiB | (idle - import) / model | (peak - idle) / model |")
+    print("|---|---:|---:|---:|---:|")
+    out = []
+    for r in sorted(job.rows, key=lambda r: (r.role != "ps", r.role)):
+        extra = (r.peak - r.idle) / model
+        print(f"| {r.role} | {r.idle / mb:.0f} | {r.peak / mb:.0f} | {(r.idle - floor) / model:.2f} | {extra:.2f} |")
+        out.append((r.role, r.idle / mb, r.peak / mb, extra))
+    if a.maps:
+        print_maps(job, model)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=4960, help="MLP width h (4960: 24,978,570 parameters)")
@@ -245,38 +285,52 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, help="write every process's RSS over time (JSON) to this file")
     ap.add_argument("--auto-window", action="store_true",
                     help="ablation: the PS with gRPC's auto-tuned HTTP/2 receive windows (before issue 11's fixed one)")
+    ap.add_argument("--no-stream", action="store_true",
+                    help="ablation: the PS decodes each reply whole before folding it (before issue 19)")
+    ap.add_argument("--compare", action="store_true",
+                    help="run streamed and --no-stream alternately (--repeat times each) and print the medians")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per mode (the median is printed; default 1)")
     ap.add_argument("--maps", action="store_true",
                     help="also print the PS's resident memory by kind of mapping (smaps) at idle and at its peak")
     a = ap.parse_args()
-    if min(a.hidden, a.clients, a.rounds, a.steps) < 1:
-        ap.error("--hidden, --clients, --rounds and --steps must be at least 1")
+    if min(a.hidden, a.clients, a.rounds, a.steps, a.repeat) < 1:
+        ap.error("--hidden, --clients, --rounds, --steps and --repeat must be at least 1")
     if a.clients_per_process != "auto" and not (a.clients_per_process.isdigit() and int(a.clients_per_process) >= 1):
         ap.error(f"--clients-per-process must be a positive number or auto, got {a.clients_per_process!r}")
+    if a.compare and (a.no_stream or a.auto_window):
+        ap.error("--compare runs both modes itself; leave out --no-stream and --auto-window")
     model = mlp_params(a.hidden) * 4
     floor = int(subprocess.run([sys.executable, "-c", IMPORT_ONLY], capture_output=True, text=True,
                                check=True).stdout.strip().splitlines()[-1])
-    with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
-        job = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace,
-                      a.clients_per_process, a.maps, a.auto_window)
-    rows, mean_round = job.rows, job.mean_round_s
     mb = 1 << 20
     print(f"FedAvg, MLP h={a.hidden}: {mlp_params(a.hidden):,} parameters, model {model / mb:.1f} MiB; "
           f"{a.clients} clients ({a.clients_per_process} per process), {a.rounds} rounds, PS receive window "
-          f"{'auto-tuned' if a.auto_window else 'fixed'}, mean round "
-          f"{mean_round:.2f} s; import-only process {floor / mb:.0f} MiB")
-    res = job.results
-    last = res["rounds"][-1] if res["rounds"] else {}
-    print(f"results.json: {len(res['rounds'])} of {a.rounds} rounds, interrupted {res['interrupted']}, final "
-          f"accuracy {last.get('accuracy', float('nan')):.4f}, {len(res['missing'])} missing entries, payload "
-          f"{res['totals']['payload_bytes']:,} B, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print("| process | idle MiB | peak MiB | (idle - import) / model | (peak - idle) / model | target <= 3 |")
-    print("|---|---:|---:|---:|---:|---|")
-    for r in sorted(rows, key=lambda r: (r.role != "ps", r.role)):
-        extra = (r.peak - r.idle) / model
-        print(f"| {r.role} | {r.idle / mb:.0f} | {r.peak / mb:.0f} | {(r.idle - floor) / model:.2f} | {extra:.2f} | "
-              f"{'met' if extra <= 3 else 'not met'} |")
-    if a.maps:
-        print_maps(job, model)
+          f"{'auto-tuned' if a.auto_window else 'fixed'}; import-only process {floor / mb:.0f} MiB; "
+          f"load average at start {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    modes = [True, False] if a.compare else [not a.no_stream]
+    runs: dict[bool, list[tuple[list[Figures], float]]] = {m: [] for m in modes}
+    for i in range(a.repeat):
+        for stream in modes:
+            label = f"{'streamed fold' if stream else 'decoded replies (--no-stream)'}, run {i + 1}"
+            with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
+                job = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace,
+                              a.clients_per_process, a.maps, a.auto_window, stream)
+            runs[stream].append((report(job, a, model, floor, label), job.mean_round_s))
+    print(f"\nMedians over {a.repeat} run(s) per mode; load average at the end "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print("| mode | process | idle MiB | peak MiB | (peak - idle) / model | mean round s | target <= 2 |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for stream, rs in runs.items():
+        mode = "streamed fold" if stream else "decoded replies"
+        roles = sorted({row[0] for rows, _ in rs for row in rows}, key=lambda r: (r != "ps", r))
+        for role in roles:
+            rows = [row for rows, _ in rs for row in rows if row[0] == role]
+            idle = statistics.median(r[1] for r in rows)
+            peak = statistics.median(r[2] for r in rows)
+            extra = statistics.median(r[3] for r in rows)
+            rnd = statistics.median(t for _, t in rs)
+            print(f"| {mode} | {role} | {idle:.0f} | {peak:.0f} | {extra:.2f} | {rnd:.2f} | "
+                  f"{'met' if extra <= 2 else 'not met'} |")
 
 
 if __name__ == "__main__":

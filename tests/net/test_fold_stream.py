@@ -23,8 +23,8 @@ from fedhop.common.topology import build_topology
 from fedhop.common.wire.bundle import clone
 from fedhop.common.wire.codec import BUFFERS
 from fedhop.common.wire.framing import bundle_frames
-from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.messages import result_frame
+from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
