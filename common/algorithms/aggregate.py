@@ -6,10 +6,13 @@ reply (issue 11: the PS of a 4-client FedAvg round held 4 replies, the old model
 
 In the networked engine a reply is folded chunk by chunk while it arrives (:meth:`WeightedMean.sink`,
 ``common/wire/fold.py``; issue 19): the node then holds the aggregate and a chunk, never a whole reply.
+``FEDHOP_FOLD_STREAM=0`` in a node's environment turns that off (each reply is decoded whole, then folded: the
+same bits; an ablation for ``tests/bench/bench_memory.py --compare``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 
 from fedhop.common.engine.api import NodeId, Reply, Scalar
@@ -17,6 +20,8 @@ from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import DTYPES, CodecError, bundle_layout
 from fedhop.common.wire.fold import AxpySink, FoldedBundle, UndoLog
 from fedhop.v1 import fedhop_pb2 as pb
+
+STREAM_ENV = "FEDHOP_FOLD_STREAM"  # "0": replies are decoded whole before they are folded (an ablation)
 
 
 class WeightedMean:
@@ -48,6 +53,8 @@ class WeightedMean:
         """Fold ``node``'s reply chunk by chunk as its bundle arrives (the engine asks when its header comes and
         it is the next reply to fold); None when it must come whole (a weight of 0, a tensor that is not
         floating point, a layout other than the aggregate's: the plain path then says what is wrong)."""
+        if os.environ.get(STREAM_ENV, "1") == "0":
+            return None
         w = self.weight(node, Reply({}, dict(scalars)))
         if w == 0:
             return None

@@ -21,7 +21,7 @@ Also printed: the RSS of a process that only imports fedhop and torch (the floor
 not change RSS figures (unlike timings), but the 20 ms polling can miss a short spike: figures are lower bounds.
 
 ``--compare`` runs the job with the PS folding replies chunk by chunk as they arrive (issue 19, the default) and
-with the PS decoding each reply whole before folding it (``--no-stream``: ``WeightedMean.sink`` off, as before
+with the PS decoding each reply whole before folding it (``--no-stream``: ``FEDHOP_FOLD_STREAM=0``, as before
 issue 19), alternating, ``--repeat`` times each, and prints every run (with the load average at its end) and
 the median of each figure per mode.
 """
@@ -184,24 +184,25 @@ AUTO_WINDOW_LAUNCH = ("import sys; from fedhop.transport import channels; channe
                       "from fedhop.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
-# ``--no-stream``: the PS (the launcher process) decodes every reply whole before folding it, as before issue 19
-NO_STREAM_LAUNCH = ("import sys; from fedhop.common.algorithms import aggregate; "
-                    "aggregate.WeightedMean.sink = lambda self, *a: None; "
-                    "from fedhop.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
             trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False,
-            stream: bool = True) -> Job:
+            stream: bool = True, edges: int = 0) -> Job:
     spec = work / "spec.toml"
-    spec.write_text(fedavg_job(hidden, clients, rounds, steps, name="bench-memory"))
+    text = fedavg_job(hidden, clients, rounds, steps, name="bench-memory")
+    if edges:  # FedAvg through an edge tier: each edge folds its clients' replies (issue 19: "edges the same")
+        text = text.replace(f"[topology]\nclients = {clients}\n", f"[topology]\nclients = {clients}\nedges = {edges}\n")
+    spec.write_text(text)
     out = work / "run"
     if auto_window and not stream:
         raise ValueError("--auto-window and --no-stream are separate ablations")
-    fedhop = ["-c", AUTO_WINDOW_LAUNCH] if auto_window else ["-c", NO_STREAM_LAUNCH] if not stream else ["-m", "fedhop"]
+    fedhop = ["-c", AUTO_WINDOW_LAUNCH] if auto_window else ["-m", "fedhop"]
+    # --no-stream: the PS and the edges decode every reply whole before folding it, as before issue 19
+    env = {**os.environ, "FEDHOP_FOLD_STREAM": "1" if stream else "0"}
     p = subprocess.Popen([sys.executable, *fedhop, "launch", str(spec), "--out", str(out), "--device", "cpu",
                           "--quiet", "--http", "off", "--clients-per-process", per_process],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     poller = Poller(psutil.Process(p.pid), maps=maps).start()
     try:
         output, _ = p.communicate(timeout=timeout)
@@ -277,6 +278,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", type=int, default=4960, help="MLP width h (4960: 24,978,570 parameters)")
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--edges", type=int, default=0, help="edges between the PS and the clients (default none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12, help="local steps per round")
     ap.add_argument("--timeout", type=float, default=1800)
@@ -314,7 +316,7 @@ def main() -> None:
             label = f"{'streamed fold' if stream else 'decoded replies (--no-stream)'}, run {i + 1}"
             with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
                 job = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace,
-                              a.clients_per_process, a.maps, a.auto_window, stream)
+                              a.clients_per_process, a.maps, a.auto_window, stream, a.edges)
             runs[stream].append((report(job, a, model, floor, label), job.mean_round_s))
     print(f"\nMedians over {a.repeat} run(s) per mode; load average at the end "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")

@@ -199,3 +199,18 @@ def test_reply_gate_streams_only_the_head_and_aborts_what_was_not_committed() ->
     gate.open()
     assert s2.aborted == 1 and gate.sink(3, "c3", head, header) is None
     assert ReplyGate(0).sink(1, "c1", head, header) is None  # no stream: always decoded
+
+
+def test_a_payload_received_as_a_byte_stream_folds_the_same() -> None:
+    """``BundleDecoder.fill`` (a transport that carries the payload as plain bytes) hands the sink its pieces too."""
+    import io
+
+    bs = bundles(7)
+    mean = WeightedMean(lambda node, r: r.scalars["n"], sum(N))
+    for i, b in enumerate(bs):
+        header, chunks = encode_views(b, 4096)
+        raw = io.BytesIO(b"".join(bytes(c.data) for c in chunks))
+        dec = BundleDecoder(header, sink=mean.sink(f"c{i}", {"n": N[i]}, header))
+        dec.fill(lambda view, raw=raw: raw.readinto(view[:777]))  # short reads: pieces end anywhere
+        mean(f"c{i}", Reply(dec.finish(), {"n": N[i]}))
+    assert same(mean.result(), plain(bs, range(4), sum(N)))
