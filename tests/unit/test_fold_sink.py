@@ -128,10 +128,13 @@ def test_a_non_finite_reply_is_undone_and_rejected_with_the_words_of_the_plain_c
     assert same(mean.result(), plain(bs, usable, sum(N)))
 
 
-def test_sink_declines_what_must_come_whole() -> None:
+def test_sink_declines_what_must_come_whole(monkeypatch) -> None:
     bs = bundles(5)
     mean = WeightedMean(lambda node, r: r.scalars["n"], 10)
     header, _ = encode_views(bs[0])
+    monkeypatch.setenv("FEDHOP_FOLD_STREAM", "0")
+    assert mean.sink("c0", {"n": 1}, header) is None  # the ablation: decoded whole
+    monkeypatch.delenv("FEDHOP_FOLD_STREAM")
     assert mean.sink("c0", {"n": 0}, header) is None  # weight 0: not folded at all
     ints, _ = encode_views({"w": torch.ones(3, dtype=torch.int64)})
     assert mean.sink("c0", {"n": 1}, ints) is None  # not floating point
