@@ -18,11 +18,14 @@ is admitted: the aggregate is restored before anyone else may add to it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from fedhop.common.wire.codec import PayloadSink
 from fedhop.v1 import fedhop_pb2 as pb
+
+log = logging.getLogger("fedhop.session")
 
 Stream = Callable[[str, pb.Frame, pb.BundleHeader], PayloadSink | None]  # (node, Result frame, header) -> sink
 
@@ -70,7 +73,11 @@ class ReplyGate:
         with self._cv:
             if self.stream is None or self._open or call_id != self._head():
                 return None
-        s = self.stream(node, head, header)
+        try:
+            s = self.stream(node, head, header)
+        except (MemoryError, OSError, ValueError) as e:  # e.g. no memory for the first reply's buffer: decode it
+            log.warning("the reply of %s cannot be folded while it arrives (%s): it is decoded whole", node, e)
+            return None
         if s is None:
             return None
         with self._cv:

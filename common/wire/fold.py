@@ -30,6 +30,7 @@ Validation
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import threading
@@ -42,6 +43,8 @@ import torch
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import DTYPES, Layout, allocate, bundle_layout
 from fedhop.v1 import fedhop_pb2 as pb
+
+log = logging.getLogger("fedhop.fold")
 
 ALIGN = 64  # elements: a fold slice starts at a multiple of this inside its tensor (>= any vector loop's step)
 
@@ -67,44 +70,79 @@ class FoldedBundle(dict[str, torch.Tensor]):
 
 class UndoLog:
     """The aggregate's bytes before the reply being folded changed them, by payload-stream offset, in an unlinked
-    temporary file (``tempfile``'s directory, ``TMPDIR``): at most one model, in the page cache."""
+    temporary file (``tempfile``'s directory, ``TMPDIR``): at most one model, in the page cache. Where no such
+    file can be written (no temporary directory, a full disk), the log goes on in memory (one model more, the
+    cost of decoding the reply whole) and says so once."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
+        self._mem: bytearray | None = None  # the log in memory, after the file failed
+        self._end = 0  # the end of what the current reply saved
         self.saved = 0  # bytes saved since the last clear
         self.saved_total = 0  # bytes saved in all (what the log cost in writes)
         self.restored_total = 0
 
     def save(self, offset: int, data: memoryview) -> None:
+        if self._mem is None:
+            try:
+                self._save_file(offset, data)
+            except OSError as e:
+                log.warning("the fold's undo log cannot use a temporary file (%s): it is kept in memory", e)
+                self._to_memory()
+        if self._mem is not None:
+            if len(self._mem) < offset:
+                self._mem.extend(bytes(offset - len(self._mem)))
+            self._mem[offset:offset + data.nbytes] = data
+        self._end = max(self._end, offset + data.nbytes)
+        self.saved += data.nbytes
+        self.saved_total += data.nbytes
+
+    def _save_file(self, offset: int, data: memoryview) -> None:
         if self._fd is None:
             with tempfile.TemporaryFile(prefix="fedhop-fold-undo-") as f:  # unlinked at once: the fd is the file
                 self._fd = os.dup(f.fileno())
         done = 0
         while done < data.nbytes:
             done += os.pwrite(self._fd, data[done:], offset + done)
-        self.saved += data.nbytes
-        self.saved_total += data.nbytes
 
-    def restore(self, offset: int, into: memoryview) -> None:
+    def _to_memory(self) -> None:
+        self._mem = bytearray(self._end)
+        if self._fd is not None:
+            if self._end:
+                self._read(0, memoryview(self._mem))
+            os.close(self._fd)
+            self._fd = None
+
+    def _read(self, offset: int, into: memoryview) -> None:
         assert self._fd is not None
         done = 0
         while done < into.nbytes:
-            n = os.preadv(self._fd, [into[done:]], offset + done)
-            if n <= 0:
+            got = os.pread(self._fd, into.nbytes - done, offset + done)
+            if not got:
                 raise OSError(f"the fold's undo log ended at {offset + done} bytes")
-            done += n
+            into[done:done + len(got)] = got
+            done += len(got)
+
+    def restore(self, offset: int, into: memoryview) -> None:
+        if self._mem is not None:
+            into[:] = self._mem[offset:offset + into.nbytes]
+        else:
+            self._read(offset, into)
         self.restored_total += into.nbytes
 
     def clear(self) -> None:
-        """The reply was committed: its saved bytes are not needed (their pages are dropped unwritten)."""
+        """The reply was committed or restored: its saved bytes are not needed (their pages are dropped unwritten)."""
         if self._fd is not None and self.saved:
             os.ftruncate(self._fd, 0)
-        self.saved = 0
+        if self._mem is not None:
+            self._mem = bytearray()
+        self.saved = self._end = 0
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._mem = None if self._mem is None else bytearray()
 
     def __del__(self) -> None:
         self.close()

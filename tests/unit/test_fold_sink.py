@@ -217,3 +217,20 @@ def test_a_payload_received_as_a_byte_stream_folds_the_same() -> None:
         dec.fill(lambda view, raw=raw: raw.readinto(view[:777]))  # short reads: pieces end anywhere
         mean(f"c{i}", Reply(dec.finish(), {"n": N[i]}))
     assert same(mean.result(), plain(bs, range(4), sum(N)))
+
+
+def test_without_a_temporary_file_the_undo_log_is_kept_in_memory(monkeypatch) -> None:
+    from fedhop.common.wire import fold
+
+    def no_file(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(fold.tempfile, "TemporaryFile", no_file)
+    bs = bundles(8)
+    mean = WeightedMean(lambda node, r: r.scalars["n"], sum(N))
+    for i in (0, 1):
+        mean(f"c{i}", Reply(stream(mean, i, bs[i], 1000), {"n": N[i]}))
+    assert stream(mean, 2, bs[2], 1000, corrupt=True) is None  # undone from memory
+    mean("c3", Reply(stream(mean, 3, bs[3], 1000), {"n": N[3]}))
+    assert mean.undo.restored_total > 0
+    assert same(mean.result(), plain(bs, [0, 1, 3], sum(N)))
