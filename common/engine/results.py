@@ -232,7 +232,7 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
         # serialized in memory first: torch.save onto a full disk raises a RuntimeError, not an OSError
         buf = io.BytesIO()
         torch.save({k: v.cpu() for k, v in result.final.items()}, buf)
-        writers.append(("model.pt", lambda p: p.write_bytes(buf.getvalue())))
+        writers.append(("model.pt", lambda p: p.write_bytes(buf.getbuffer())))  # no second copy (issue 19)
     writers += [
         ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
         ("rounds.csv", lambda p: _csv(p, result.rounds)),
