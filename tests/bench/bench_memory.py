@@ -255,6 +255,53 @@ def print_maps(job: Job, model: int) -> None:
     print(f"| total | {ta / mb:.1f} | {tb / mb:.1f} | {(tb - ta) / mb:+.1f} | {(tb - ta) / model:+.3f} |")
 
 
+def fold_cost(hidden: int, replies: int, repeat: int) -> None:
+    """``--fold-only``: the fold of ``replies`` replies of the MLP's size in this process, no network: each reply
+    decoded whole then folded (as before issue 19) against streamed into the aggregate chunk by chunk (with the
+    undo log), 1 MiB chunks; seconds per reply (median of ``repeat``) and the most decode-buffer bytes alive at
+    once (``codec.BUFFERS``, in models)."""
+    import gc
+
+    import torch
+
+    from fedhop.common.algorithms.aggregate import WeightedMean
+    from fedhop.common.engine.api import Reply
+    from fedhop.common.wire.codec import BUFFERS, BundleDecoder, encode_views
+
+    torch.set_num_threads(1)
+    n = mlp_params(hidden)
+    g = torch.Generator().manual_seed(0)
+    bundle = {"w": torch.randn(n, generator=g)}
+    header, chunks = encode_views(bundle)
+    frames = [c for c in chunks]  # views of the one bundle: every reply sends the same bytes
+    times: dict[str, list[float]] = {"decoded": [], "streamed": []}
+    peaks: dict[str, int] = {}
+    for _ in range(repeat):
+        for mode in times:
+            mean = WeightedMean(lambda node, r: 1.0, replies)
+            gc.collect()
+            BUFFERS.reset()
+            live = BUFFERS.live
+            began = time.perf_counter()
+            for i in range(replies):
+                sink = mean.sink(f"c{i}", {}, header) if mode == "streamed" else None
+                dec = BundleDecoder(header, sink=sink)
+                for c in frames:
+                    dec.feed(c)
+                mean(f"c{i}", Reply(dec.finish(), {}))
+                del dec, sink
+            mean.result()
+            times[mode].append((time.perf_counter() - began) / replies)
+            peaks[mode] = BUFFERS.peak - live
+            del mean
+    print(f"fold of {replies} replies of {n * 4 / (1 << 20):.1f} MiB in one process (1 MiB chunks, median of {repeat}, "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print("| path | s per reply | decode buffers alive at most (models) |")
+    print("|---|---:|---:|")
+    for mode, ts in times.items():
+        print(f"| {mode} | {statistics.median(ts):.3f} | {peaks[mode] / (n * 4):.2f} |")
+
+
 Figures = tuple[str, float, float, float, float]  # role, idle MiB, peak MiB, (peak - idle) / model, ... in rounds
 
 
@@ -298,6 +345,8 @@ def main() -> None:
     ap.add_argument("--compare", action="store_true",
                     help="run streamed and --no-stream alternately (--repeat times each) and print the medians")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode (the median is printed; default 1)")
+    ap.add_argument("--fold-only", action="store_true",
+                    help="only time the fold of --clients replies in this process: decoded whole vs streamed")
     ap.add_argument("--maps", action="store_true",
                     help="also print the PS's resident memory by kind of mapping (smaps) at idle and at its peak")
     a = ap.parse_args()
@@ -307,6 +356,9 @@ def main() -> None:
         ap.error(f"--clients-per-process must be a positive number or auto, got {a.clients_per_process!r}")
     if a.compare and (a.no_stream or a.auto_window):
         ap.error("--compare runs both modes itself; leave out --no-stream and --auto-window")
+    if a.fold_only:
+        fold_cost(a.hidden, a.clients, max(a.repeat, 3))
+        return
     model = mlp_params(a.hidden) * 4
     floor = int(subprocess.run([sys.executable, "-c", IMPORT_ONLY], capture_output=True, text=True,
                                check=True).stdout.strip().splitlines()[-1])
