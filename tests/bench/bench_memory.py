@@ -253,6 +253,26 @@ def print_maps(job: Job, model: int) -> None:
         print(f"| {k} | {a.get(k, 0) / mb:.1f} | {b.get(k, 0) / mb:.1f} | {d / mb:+.1f} | {d / model:+.3f} |")
     ta, tb = sum(a.values()), sum(b.values())
     print(f"| total | {ta / mb:.1f} | {tb / mb:.1f} | {(tb - ta) / mb:+.1f} | {(tb - ta) / model:+.3f} |")
+    # the single blocks by size (the kernel merges neighbouring mappings, so a tensor may share one with others)
+    buckets = [(model * 0.9, "~ a model or more"), (4 * mb, "4 MiB .. a model"), (1 * mb, "1-4 MiB"), (0, "< 1 MiB")]
+
+    def by_size(maps: list[Mapping]) -> dict[str, tuple[int, int]]:
+        out: dict[str, tuple[int, int]] = {}
+        for m in maps:
+            if m.name or m.start % (64 << 20) == 0 or m.size == 8 << 20 or m.size < 256 << 10:
+                continue
+            label = next(name for lo, name in buckets if m.size >= lo)
+            n, r = out.get(label, (0, 0))
+            out[label] = (n + 1, r + m.rss)
+        return out
+
+    sa, sb = by_size(idle[-1]), by_size(job.poller.peak_maps)
+    print("\nPS single blocks >= 256 KiB by mapping size: count and resident MiB, idle -> peak")
+    print("| mapping size | idle | peak | peak - idle (MiB) |")
+    print("|---|---:|---:|---:|")
+    for _, name in buckets:
+        (na, ra), (nb, rb) = sa.get(name, (0, 0)), sb.get(name, (0, 0))
+        print(f"| {name} | {na}: {ra / mb:.1f} | {nb}: {rb / mb:.1f} | {(rb - ra) / mb:+.1f} |")
 
 
 def fold_cost(hidden: int, replies: int, repeat: int) -> None:
