@@ -23,15 +23,20 @@ import torch
 
 from fedhop.common.engine.api import NodeId, Post, Reply, Scalar, get_algorithm
 from fedhop.common.engine.base import BaseComm, Failure, MissingLog, PostFilter, Settle
+from fedhop.common.engine.size_claims import size_claim_error
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle
+from fedhop.common.wire.codec import CodecError, PayloadSink
+from fedhop.common.wire.fold import StreamingFold
 from fedhop.common.wire.messages import on_host, to_device
+from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.child import PostUp, post_out
 from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.peer import PeerClient
-from fedhop.transport.reply_gate import ReplyGate
+from fedhop.transport.reply_gate import ReplyGate, Stream
 from fedhop.transport.session import Call, ParentHub
+from fedhop.v1 import fedhop_pb2 as pb
 
 
 class NetComm(BaseComm):
@@ -54,6 +59,7 @@ class NetComm(BaseComm):
         self._submitted: dict[NodeId, tuple[Call | Failure, float]] = {}  # submit(): the call, its expiry
         self._arrived: queue.Queue[Call | Failure] = queue.Queue()  # finished submitted calls, in arrival order
         self._expect: Mapping[str, torch.Tensor] | None = None  # the scatter's expect: checked at reply headers
+        self._fold: Any = None  # the scatter's fold: replies stream into it chunk by chunk when it can take them
 
     def current_round(self) -> int:
         return self.ctx.round if self.ctx is not None else -1
@@ -107,11 +113,11 @@ class NetComm(BaseComm):
                 **kw: Any) -> dict[NodeId, Reply]:
         """``BaseComm.scatter``; its ``expect`` also goes with every call, so that a reply whose bundle header
         announces other names, shapes or dtypes is refused before its bytes are read (issue 20)."""
-        self._expect = expect
+        self._expect, self._fold = expect, kw.get("fold")
         try:
             return super().scatter(to, task, bundle, args, expect=expect, **kw)
         finally:
-            self._expect = None
+            self._expect = self._fold = None
 
     def _exchange(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
                   deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
@@ -147,7 +153,7 @@ class NetComm(BaseComm):
         its bundle back, at most ``transport.rpc_timeout_s`` (``Call.wait_settled``)."""
         rnd, deadline = self._round_deadline(deadline_s)
         snapshot = on_host(bundle)
-        gate = ReplyGate(self.transport.reply_window)
+        gate = ReplyGate(self.transport.reply_window, self._streaming(self._fold))
         sent: list[tuple[NodeId, Any]] = []
         for t in targets:
             sent.append((t, self._send(t, task, snapshot, args, rnd, deadline, self._expect, gate)))
@@ -172,6 +178,27 @@ class NetComm(BaseComm):
                 gate.settled(c.call_id)
         finally:
             gate.open()
+
+    def _streaming(self, fold: Any) -> Stream | None:
+        """How the reply at the head of a folding scatter streams into ``fold`` chunk by chunk (issue 19), when
+        ``fold`` can take it so (:class:`StreamingFold`) and this node aggregates on the CPU: a reply whose
+        scalars or size claims ``BaseComm.scatter`` would reject is not streamed (it comes whole and is rejected
+        there, with the same words)."""
+        device = self.ctx.device if self.ctx is not None else torch.device("cpu")
+        if not isinstance(fold, StreamingFold) or device.type != "cpu":
+            return None
+
+        def stream(node: NodeId, head: pb.Frame, header: pb.BundleHeader) -> PayloadSink | None:
+            try:
+                scalars = get_scalars(head.result.scalars)
+            except CodecError:
+                return None
+            sizes = getattr(self.ctx, "sizes", None)
+            if sizes is not None and node not in sizes or size_claim_error(self.topology, node, scalars, sizes):
+                return None
+            return fold.sink(node, scalars, header)
+
+        return stream
 
     # -- submit / collect: replies taken in the order they arrive --------------------------------------------------
     def _start(self, to: NodeId, task: str, bundle: Bundle, args: dict[str, Scalar],

@@ -3,14 +3,25 @@
 ``Comm.scatter(..., fold=mean)`` hands each usable reply to the fold in canonical order as soon as it and the
 replies before it are in, so a node holds the running sum and the replies not yet folded instead of every
 reply (issue 11: the PS of a 4-client FedAvg round held 4 replies, the old model, the new one and more).
+
+In the networked engine a reply is folded chunk by chunk while it arrives (:meth:`WeightedMean.sink`,
+``common/wire/fold.py``; issue 19): the node then holds the aggregate and a chunk, never a whole reply.
+``FEDHOP_FOLD_STREAM=0`` in a node's environment turns that off (each reply is decoded whole, then folded: the
+same bits; an ablation for ``tests/bench/bench_memory.py --compare``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
-from fedhop.common.engine.api import NodeId, Reply
+from fedhop.common.engine.api import NodeId, Reply, Scalar
 from fedhop.common.wire.bundle import Bundle
+from fedhop.common.wire.codec import DTYPES, CodecError, bundle_layout
+from fedhop.common.wire.fold import AxpySink, FoldedBundle, UndoLog
+from fedhop.v1 import fedhop_pb2 as pb
+
+STREAM_ENV = "FEDHOP_FOLD_STREAM"  # "0": replies are decoded whole before they are folded (an ablation)
 
 
 class WeightedMean:
@@ -22,6 +33,9 @@ class WeightedMean:
     not (a node missing, an edge that reports the weight of the clients that answered it), the sum is rescaled
     by ``expected_total / actual total`` at the end: deterministic, so both engines still agree bit for bit.
     A reply of weight 0 is not folded. Each folded reply's tensors are reused in place (the fold owns them).
+
+    :meth:`sink` folds a reply chunk by chunk as it arrives instead (same arithmetic, same bits); the engine
+    then calls the fold with a :class:`~fedhop.common.wire.fold.FoldedBundle`, which commits it.
     """
 
     def __init__(self, weight: Callable[[NodeId, Reply], float], expected_total: float) -> None:
@@ -32,8 +46,37 @@ class WeightedMean:
         self.total = 0.0
         self.nodes: list[NodeId] = []
         self._acc: Bundle | None = None
+        self._sinks: dict[int, tuple[NodeId, float]] = {}  # id(sink) -> its node and weight, until committed
+        self.undo = UndoLog()  # the aggregate's bytes a streamed reply changes, until it is committed
+
+    def sink(self, node: NodeId, scalars: Mapping[str, Scalar], header: pb.BundleHeader) -> AxpySink | None:
+        """Fold ``node``'s reply chunk by chunk as its bundle arrives (the engine asks when its header comes and
+        it is the next reply to fold); None when it must come whole (a weight of 0, a tensor that is not
+        floating point, a layout other than the aggregate's: the plain path then says what is wrong)."""
+        if os.environ.get(STREAM_ENV, "1") == "0":
+            return None
+        w = self.weight(node, Reply({}, dict(scalars)))
+        if w == 0:
+            return None
+        try:
+            layout = bundle_layout(header)
+        except CodecError:
+            return None
+        if not all(DTYPES[s.dtype].is_floating_point for s in layout.slots):
+            return None
+        if self._acc is not None:
+            same = [(k, v.dtype, tuple(v.shape)) for k, v in self._acc.items()] == \
+                [(s.name, DTYPES[s.dtype], s.shape) for s in layout.slots]
+            if not same or not all(v.device.type == "cpu" and v.is_contiguous() for v in self._acc.values()):
+                return None
+        s = AxpySink(header, w / self.expected, self._acc, self.undo if self._acc is not None else None)
+        self._sinks[id(s)] = (node, w)
+        return s
 
     def __call__(self, node: NodeId, reply: Reply) -> None:
+        if isinstance(reply.bundle, FoldedBundle):
+            self._commit(node, reply)
+            return
         w = self.weight(node, reply)
         if w == 0:
             return
@@ -48,12 +91,28 @@ class WeightedMean:
         for k, v in reply.bundle.items():
             self._acc[k].add_(v, alpha=a)
 
+    def _commit(self, node: NodeId, reply: Reply) -> None:
+        bundle = reply.bundle
+        assert isinstance(bundle, FoldedBundle)
+        mine = self._sinks.pop(id(bundle.sink), None)
+        if mine is None or mine[0] != node:
+            raise ValueError(f"a reply of {node} folded by another fold's sink")
+        w = self.weight(node, reply)
+        if w != mine[1]:
+            raise ValueError(f"{node}'s weight changed while its reply was folded: {mine[1]} then {w}")
+        tensors = bundle.sink.commit()
+        if self._acc is None:
+            self._acc = tensors
+        self.total += w
+        self.nodes.append(node)
+
     @property
     def empty(self) -> bool:
         return self._acc is None
 
     def result(self) -> Bundle:
         """The mean of the folded replies (raises ValueError when none was folded)."""
+        self.undo.close()
         if self._acc is None:
             raise ValueError("weighted mean of no replies")
         if self.total != self.expected:

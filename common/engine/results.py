@@ -13,7 +13,7 @@ final model). In memory, :attr:`RunResult.links` keeps the byte meter's driver r
 from __future__ import annotations
 
 import csv
-import io
+import errno
 import json
 import logging
 import shutil
@@ -229,10 +229,7 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     title = f"{result.spec.name}: {result.spec.algorithm.name}"
     writers: list[tuple[str, Callable[[Path], None]]] = []
     if not result.interrupted:
-        # serialized in memory first: torch.save onto a full disk raises a RuntimeError, not an OSError
-        buf = io.BytesIO()
-        torch.save({k: v.cpu() for k, v in result.final.items()}, buf)
-        writers.append(("model.pt", lambda p: p.write_bytes(buf.getvalue())))
+        writers.append(("model.pt", lambda p: _save_model(result.final, p)))
     writers += [
         ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
         ("rounds.csv", lambda p: _csv(p, result.rounds)),
@@ -249,6 +246,16 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
         except OSError as e:
             _spill(folder, writers[i:], e)
     return folder
+
+
+def _save_model(final: Mapping[str, torch.Tensor], path: Path) -> None:
+    """``torch.save`` straight into the file: no serialized copy in memory (two models of the PS's peak at the
+    end of a run, issue 19). torch reports a failed write (a full disk) as a RuntimeError: it becomes the OSError
+    the run folder's writing handles (the model then goes to $TMPDIR)."""
+    try:
+        torch.save({k: v.cpu() for k, v in final.items()}, path)
+    except RuntimeError as e:
+        raise OSError(errno.EIO, f"torch.save failed: {e}") from e
 
 
 def _spill(folder: Path, writers: list[tuple[str, Callable[[Path], None]]], cause: OSError) -> NoReturn:

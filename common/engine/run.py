@@ -44,7 +44,7 @@ from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, save
 from fedhop.common.engine.snapshot import NodeSnapshot
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology
-from fedhop.common.wire.bundle import Bundle, clone
+from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.meter import ByteMeter
 
 log = logging.getLogger("fedhop.run")
@@ -186,7 +186,9 @@ class Run:
     def finish(self, outcome: Outcome, *, sort_missing: bool = False) -> RunResult:
         """The result: the rounds with their cumulative bytes, the meter rows, the missing log, the final model;
         the last ``links`` / ``missing`` events, then ``run_finished``. ``sort_missing``: order the missing
-        log by (round, reporter, node) in topology order (the networked engine's, merged from every process)."""
+        log by (round, reporter, node) in topology order (the networked engine's, merged from every process).
+        The final model's tensors are the round loop's own, not a copy: the loop is over, nothing changes them
+        (a copy was one model more at the PS's peak, issue 19)."""
         recorder = self.recorder
         assert recorder is not None, "finish follows drive"
         links = self._progress()
@@ -199,7 +201,7 @@ class Run:
             entries.sort(key=lambda e: (e["round"], order.get(e["by"], -1), order.get(e["node"], -1)))
         result = RunResult(spec=self.spec, engine=self.engine,
                            rounds=attach_cumulative_bytes(recorder.records, links), links=links, missing=entries,
-                           final=clone(outcome.final), wall_s=outcome.wall_s, interrupted=not outcome.finished,
+                           final=dict(outcome.final), wall_s=outcome.wall_s, interrupted=not outcome.finished,
                            timeline=timelines.derive(raw), started_at=self._started_at,
                            resumed_at=self._resumed_at)
         self.events.emit("run_finished", ok=outcome.finished, wall_s=outcome.wall_s,

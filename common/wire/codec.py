@@ -32,6 +32,7 @@ import mmap
 import sys
 import threading
 import time
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -89,6 +90,23 @@ class ChunkLike(Protocol):
 
     @property
     def data(self) -> bytes | memoryview: ...
+
+
+class PayloadSink(Protocol):
+    """Where a :class:`BundleDecoder` given a ``sink`` puts the payload instead of its own buffer (a fold that
+    adds each piece into an aggregate as it arrives, ``fold.py``). The decoder still checks every chunk against
+    the header and the checksum over the whole stream; the sink sees each piece once, in stream order.
+
+    ``write(index, pos, data)``: ``data`` are the bytes ``[pos, pos + len(data))`` of tensor ``index`` (the
+    header's order); only valid during the call. ``finish()``: every byte came and the checksum matched; the
+    decoded bundle (what the sink made of it). ``abort()``: the stream failed or was given up; undo what
+    ``write`` did (called at most once, never after ``finish``)."""
+
+    def write(self, index: int, pos: int, data: memoryview) -> None: ...
+
+    def finish(self) -> Bundle: ...
+
+    def abort(self) -> None: ...
 
 
 # -- checksums ---------------------------------------------------------------------------------------------
@@ -381,6 +399,16 @@ def _layout(header: pb.BundleHeader, max_bytes: int | None) -> _Layout:
     return layout
 
 
+Slot = _Slot
+Layout = _Layout
+
+
+def bundle_layout(header: pb.BundleHeader) -> Layout:
+    """A header's tensors, validated: where each lies in the payload stream and in a decode buffer
+    (:class:`CodecError` for a header the decoder would refuse)."""
+    return _layout(header, None)
+
+
 def _check_header(header: pb.BundleHeader) -> _Layout:
     if header.checksum_algorithm not in CHECKSUMS:
         raise CodecError(
@@ -418,6 +446,44 @@ def _check_header(header: pb.BundleHeader) -> _Layout:
     if stream and not 1 <= header.chunk_bytes <= MAX_CHUNK_BYTES:
         raise CodecError(f"header chunk_bytes={header.chunk_bytes} is outside [1, {MAX_CHUNK_BYTES}]")
     return _Layout(tuple(slots), stream, -(-at // 64) * 64)
+
+
+class BufferStats:
+    """Decode buffers alive in this process (bytes) and the most alive at once since :meth:`reset`: what a
+    node holds of bundles being received, for tests of memory bounds that are not wall-clock or RSS asserts
+    (a buffer counts from its allocation until the last tensor viewing it is freed)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.live = 0
+        self.peak = 0
+        self.allocated = 0  # buffers allocated since reset
+
+    def reset(self) -> None:
+        with self._lock:
+            self.peak = self.live
+            self.allocated = 0
+
+    def _add(self, n: int) -> None:
+        with self._lock:
+            self.live += n
+            self.allocated += 1
+            self.peak = max(self.peak, self.live)
+
+    def _sub(self, n: int) -> None:
+        with self._lock:
+            self.live -= n
+
+
+BUFFERS = BufferStats()
+
+
+def allocate(size: int) -> np.ndarray:
+    """A decode buffer of ``size`` bytes (see :func:`_allocate`), counted in :data:`BUFFERS` while alive."""
+    buf = _allocate(size)
+    BUFFERS._add(size)
+    weakref.finalize(buf, BUFFERS._sub, size)  # torch.from_numpy(buf) keeps buf alive
+    return buf
 
 
 def _allocate(size: int) -> np.ndarray:
@@ -459,9 +525,14 @@ class BundleDecoder:
     Every problem raises :class:`CodecError` and leaves the decoder failed (its buffer released); later
     calls raise too. ``feed`` checks each chunk against the header before copying a byte, so a malformed
     stream can neither write out of bounds nor make the decoder wait for more than was announced.
+
+    With a ``sink`` (:class:`PayloadSink`) the decoder allocates no buffer: each piece goes to
+    ``sink.write`` after the same checks, ``finish`` returns ``sink.finish()`` once length and checksum are
+    right, and a failure (or :meth:`abandon`) calls ``sink.abort()``.
     """
 
-    def __init__(self, header: pb.BundleHeader, *, max_bytes: int | None = None) -> None:
+    def __init__(self, header: pb.BundleHeader, *, max_bytes: int | None = None,
+                 sink: PayloadSink | None = None) -> None:
         layout = _layout(header, max_bytes)
         self._slots = layout.slots
         self._total = layout.total
@@ -469,14 +540,23 @@ class BundleDecoder:
         self._algorithm = header.checksum_algorithm
         self._expected = int(header.checksum)
         self._hasher = CHECKSUMS[self._algorithm]()
-        try:
-            self._buf: np.ndarray | None = _allocate(layout.size)
-        except (ValueError, MemoryError, OverflowError, OSError) as e:
-            raise CodecError(f"cannot allocate {_fmt_bytes(layout.size)} to decode the bundle: {e}") from e
-        self._view: memoryview | None = memoryview(self._buf)
+        self._sink = sink
+        self._buf: np.ndarray | None = None
+        self._view: memoryview | None = None
+        if sink is None:
+            try:
+                self._buf = allocate(layout.size)
+            except (ValueError, MemoryError, OverflowError, OSError) as e:
+                raise CodecError(f"cannot allocate {_fmt_bytes(layout.size)} to decode the bundle: {e}") from e
+            self._view = memoryview(self._buf)
         self._received = 0
         self._slot = 0  # first slot not yet complete
         self._state = "open"
+
+    @staticmethod
+    def check_header(header: pb.BundleHeader, *, max_bytes: int | None = None) -> None:
+        """Raise the :class:`CodecError` the constructor would raise for this header, allocating nothing."""
+        _layout(header, max_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -494,12 +574,21 @@ class BundleDecoder:
     def _fail(self, message: str) -> CodecError:
         self._state = "failed"
         self._release()
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            sink.abort()
         return CodecError(message)
 
     def _release(self) -> None:
         if self._view is not None:
             self._view.release()
         self._buf = self._view = None
+
+    def abandon(self) -> None:
+        """Give the bundle up (its stream ended or no longer matters): release the buffer, abort the sink."""
+        if self._state == "open":
+            self._fail("abandoned")
+            self._state = "abandoned"
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -539,8 +628,7 @@ class BundleDecoder:
                 f"chunk at offset {offset} carries {n} bytes, expected {want} (header chunk_bytes="
                 f"{self._chunk_bytes}, total_bytes={self._total})"
             )
-        dst = self._view
-        assert dst is not None
+        dst, sink = self._view, self._sink
         update = self._hasher.update
         # Copy and hash piece by piece, each piece hashed right after its copy while it is still in cache.
         pos, i, slots = 0, self._slot, self._slots
@@ -551,10 +639,14 @@ class BundleDecoder:
                 i += 1
                 continue
             k = min(slot.start + slot.nbytes - at, n - pos, _PIECE_BYTES)
-            b = slot.at + (at - slot.start)
             piece = data[pos:pos + k] if k != n else data
-            dst[b:b + k] = piece
             update(piece)
+            if sink is not None:
+                sink.write(i, at - slot.start, piece)
+            else:
+                assert dst is not None
+                b = slot.at + (at - slot.start)
+                dst[b:b + k] = piece
             pos += k
         self._slot = i
         self._received = got + n
@@ -568,7 +660,8 @@ class BundleDecoder:
         0 means the stream ended, which fails the decoder with the truncation message of :meth:`finish`.
         """
         self._check_open()
-        dst = self._view
+        sink = self._sink
+        dst = self._view if sink is None else memoryview(bytearray(min(_PIECE_BYTES, self._total) or 1))
         assert dst is not None
         update = self._hasher.update
         slots, i = self._slots, self._slot
@@ -578,7 +671,7 @@ class BundleDecoder:
             if got >= slot.start + slot.nbytes:
                 i += 1
                 continue
-            b = slot.at + (got - slot.start)
+            b = slot.at + (got - slot.start) if sink is None else 0
             k = min(slot.start + slot.nbytes - got, _PIECE_BYTES)
             piece = dst[b:b + k]
             try:
@@ -591,6 +684,8 @@ class BundleDecoder:
                 self._slot = i
                 self.finish()  # raises the truncation error and fails the decoder
             update(piece[:n])
+            if sink is not None:
+                sink.write(i, got - slot.start, piece[:n])
             self._received = got + n
         self._slot = i
 
@@ -614,6 +709,10 @@ class BundleDecoder:
                     f"checksum mismatch ({self._algorithm}): header says {self._expected:#018x}, "
                     f"payload hashes to {value:#018x}"
                 )
+        if self._sink is not None:
+            sink, self._sink = self._sink, None
+            self._state = "finished"
+            return sink.finish()
         assert self._buf is not None
         buf = torch.from_numpy(self._buf)
         out: Bundle = {}

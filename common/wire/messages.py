@@ -31,6 +31,7 @@ from fedhop.common.wire.codec import (
     DTYPES,
     BundleDecoder,
     CodecError,
+    PayloadSink,
     bundle_header,
     chunk_spans,
 )
@@ -247,17 +248,23 @@ class MessageAssembler:
     before it allocates). ``expect(call_id)``: what that call's bundle must hold (names, dtypes, shapes; None:
     anything); a header announcing something else fails its message at once, before anything is reserved or
     allocated, and the call's chunks are dropped unread (a 512 MiB reply of the wrong shape is never buffered).
+    ``sink(head, header)``: where that bundle's payload goes instead of a decode buffer (a
+    :class:`~fedhop.common.wire.codec.PayloadSink`, e.g. a fold that adds it into an aggregate chunk by chunk;
+    None: decode it); asked once the header passed every check above, and the sink is aborted when the bundle
+    fails or is abandoned.
     """
 
     DROPPED_KEPT = 4096  # dropped call ids remembered (their stray frames are ignored, not complained about)
 
     def __init__(self, max_bytes: int | None = None, *, budget: InflightBudget | None = None,
                  accept: Callable[[pb.Frame], str | None] | None = None,
-                 expect: Callable[[int], tuple[TensorShape, ...] | None] | None = None) -> None:
+                 expect: Callable[[int], tuple[TensorShape, ...] | None] | None = None,
+                 sink: Callable[[pb.Frame, pb.BundleHeader], PayloadSink | None] | None = None) -> None:
         self.max_bytes = max_bytes
         self.budget = budget
         self.accept = accept
         self.expect = expect
+        self.sink = sink
         self._open: dict[int, tuple[pb.Frame, int, BundleDecoder | None]] = {}
         self._reserved: dict[int, int] = {}
         self._dropped: OrderedDict[int, None] = OrderedDict()
@@ -327,7 +334,9 @@ class MessageAssembler:
                     return self._fail(cid, f"bundle refused: {why}")
                 self._reserved[cid] = claimed
             try:
-                dec = BundleDecoder(frame.header, max_bytes=self.max_bytes)
+                BundleDecoder.check_header(frame.header, max_bytes=self.max_bytes)
+                sink = self.sink(head, frame.header) if self.sink is not None else None
+                dec = BundleDecoder(frame.header, max_bytes=self.max_bytes, sink=sink)
             except CodecError as e:
                 return self._fail(cid, f"bad bundle header: {e}")
             self._open[cid] = (head, n + size, dec)
@@ -364,14 +373,18 @@ class MessageAssembler:
         return Message(cid, head, bundle, dec.total_bytes, n)
 
     def _fail(self, cid: int, why: str) -> Message:
-        head, n, _ = self._open.pop(cid)
+        head, n, dec = self._open.pop(cid)
+        if dec is not None:
+            dec.abandon()
         self._unreserve(cid)
         self._drop(cid)
         return Message(cid, head, {}, 0, n, why)
 
     def abandon(self, cid: int) -> None:
         """Forget a call whose frames no longer matter (e.g. a late reply)."""
-        self._open.pop(cid, None)
+        opened = self._open.pop(cid, None)
+        if opened is not None and opened[2] is not None:
+            opened[2].abandon()
         self._unreserve(cid)
         self._drop(cid)
 

@@ -19,7 +19,7 @@ from fedhop.common.engine.api import NodeId, Reply, Scalar, meter_kind
 from fedhop.common.engine.base import Failure
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.bundle import Bundle, payload_bytes
-from fedhop.common.wire.codec import CodecError
+from fedhop.common.wire.codec import CodecError, PayloadSink
 from fedhop.common.wire.messages import (
     CALL_ID_BASE,
     POST_ID_BASE,
@@ -196,7 +196,14 @@ class CallTable:
         """A child's frames become messages only for calls sent to it and pending, within its caps."""
         t = self.config.transport
         return MessageAssembler(t.max_bundle_bytes, budget=InflightBudget(t.max_open_bundles, t.inflight_bytes()),
-                                accept=lambda head: self._unexpected_reply(link, head), expect=self._expected)
+                                accept=lambda head: self._unexpected_reply(link, head), expect=self._expected,
+                                sink=self._sink)
+
+    def _sink(self, head: pb.Frame, header: pb.BundleHeader) -> PayloadSink | None:
+        """Where a reply's bundle goes instead of a decode buffer: its gate's fold, chunk by chunk (reply_gate.py)."""
+        with self.roster.lock:
+            call = self._calls.get(head.call_id)
+        return call.gate.sink(call.call_id, call.node, head, header) if call is not None and call.gate else None
 
     def _expected(self, call_id: int) -> tuple[TensorShape, ...] | None:
         """What the reply to ``call_id`` must hold (None: not said, or no such call: the assembler's ``accept``

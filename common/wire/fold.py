@@ -1,0 +1,296 @@
+"""Folding a reply into an aggregate chunk by chunk while its bytes arrive (issue 19: a node holds the aggregate
+and one chunk of the reply being received, not the whole reply).
+
+A :class:`~fedhop.common.wire.codec.BundleDecoder` given a sink hands it each piece of the payload after its
+checks; :class:`AxpySink` adds ``alpha * piece`` into the aggregate's tensors in place (or, for the first
+reply of a fold, copies the piece into a fresh buffer and scales it: that buffer becomes the aggregate).
+
+Bits
+    The arithmetic is the whole-tensor fold's (``WeightedMean``: ``acc = b * alpha`` then
+    ``acc.add_(b, alpha=alpha)``), elementwise, on slices. Slices start at multiples of :data:`ALIGN`
+    elements inside each tensor and only a tensor's last slice may have a length that is not such a multiple,
+    so each element is computed by the same vector loop (or the same scalar tail) of the same kernel as in the
+    whole-tensor fold, on any CPU: the result is bit-identical to folding the decoded reply (the in-process
+    engine's path). The bytes of a partial group wait in a small carry until the next chunk completes them.
+
+Failures after the first chunk was folded
+    A reply can still fail after part of it was added: a later chunk holding NaN or Inf, a checksum mismatch at
+    its end, a stream that breaks off, a deadline. Floating-point addition cannot be undone bit for bit, so the
+    sink first saves the aggregate's bytes it is about to change in an :class:`UndoLog`: a temporary file
+    (page cache, not the process's memory; written to disk only under memory pressure), emptied when the reply
+    is committed and read back when it is aborted. A failed reply is thus dropped alone, as before, and the
+    aggregate is bit for bit what it was. The first reply needs no log: its buffer is simply dropped.
+
+Validation
+    Every finiteness check of ``check_bundle`` is made per piece (a tensor is bad iff one of its elements is
+    NaN or Inf; whole-tensor and per-piece tests agree). A reply with a bad tensor stops being folded, is
+    restored at its end, and :meth:`AxpySink.finish` returns stand-ins that are NaN for exactly the bad
+    tensors, so the engine's own check rejects it with the words it uses for a decoded reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from fedhop.common.wire.bundle import Bundle
+from fedhop.common.wire.codec import DTYPES, Layout, allocate, bundle_layout
+from fedhop.v1 import fedhop_pb2 as pb
+
+log = logging.getLogger("fedhop.fold")
+
+ALIGN = 64  # elements: a fold slice starts at a multiple of this inside its tensor (>= any vector loop's step)
+
+
+@runtime_checkable
+class StreamingFold(Protocol):
+    """A scatter fold that can take a reply chunk by chunk (``Comm.scatter(..., fold=...)``): ``sink`` is asked
+    when the reply's bundle header arrives (the reply is the next to fold, its scalars are known and checked);
+    None: decode the reply whole and call the fold with it. A streamed reply reaches the fold as a Reply whose
+    bundle is a :class:`FoldedBundle` of that sink; the fold commits it then."""
+
+    def sink(self, node: str, scalars: Mapping[str, object], header: pb.BundleHeader) -> AxpySink | None: ...
+
+
+class FoldedBundle(dict[str, torch.Tensor]):
+    """The bundle of a reply already folded by ``sink``: stand-in tensors of the reply's names, dtypes and
+    shapes (one element each, expanded: no memory), zero, or NaN where the reply had a non-finite value."""
+
+    def __init__(self, items: Mapping[str, torch.Tensor], sink: AxpySink) -> None:
+        super().__init__(items)
+        self.sink = sink
+
+
+class UndoLog:
+    """The aggregate's bytes before the reply being folded changed them, by payload-stream offset, in an unlinked
+    temporary file (``tempfile``'s directory, ``TMPDIR``): at most one model, in the page cache. Where no such
+    file can be written (no temporary directory, a full disk), the log goes on in memory (one model more, the
+    cost of decoding the reply whole) and says so once."""
+
+    def __init__(self) -> None:
+        self._fd: int | None = None
+        self._mem: bytearray | None = None  # the log in memory, after the file failed
+        self._end = 0  # the end of what the current reply saved
+        self.saved = 0  # bytes saved since the last clear
+        self.saved_total = 0  # bytes saved in all (what the log cost in writes)
+        self.restored_total = 0
+
+    def save(self, offset: int, data: memoryview) -> None:
+        if self._mem is None:
+            try:
+                self._save_file(offset, data)
+            except OSError as e:
+                log.warning("the fold's undo log cannot use a temporary file (%s): it is kept in memory", e)
+                self._to_memory()
+        if self._mem is not None:
+            if len(self._mem) < offset:
+                self._mem.extend(bytes(offset - len(self._mem)))
+            self._mem[offset:offset + data.nbytes] = data
+        self._end = max(self._end, offset + data.nbytes)
+        self.saved += data.nbytes
+        self.saved_total += data.nbytes
+
+    def _save_file(self, offset: int, data: memoryview) -> None:
+        if self._fd is None:
+            with tempfile.TemporaryFile(prefix="fedhop-fold-undo-") as f:  # unlinked at once: the fd is the file
+                self._fd = os.dup(f.fileno())
+        done = 0
+        while done < data.nbytes:
+            done += os.pwrite(self._fd, data[done:], offset + done)
+
+    def _to_memory(self) -> None:
+        self._mem = bytearray(self._end)
+        if self._fd is not None:
+            if self._end:
+                self._read(0, memoryview(self._mem))
+            os.close(self._fd)
+            self._fd = None
+
+    def _read(self, offset: int, into: memoryview) -> None:
+        assert self._fd is not None
+        done = 0
+        while done < into.nbytes:
+            got = os.pread(self._fd, into.nbytes - done, offset + done)
+            if not got:
+                raise OSError(f"the fold's undo log ended at {offset + done} bytes")
+            into[done:done + len(got)] = got
+            done += len(got)
+
+    def restore(self, offset: int, into: memoryview) -> None:
+        if self._mem is not None:
+            into[:] = self._mem[offset:offset + into.nbytes]
+        else:
+            self._read(offset, into)
+        self.restored_total += into.nbytes
+
+    def clear(self) -> None:
+        """The reply was committed or restored: its saved bytes are not needed (their pages are dropped unwritten)."""
+        if self._fd is not None and self.saved:
+            os.ftruncate(self._fd, 0)
+        if self._mem is not None:
+            self._mem = bytearray()
+        self.saved = self._end = 0
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._mem = None if self._mem is None else bytearray()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _flat_bytes(t: torch.Tensor) -> memoryview:
+    flat = t.reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+
+
+def _bad(x: torch.Tensor) -> bool:
+    """``x`` holds NaN or Inf (``non_finite``'s test: a finite sum implies finite elements)."""
+    return x.numel() > 0 and not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all())
+
+
+class AxpySink:
+    """``acc += alpha * reply`` piece by piece (``acc is None``: ``acc = reply * alpha`` in a fresh buffer).
+
+    Called from the session reader that receives the reply (``write``, ``finish``) and from the node's thread
+    (``commit``, ``abort``); a lock orders them. States: open -> finished -> committed, or -> aborted (from
+    open or finished; a write after an abort is ignored: the call was given up)."""
+
+    def __init__(self, header: pb.BundleHeader, alpha: float, acc: Mapping[str, torch.Tensor] | None,
+                 undo: UndoLog | None) -> None:
+        layout: Layout = bundle_layout(header)
+        self.layout = layout
+        self.alpha = alpha
+        self._lock = threading.Lock()
+        self.state = "open"
+        self.bad: set[int] = set()  # tensors with a non-finite value
+        self._dtypes = [DTYPES[s.dtype] for s in layout.slots]
+        self._sizes = [torch.empty(0, dtype=d).element_size() for d in self._dtypes]
+        self._buf: np.ndarray | None = None
+        if acc is None:  # the first reply: its buffer becomes the aggregate (laid out as the decoder would)
+            self._buf = allocate(layout.size)
+            base = torch.from_numpy(self._buf)
+            tensors = [base[s.at:s.at + s.nbytes].view(d).view(s.shape) if s.nbytes else torch.empty(s.shape, dtype=d)
+                       for s, d in zip(layout.slots, self._dtypes, strict=True)]
+            self._undo = None
+        else:
+            tensors = list(acc.values())
+            if undo is None:
+                raise ValueError("folding into an existing aggregate needs an undo log")
+            self._undo = undo
+        self.tensors: dict[str, torch.Tensor] = {s.name: t for s, t in zip(layout.slots, tensors, strict=True)}
+        self._flat = [t.reshape(-1) for t in tensors]
+        self._bytes = [_flat_bytes(t) for t in tensors]
+        self._done = [0] * len(tensors)  # elements received and checked per tensor (a carry aside)
+        self._added = [0] * len(tensors)  # ... of which added into the aggregate (saved in the undo log first)
+        self._carry = np.empty(0, dtype=np.uint8)  # bytes after the folded ones of the tensor being received
+        self._scratch = np.empty(0, dtype=np.uint8)
+
+    # -- the reader's side --------------------------------------------------------------------------------------
+    def write(self, index: int, pos: int, data: memoryview) -> None:
+        with self._lock:
+            if self.state != "open":
+                return
+            if self._buf is not None:
+                self._write_first(index, pos, data)
+            else:
+                self._write_add(index, pos, data)
+
+    def _limit(self, index: int, end: int) -> int:
+        """How many elements of tensor ``index`` may be folded once its bytes up to ``end`` are in."""
+        size, n = self._sizes[index], self._flat[index].numel()
+        if end >= n * size:
+            return n
+        return (end // size) // ALIGN * ALIGN
+
+    def _write_first(self, index: int, pos: int, data: memoryview) -> None:
+        k = data.nbytes
+        self._bytes[index][pos:pos + k] = data
+        lo, hi = self._done[index], self._limit(index, pos + k)
+        if hi > lo:
+            x = self._flat[index][lo:hi]
+            if index not in self.bad and _bad(x):
+                self.bad.add(index)
+            if not self.bad:
+                x.mul_(self.alpha)
+            self._done[index] = hi
+
+    def _write_add(self, index: int, pos: int, data: memoryview) -> None:
+        size = self._sizes[index]
+        lo = self._done[index]
+        held = pos - lo * size  # carry bytes: [lo * size, pos)
+        if held != self._carry.nbytes:
+            want = lo * size + self._carry.nbytes
+            raise ValueError(f"fold sink: tensor #{index} got bytes at {pos}, expected them at {want}")
+        k = data.nbytes
+        if self._scratch.nbytes < held + k:
+            self._scratch = np.empty(held + k + 64, dtype=np.uint8)
+        s = self._scratch
+        s[:held] = self._carry
+        s[held:held + k] = np.frombuffer(data, dtype=np.uint8)
+        hi = self._limit(index, pos + k)
+        use = (hi - lo) * size
+        if hi > lo:
+            b = torch.from_numpy(s[:use]).view(self._dtypes[index])
+            if index not in self.bad and _bad(b):
+                self.bad.add(index)
+            if not self.bad:
+                assert self._undo is not None
+                self._undo.save(self.layout.slots[index].start + lo * size, self._bytes[index][lo * size:hi * size])
+                self._flat[index][lo:hi].add_(b, alpha=self.alpha)
+                self._added[index] = hi
+            self._done[index] = hi
+        self._carry = s[use:held + k].copy()
+
+    def finish(self) -> Bundle:
+        """Every byte came and matched the checksum: stand-ins for the engine's checks (a reply with a non-finite
+        value is restored here and its stand-ins say where)."""
+        with self._lock:
+            if self.state == "open" and self.bad:
+                self._restore()
+            elif self.state == "open":
+                self.state = "finished"
+            stand = {}
+            for i, s in enumerate(self.layout.slots):
+                v = torch.full((), float("nan") if i in self.bad else 0.0, dtype=self._dtypes[i])
+                stand[s.name] = v.expand(s.shape)
+            return FoldedBundle(stand, self)
+
+    # -- the node's side ------------------------------------------------------------------------------------------
+    def commit(self) -> dict[str, torch.Tensor]:
+        """Keep the folded reply; the aggregate's tensors (for the first reply: the new buffer's)."""
+        with self._lock:
+            if self.state != "finished":
+                raise RuntimeError(f"a fold sink can only be committed once finished, not {self.state}")
+            self.state = "committed"
+            if self._undo is not None:
+                self._undo.clear()
+            return self.tensors
+
+    def abort(self) -> None:
+        """Undo the reply: the aggregate is bit for bit what it was before it (no-op once committed)."""
+        with self._lock:
+            if self.state in ("open", "finished"):
+                self._restore()
+
+    def _restore(self) -> None:
+        self.state = "aborted"
+        if self._buf is not None:  # the first reply: nothing of the aggregate was touched
+            self._buf = None
+            self.tensors, self._flat, self._bytes = {}, [], []
+            return
+        assert self._undo is not None
+        for i, s in enumerate(self.layout.slots):
+            n = self._added[i] * self._sizes[i]
+            if n:
+                self._undo.restore(s.start, self._bytes[i][:n])
+        self._undo.clear()
