@@ -1,0 +1,42 @@
+"""Many clients (issue 19): what made a round superlinear in its clients, counted (never timed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedhop.transport.reply_gate import ReplyGate
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_reply_gate_wakes_each_waiting_reply_once_in_canonical_order(window: int) -> None:
+    # 2,000 replies whose Result frames all arrive at once, last first: one condition for every waiter woke each
+    # of them at every settle (n^2 wake-ups, each scanning the scatter's order); each is now woken once, when
+    # its place is free, and in canonical order
+    n = 2000
+    gate = ReplyGate(window)
+    ids = list(range(100, 100 + n))
+    for cid in ids:
+        gate.add(cid)
+    admitted: list[int] = []
+    at_once = [cid for cid in reversed(ids) if gate.try_enter(cid, lambda cid=cid: admitted.append(cid))]
+    assert at_once == [*ids[n - window:][::-1], ids[0]]  # the window's places (taken first), then the head
+    assert admitted == []
+    for cid in ids:  # folded in canonical order
+        gate.settled(cid)
+    assert admitted == [c for c in ids if c not in at_once]
+    assert gate.wakeups == n - len(at_once)
+
+
+def test_reply_gate_admits_a_waiting_reply_that_was_given_up_on_without_taking_a_place() -> None:
+    gate = ReplyGate(window=0)
+    for cid in (1, 2, 3):
+        gate.add(cid)
+    admitted: list[int] = []
+    assert not gate.try_enter(3, lambda: admitted.append(3))
+    gate.settled(3)  # the scatter gave up on 3 while its reader waited: the reader goes on (and drops it)
+    assert admitted == [3]
+    assert not gate.try_enter(2, lambda: admitted.append(2))  # 1 is still the head: 2 waits as before
+    gate.settled(1)
+    assert admitted == [3, 2]
+    gate.open()
+    assert gate.try_enter(7, lambda: None)
