@@ -217,15 +217,25 @@ class CallTable:
     def answered(self, link: ChildLink, frame: pb.Frame) -> None:
         """A Result frame of a pending call came in: mark the call answered; a reply of a folding scatter then
         waits for its turn (``ReplyGate``) before its bundle is read, holding this session's reader."""
+        call = self.arrived(link, frame)
+        if call is not None and call.gate is not None:
+            call.gate.enter(call.call_id)
+            call.admitted_at = time.monotonic()
+
+    def arrived(self, link: ChildLink, frame: pb.Frame) -> Call | None:
+        """The first half of :meth:`answered`, which never waits: marks the call answered (once: a second Result
+        frame of the call changes nothing) and returns it when its bundle must wait for the gate's admission
+        (the caller then sets ``admitted_at``); None otherwise (admitted at once, or no such call)."""
         with self.roster.lock:
             call = self._calls.get(frame.call_id)
-        if call is None or call.node != link.node_id:
-            return
+        if call is None or call.node != link.node_id or call.answered.is_set():
+            return None
         call.answered_at = time.monotonic()
         call.answered.set()
         if call.gate is not None and frame.result.has_bundle:
-            call.gate.enter(call.call_id)
+            return call
         call.admitted_at = time.monotonic()
+        return None
 
     def result(self, link: ChildLink, msg: Message) -> None:
         """A whole Result message: it completes its call (a late one is counted and dropped)."""
