@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from fedhop.transport.reply_gate import ReplyGate
+from tests.waiting import wait_until
 
 
 @pytest.mark.parametrize("window", [0, 3])
@@ -40,3 +44,25 @@ def test_reply_gate_admits_a_waiting_reply_that_was_given_up_on_without_taking_a
     assert admitted == [3, 2]
     gate.open()
     assert gate.try_enter(7, lambda: None)
+
+
+def test_handshake_timers_are_one_thread_for_any_number_of_sessions() -> None:
+    # a threading.Timer per session was a thread per joining child (667 threads in a PS while 1,000 joined)
+    from fedhop.transport.session.liveness import Deadlines
+
+    timers = Deadlines("test-deadlines")
+    fired: list[int] = []
+    done = threading.Event()
+    before = threading.active_count()
+    n = 500
+    base = time.monotonic() + 1.0
+    for k in reversed(range(n)):  # scheduled last first: they run in the order of their times
+        timers.call_later(base + 0.0005 * k - time.monotonic(),
+                          lambda k=k: (fired.append(k), len(fired) == n and done.set()))
+    assert threading.active_count() <= before + 1
+    assert done.wait(30)
+    assert fired == list(range(n))
+    timers.call_later(0.0, lambda: 1 / 0)  # a failing callback is logged; the next ones still run
+    timers.call_later(0.0, done.clear)
+    wait_until(lambda: not done.is_set(), "the callback after a failing one to run")
+    assert len(timers) == 0
