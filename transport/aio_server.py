@@ -11,6 +11,7 @@ that are plain functions (health, a token refusal) run in ``migration_thread_poo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Coroutine, Sequence
@@ -39,7 +40,51 @@ class _SyncInterceptor(grpc.aio.ServerInterceptor):
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                                 details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
-        return self.inner.intercept_service(lambda _details: handler, details)
+        out = self.inner.intercept_service(lambda _details: handler, details)
+        if out is None or out is handler:
+            return out
+        return _async_refusal(out)
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _AbortContext:
+    """What a synchronous refusal handler sees of an aio call: its peer, and an ``abort`` that is recorded (an
+    aio context's ``abort`` is a coroutine: called from a plain function it would never run, and the call
+    would hang instead of being refused)."""
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
+
+    def peer(self) -> str:
+        return self._context.peer()
+
+    def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise _Aborted(details)
+
+
+def _async_refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """A synchronous handler that refuses its call (``credentials._refusal``), as a coroutine of the same kind."""
+    fn = (handler.stream_stream or handler.stream_unary or handler.unary_stream or handler.unary_unary)
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        shim = _AbortContext(context)
+        with contextlib.suppress(_Aborted):
+            fn(request, shim)
+        code, details = shim.aborted or (grpc.StatusCode.UNAUTHENTICATED, "refused")
+        await context.abort(code, details)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(refuse)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(refuse)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(refuse)
+    return grpc.unary_unary_rpc_method_handler(refuse)
 
 
 class LoopServer:
