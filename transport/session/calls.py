@@ -106,6 +106,8 @@ class CallTable:
         self._calls: dict[int, Call] = {}
         self._expired: OrderedDict[int, Call] = OrderedDict()  # calls given up on, for their late replies
         self._ids = itertools.count(CALL_ID_BASE)
+        self._last_shapes: tuple[Mapping[str, torch.Tensor], tuple[tuple[str, int], ...],
+                                 tuple[TensorShape, ...]] | None = None
 
     @property
     def expired(self) -> Mapping[int, Call]:
@@ -138,8 +140,7 @@ class CallTable:
             return Failure(f"cannot send the bundle: {e}")
         sent_at = time.perf_counter()
         timeline.recorder(self.node).add(round_idx, self.node, "encode_req", sent_at - began)
-        call = Call(cid, target, task, round_idx, gate=gate, sent_at=sent_at,
-                    expect=bundle_shapes(expect) if expect is not None else None)
+        call = Call(cid, target, task, round_idx, gate=gate, sent_at=sent_at, expect=self._shapes(expect))
         timing.event("call", at=self.node, call=cid, child=target, task=task, round=round_idx)
         if gate is not None:
             gate.add(cid)
@@ -152,6 +153,16 @@ class CallTable:
 
         link.send(frames, sent)
         return call
+
+    def _shapes(self, expect: Mapping[str, torch.Tensor] | None) -> tuple[TensorShape, ...] | None:
+        """``bundle_shapes(expect)``, computed once for the calls of one scatter (they share its ``expect``)."""
+        if expect is None:
+            return None
+        key = tuple((k, id(v)) for k, v in expect.items())  # the tensors are alive (held by ``expect``)
+        last = self._last_shapes
+        if last is None or last[0] is not expect or last[1] != key:
+            last = self._last_shapes = (expect, key, bundle_shapes(expect))
+        return last[2]
 
     def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
         """The target's session; a child that was admitted once and is away (restarting, re-joining) is
