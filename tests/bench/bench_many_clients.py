@@ -1,11 +1,14 @@
 """Many clients on one machine over real gRPC: ``fedhop launch`` with 10 / 100 / 1,000 clients (FedAvg, a small
-MLP, no edges), clients served by client hosts (``fedhop clients``; launch's ``--clients-per-process``, default
-auto). Prints a table:
+MLP; no edges, or ``--edges 2``), clients served by client hosts (``fedhop clients``; launch's
+``--clients-per-process``, default auto), or (``--by-hand``) a ``fedhop server`` and ``fedhop clients`` processes
+started by this script, as a user would by hand. Prints a table:
 
 * join: from starting ``fedhop launch`` to the start of round 1 (every process started, every client joined);
 * per client: join / clients;
 * mean round: the mean of ``round_s`` over the rounds (``rounds.jsonl``);
-* PS peak RSS: the launcher process (which is the PS), sampled with psutil every 50 ms;
+* PS peak RSS and PS threads (peak): the launcher process (which is the PS) or ``fedhop server``, sampled with
+  psutil every 50 ms;
+* per client above in-process: (mean round - in-process round) / clients, in ms (issue 19's target: <= 1 ms);
 * hosts: the client processes and the sum of their RSS at its sampled peak;
 * in-process round: the in-process engine's mean round on the same spec in this process (the compute floor:
   the same local training and aggregation with no transport).
@@ -15,12 +18,19 @@ client, as before client hosts).
 
     .venv/bin/python tests/bench/bench_many_clients.py                  # 10, 100, 1000 clients + baseline
     .venv/bin/python tests/bench/bench_many_clients.py --clients 10 100 --baseline 10 30 --per-process auto 64
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 100 1000 3000 --baseline --edges 0 2 --repeat 3
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand
+
+``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
+printed before and after every run: the numbers mean little on a loaded machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,14 +43,14 @@ import psutil
 from fedhop.common.spec import RunSpec
 
 
-def spec_for(clients: int, rounds: int) -> RunSpec:
+def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
     return RunSpec.parse({
         "name": f"many-{clients}",
         "rounds": rounds,
         "seed": 0,
         "device": "cpu",
         "algorithm": {"name": "fedavg", "options": {"lr": 0.05, "local_steps": 2, "batch_size": 16}},
-        "topology": {"clients": clients, "edges": 0},
+        "topology": {"clients": clients, "edges": edges},
         "data": {"dataset": "synthetic", "partition": "iid",
                  "options": {"samples": max(4000, 60 * clients), "dim": 20}},
         "model": {"name": "mlp", "hidden": [16]},
@@ -55,10 +65,10 @@ def _rss(p: psutil.Process) -> int:
         return 0
 
 
-def inprocess_round_s(clients: int, rounds: int) -> float:
+def inprocess_round_s(clients: int, rounds: int, edges: int = 0) -> float:
     from fedhop.common.engine.inprocess import InProcessEngine
 
-    res = InProcessEngine(spec_for(clients, rounds), device="cpu").run()
+    res = InProcessEngine(spec_for(clients, rounds, edges), device="cpu").run()
     return sum(r["round_s"] for r in res.rounds) / len(res.rounds)
 
 
@@ -72,29 +82,65 @@ class Row:
     ps_peak_mb: float
     hosts_peak_mb: float
     ok: bool
-    inprocess_round_s: float = float("nan")
+    edges: int = 0
+    how: str = "launch"
+    ps_threads: int = 0
+    load: tuple[float, float] = (float("nan"), float("nan"))  # the 1-minute load average before and after
 
 
-def run(clients: int, per_process: int, rounds: int, work: Path) -> Row:
-    folder = work / f"c{clients}-k{per_process}"
-    folder.mkdir()
+def _threads(p: psutil.Process) -> int:
+    try:
+        return int(p.num_threads())
+    except psutil.Error:
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0, by_hand: bool = False) -> Row:
+    """One run: ``fedhop launch`` (the launcher is the PS), or (``by_hand``, no edges) ``fedhop server`` and one
+    ``fedhop clients`` process per ``per_process`` ids, started here."""
+    folder = Path(tempfile.mkdtemp(prefix=f"c{clients}-k{per_process}-e{edges}-", dir=work))
     spec_file = folder / "spec.toml"
-    spec_file.write_text(spec_for(clients, rounds).to_toml())
+    spec_file.write_text(spec_for(clients, rounds, edges).to_toml())
     out = folder / "run"
+    load0 = psutil.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
-                             "--device", "cpu", "--quiet", "--clients-per-process", str(per_process)],
-                            stdout=subprocess.DEVNULL, stderr=(folder / "launch.err").open("wb"))
+    err = (folder / "launch.err").open("wb")
+    hosts: list[subprocess.Popen] = []
+    if by_hand:
+        if edges:
+            raise SystemExit("--by-hand starts a PS and client hosts: no edges")
+        addr = f"127.0.0.1:{_free_port()}"
+        proc = subprocess.Popen([sys.executable, "-m", "fedhop", "server", str(spec_file), "--out", str(out),
+                                 "--listen", addr, "--device", "cpu", "--log-level", "warning"],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        for lo in range(0, clients, per_process):
+            ids = f"client-{lo}..client-{min(clients, lo + per_process) - 1}"
+            hosts.append(subprocess.Popen([sys.executable, "-m", "fedhop", "clients", "--ids", ids, "--connect", addr,
+                                           "--device", "cpu", "--log-level", "warning"],
+                                          stdout=subprocess.DEVNULL, stderr=err))
+    else:
+        proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
+                                 "--device", "cpu", "--quiet", "--clients-per-process", str(per_process)],
+                                stdout=subprocess.DEVNULL, stderr=err)
     ps = psutil.Process(proc.pid)
     journal = out / "rounds.jsonl"
     ps_peak = hosts_peak = 0.0
+    ps_threads = 0
     first_end: float | None = None
     children: set[int] = set()
     while proc.poll() is None:
         ps_peak = max(ps_peak, _rss(ps))
+        ps_threads = max(ps_threads, _threads(ps))
         try:
-            kids = [k for k in ps.children(recursive=True)  # forked hosts are the fork server's children
-                    if "multiprocessing.forkserver" not in " ".join(k.cmdline())]
+            kids = [psutil.Process(h.pid) for h in hosts] if by_hand else [
+                k for k in ps.children(recursive=True)  # forked hosts are the fork server's children
+                if "multiprocessing.forkserver" not in " ".join(k.cmdline())]
         except psutil.Error:
             kids = []
         children.update(k.pid for k in kids)
@@ -102,11 +148,25 @@ def run(clients: int, per_process: int, rounds: int, work: Path) -> Row:
         if first_end is None and journal.is_file() and journal.read_text().strip():
             first_end = time.monotonic()
         time.sleep(0.05)
+    hosts_ok = all(h.wait(60) == 0 for h in hosts)
     rows = [json.loads(line) for line in journal.read_text().splitlines()] if journal.is_file() else []
     join = (first_end - t0 - rows[0]["round_s"]) if first_end is not None and rows else float("nan")
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
-               proc.returncode == 0 and len(rows) == rounds)
+               proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
+               ps_threads, (load0, psutil.getloadavg()[0]))
+
+
+def median_row(rows: list[Row]) -> Row:
+    """The median of each measured column over repeated runs of one case (ok: every run was)."""
+    def med(values: list[float]) -> float:
+        return float(statistics.median(values))
+
+    first = rows[0]
+    return Row(first.clients, first.per_process, first.processes, med([r.join_s for r in rows]),
+               med([r.mean_round_s for r in rows]), med([r.ps_peak_mb for r in rows]),
+               med([r.hosts_peak_mb for r in rows]), all(r.ok for r in rows), first.edges, first.how,
+               int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)))
 
 
 def main() -> None:
@@ -116,29 +176,37 @@ def main() -> None:
                     help="client counts also run with one process per client")
     ap.add_argument("--per-process", nargs="+", default=["auto"],
                     help="--clients-per-process values for the host runs (each a number or auto; default: auto)")
+    ap.add_argument("--edges", type=int, nargs="+", default=[0], help="edge counts (default: 0, a flat run)")
+    ap.add_argument("--by-hand", action="store_true",
+                    help="start fedhop server and fedhop clients here instead of fedhop launch (no edges)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the medians")
     a = ap.parse_args()
     from fedhop.client_ids import resolve_per_process
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-many-") as tmp:
-        for n in a.baseline:
-            rows.append(run(n, 1, a.rounds, Path(tmp)))
+        cases = [(n, 1, e) for n in a.baseline for e in a.edges]
+        cases += [(n, k, e) for n in a.clients for e in a.edges
+                  for k in dict.fromkeys(resolve_per_process(c, n) for c in a.per_process)]
+        for n, k, e in cases:
+            runs = [run(n, k, a.rounds, Path(tmp), e, a.by_hand) for _ in range(a.repeat)]
+            rows.append(median_row(runs))
             print(f"  done: {rows[-1]}", file=sys.stderr)
-        for n in a.clients:
-            for k in dict.fromkeys(resolve_per_process(c, n) for c in a.per_process):
-                rows.append(run(n, k, a.rounds, Path(tmp)))
-                print(f"  done: {rows[-1]}", file=sys.stderr)
-    floors = {n: inprocess_round_s(n, a.rounds) for n in sorted({r.clients for r in rows})}
-    print(f"FedAvg, MLP 20-16-10, synthetic iid, {a.rounds} rounds, no edges, real gRPC on loopback; "
-          f"load average at the end {psutil.getloadavg()[0]:.1f}")
-    print("| clients | clients per process | client processes | join (launch -> round 1) | join per client "
-          "| mean round | in-process round | PS peak RSS | client processes' RSS (sum, peak) | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    floors = {(n, e): inprocess_round_s(n, a.rounds, e) for n, e in sorted({(r.clients, r.edges) for r in rows})}
+    print(f"FedAvg, MLP 20-16-10, synthetic iid, {a.rounds} rounds, real gRPC on loopback, {psutil.cpu_count()} "
+          f"cores; {'median of ' + str(a.repeat) + ' runs' if a.repeat > 1 else 'one run'} per row; load average "
+          f"at the end {psutil.getloadavg()[0]:.1f}")
+    print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "
+          "| mean round | in-process round | per client above in-process | PS peak RSS | PS threads (peak) "
+          "| client processes' RSS (sum, peak) | load (1 min) before / after | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.clients:,} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
-              f"{1000 * r.join_s / r.clients:.0f} ms | {r.mean_round_s:.2f} s | {floors[r.clients]:.2f} s | "
-              f"{r.ps_peak_mb:.0f} MB | {r.hosts_peak_mb:.0f} MB | {'yes' if r.ok else 'NO'} |")
+        floor = floors[(r.clients, r.edges)]
+        print(f"| {r.clients:,} | {r.edges} | {r.how} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
+              f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
+              f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | "
+              f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ CROWDED_HELLO_S = 0.2  # beyond them, each waits this long at most (a child's He
 class HelloWaits:
     """The sessions of one node that have not said Hello yet, oldest first.
 
-    Each holds a server worker thread while it lasts (the PS has its children's plus 16), so streams that never
+    On an edge's (synchronous) server each holds a worker thread while it lasts (the PS's asyncio server holds
+    none: ``transport/aio_server.py``, but their memory and handshakes still count), so streams that never
     say Hello, if each could wait ``transport.handshake_timeout_s``, would hold every spare worker and queue a
     real Hello behind them (200 such streams held a mid-run Hello for minutes, and a start past its join
     timeout). So at most :data:`CROWD` wait that long: while they wait, a new session gets
