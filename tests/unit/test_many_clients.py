@@ -66,3 +66,30 @@ def test_handshake_timers_are_one_thread_for_any_number_of_sessions() -> None:
     timers.call_later(0.0, done.clear)
     wait_until(lambda: not done.is_set(), "the callback after a failing one to run")
     assert len(timers) == 0
+
+
+def test_a_host_id_whose_handshake_timed_out_dials_again_once_another_id_is_in(monkeypatch) -> None:
+    # 1,000 ids joining a loaded machine: one handshake past its 5 s (NOT_FEDHOP) ended the whole host of 500 ids
+    import fedhop.client.main as client_main
+    from fedhop.client.host import run_clients
+    from fedhop.common.exit_codes import ExitCode
+    from fedhop.transport.node_config import NodeConfig
+
+    first_in = threading.Event()
+    tries: dict[str, int] = {}
+
+    def fake_run_client(config, host, on_ready):
+        tries[config.node_id] = tries.get(config.node_id, 0) + 1
+        if config.node_id == "client-0":
+            on_ready(config.node_id)
+            first_in.set()
+            return ExitCode.OK
+        assert first_in.wait(10)
+        if tries[config.node_id] == 1:
+            return ExitCode.NOT_FEDHOP
+        on_ready(config.node_id)
+        return ExitCode.OK
+
+    monkeypatch.setattr(client_main, "run_client", fake_run_client)
+    assert run_clients(["client-0", "client-1"], NodeConfig("host", "127.0.0.1:1")) == ExitCode.OK
+    assert tries == {"client-0": 1, "client-1": 2}
