@@ -21,6 +21,13 @@ client, as before client hosts).
     .venv/bin/python tests/bench/bench_many_clients.py --clients 100 1000 3000 --baseline --edges 0 2 --repeat 3
     .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand
 
+``--fleet`` measures the PS alone at 1,000 - 10,000 clients: ``fedhop server`` and, in this process, one
+asyncio gRPC client per id that says Hello and Ready and answers every Task at once with the model it received
+(no training, no client hosts: their threads are what keeps 10,000 real clients off one machine, see
+docs/benchmarks.md). Its round is the PS's own cost of a round: per client, the PS's overhead.
+
+    .venv/bin/python tests/bench/bench_many_clients.py --fleet --clients 1000 3000 10000
+
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
 """
@@ -37,6 +44,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -169,6 +177,124 @@ def median_row(rows: list[Row]) -> Row:
                int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)))
 
 
+# -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
+
+async def _fleet_client(node: str, addr: str, size: int, channel: Any, joined: Any, errors: list[str]) -> None:
+    """One client: Hello, Ready with ``size`` samples, each Task answered with the model it carried, Bye."""
+    import asyncio
+
+    from fedhop.common.spec import TransportSpec
+    from fedhop.common.wire.control import bye_frame
+    from fedhop.common.wire.framing import bundle_frames, parse_frame_lenient, serialize_frame
+    from fedhop.common.wire.messages import result_frame
+    from fedhop.transport.session import child_assembler, hello_frame
+    from fedhop.v1 import fedhop_pb2 as pb
+
+    out: asyncio.Queue = asyncio.Queue()
+
+    async def requests() -> Any:
+        while (f := await out.get()) is not None:
+            yield f
+
+    call = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
+                                 response_deserializer=parse_frame_lenient)(requests())
+    await out.put(hello_frame(node, "client", "", {}, ""))
+    asm = child_assembler(TransportSpec())
+    try:
+        async for frame in call:
+            if isinstance(frame, pb.Frame):
+                body = frame.WhichOneof("body")
+                if body == "welcome":
+                    ready = pb.Frame()
+                    ready.ready.data_sizes[node] = size
+                    await out.put(ready)
+                    joined()
+                    continue
+                if body == "bye":
+                    await out.put(bye_frame("bye", finished=True))
+                    await out.put(None)
+                    continue
+                if body == "error":
+                    errors.append(f"{node}: {frame.error.message}")
+                    continue
+                if body is None or body == "ready":
+                    continue
+            msg = asm.feed(frame)
+            if msg is not None:
+                await out.put(result_frame(msg.call_id, {"n": size, "loss": 0.0}, has_bundle=True))
+                for f in bundle_frames(msg.call_id, msg.bundle):
+                    await out.put(f)
+    except Exception as e:  # noqa: BLE001  (a benchmark: count it, go on)
+        errors.append(f"{node}: {type(e).__name__}: {e}")
+
+
+def run_fleet(clients: int, rounds: int, work: Path) -> Row:
+    """``fedhop server`` with ``clients`` instant clients of this process (see the module docstring)."""
+    import asyncio
+
+    import grpc
+
+    folder = Path(tempfile.mkdtemp(prefix=f"fleet-{clients}-", dir=work))
+    spec_file = folder / "spec.toml"
+    spec = spec_for(clients, rounds)
+    spec_file.write_text(spec.to_toml())
+    size = spec.data.options["samples"] // clients
+    out = folder / "run"
+    addr = f"127.0.0.1:{_free_port()}"
+    load0 = psutil.getloadavg()[0]
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "fedhop", "server", str(spec_file), "--out", str(out),
+                             "--listen", addr, "--device", "cpu", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=(folder / "server.err").open("wb"))
+    ps = psutil.Process(proc.pid)
+    peaks = {"rss": 0.0, "threads": 0}
+    errors: list[str] = []
+    n_joined = [0]
+    journal = out / "rounds.jsonl"
+    first_end: list[float] = []
+
+    async def fleet() -> None:
+        # ids share a few connections (HTTP/2 streams), as client hosts' ids could; 250 streams per connection
+        channels = [grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(max(1, clients // 250))]
+        for ch in channels:
+            while True:
+                try:
+                    await asyncio.wait_for(ch.channel_ready(), 5)
+                    break
+                except TimeoutError:
+                    continue
+
+        def joined() -> None:
+            n_joined[0] += 1
+
+        async def watch() -> None:
+            while proc.poll() is None:
+                peaks["rss"] = max(peaks["rss"], _rss(ps))
+                peaks["threads"] = max(peaks["threads"], _threads(ps))
+                if not first_end and journal.is_file() and journal.read_text().strip():
+                    first_end.append(time.monotonic())
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.gather(*(_fleet_client(f"client-{i}", addr, size, channels[i % len(channels)], joined, errors)
+                               for i in range(clients)))
+        await watcher
+        for ch in channels:
+            await ch.close()
+
+    asyncio.run(fleet())
+    proc.wait()
+    rows = [json.loads(line) for line in journal.read_text().splitlines()] if journal.is_file() else []
+    join = first_end[0] - t0 - rows[0]["round_s"] if first_end and rows else float("nan")
+    mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
+    if errors:
+        print(f"  {len(errors)} client errors, e.g. {errors[:3]}", file=sys.stderr)
+    return Row(clients, clients, 0, join, mean_round, peaks["rss"] / 2**20, 0.0,
+               proc.returncode == 0 and not errors and len(rows) == rounds, 0, "fleet (no training)",
+               int(peaks["threads"]), (load0, psutil.getloadavg()[0]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
@@ -179,6 +305,8 @@ def main() -> None:
     ap.add_argument("--edges", type=int, nargs="+", default=[0], help="edge counts (default: 0, a flat run)")
     ap.add_argument("--by-hand", action="store_true",
                     help="start fedhop server and fedhop clients here instead of fedhop launch (no edges)")
+    ap.add_argument("--fleet", action="store_true",
+                    help="the PS alone with instant clients of this process (no training, no client hosts)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the medians")
     a = ap.parse_args()
@@ -189,11 +317,16 @@ def main() -> None:
         cases = [(n, 1, e) for n in a.baseline for e in a.edges]
         cases += [(n, k, e) for n in a.clients for e in a.edges
                   for k in dict.fromkeys(resolve_per_process(c, n) for c in a.per_process)]
+        if a.fleet:
+            cases = [(n, n, 0) for n in a.clients]
         for n, k, e in cases:
-            runs = [run(n, k, a.rounds, Path(tmp), e, a.by_hand) for _ in range(a.repeat)]
+            runs = [run_fleet(n, a.rounds, Path(tmp)) if a.fleet else run(n, k, a.rounds, Path(tmp), e, a.by_hand)
+                    for _ in range(a.repeat)]
             rows.append(median_row(runs))
             print(f"  done: {rows[-1]}", file=sys.stderr)
-    floors = {(n, e): inprocess_round_s(n, a.rounds, e) for n, e in sorted({(r.clients, r.edges) for r in rows})}
+    # the fleet trains nothing: its floor is 0 and its "per client" the PS's own cost of a client per round
+    floors = {(n, e): 0.0 if a.fleet else inprocess_round_s(n, a.rounds, e)
+              for n, e in sorted({(r.clients, r.edges) for r in rows})}
     print(f"FedAvg, MLP 20-16-10, synthetic iid, {a.rounds} rounds, real gRPC on loopback, {psutil.cpu_count()} "
           f"cores; {'median of ' + str(a.repeat) + ' runs' if a.repeat > 1 else 'one run'} per row; load average "
           f"at the end {psutil.getloadavg()[0]:.1f}")
