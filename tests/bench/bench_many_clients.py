@@ -179,8 +179,18 @@ def median_row(rows: list[Row]) -> Row:
 
 # -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
 
-async def _fleet_client(node: str, addr: str, size: int, channel: Any, joined: Any, errors: list[str]) -> None:
-    """One client: Hello, Ready with ``size`` samples, each Task answered with the model it carried, Bye."""
+async def _fleet_client(node: str, addr: str, size: int, channel: Any, joined: Any, errors: list[str],
+                        slots: Any) -> None:
+    """One client: Hello (``slots`` joining at once, as a client host's JOIN_SLOTS; dialing again when the PS
+    closed the session before its Welcome, as a real client does), Ready with ``size`` samples, each Task
+    answered with the model it carried, Bye."""
+    async with slots:
+        while not await _fleet_session(node, size, channel, joined, errors, slots):
+            pass
+
+
+async def _fleet_session(node: str, size: int, channel: Any, joined: Any, errors: list[str], slots: Any) -> bool:
+    """One session of a fleet client; False: refused before its Welcome (dial again)."""
     import asyncio
 
     from fedhop.common.spec import TransportSpec
@@ -200,6 +210,7 @@ async def _fleet_client(node: str, addr: str, size: int, channel: Any, joined: A
                                  response_deserializer=parse_frame_lenient)(requests())
     await out.put(hello_frame(node, "client", "", {}, ""))
     asm = child_assembler(TransportSpec())
+    welcomed = False
     try:
         async for frame in call:
             if isinstance(frame, pb.Frame):
@@ -208,8 +219,13 @@ async def _fleet_client(node: str, addr: str, size: int, channel: Any, joined: A
                     ready = pb.Frame()
                     ready.ready.data_sizes[node] = size
                     await out.put(ready)
+                    welcomed = True
                     joined()
+                    slots.release()  # the next one may join (the caller's ``async with`` takes it back)
                     continue
+                if body == "error" and not welcomed:
+                    await out.put(None)
+                    return False
                 if body == "bye":
                     await out.put(bye_frame("bye", finished=True))
                     await out.put(None)
@@ -226,6 +242,9 @@ async def _fleet_client(node: str, addr: str, size: int, channel: Any, joined: A
                     await out.put(f)
     except Exception as e:  # noqa: BLE001  (a benchmark: count it, go on)
         errors.append(f"{node}: {type(e).__name__}: {e}")
+    if welcomed:
+        await slots.acquire()  # given back at the Welcome; released again by the caller's ``async with``
+    return True
 
 
 def run_fleet(clients: int, rounds: int, work: Path) -> Row:
@@ -277,8 +296,9 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
                 await asyncio.sleep(0.05)
 
         watcher = asyncio.create_task(watch())
-        await asyncio.gather(*(_fleet_client(f"client-{i}", addr, size, channels[i % len(channels)], joined, errors)
-                               for i in range(clients)))
+        slots = asyncio.Semaphore(16)
+        await asyncio.gather(*(_fleet_client(f"client-{i}", addr, size, channels[i % len(channels)], joined, errors,
+                                             slots) for i in range(clients)))
         await watcher
         for ch in channels:
             await ch.close()
