@@ -55,11 +55,14 @@ def test_handshake_timers_are_one_thread_for_any_number_of_sessions() -> None:
     done = threading.Event()
     before = threading.active_count()
     n = 500
-    base = time.monotonic() + 1.0
+    go = threading.Event()
+    timers.call_later(0.0, go.wait, 30)  # holds the timer thread until every callback is scheduled
+    base = time.monotonic()
     for k in reversed(range(n)):  # scheduled last first: they run in the order of their times
         timers.call_later(base + 0.0005 * k - time.monotonic(),
                           lambda k=k: (fired.append(k), len(fired) == n and done.set()))
     assert threading.active_count() <= before + 1
+    go.set()
     assert done.wait(30)
     assert fired == list(range(n))
     timers.call_later(0.0, lambda: 1 / 0)  # a failing callback is logged; the next ones still run
