@@ -128,7 +128,8 @@ class AsyncParentServicer:
 
         def cancel() -> None:
             if task is not None:
-                loop.call_soon_threadsafe(task.cancel)
+                with contextlib.suppress(RuntimeError):  # the server stopped: the stream is gone already
+                    loop.call_soon_threadsafe(task.cancel)
 
         link = await self._work(self.hub.open, context.peer(), identity, why, cancel)
 
