@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Sequence
 
 import torch
@@ -86,24 +87,42 @@ def run_clients(ids: Sequence[str], config: NodeConfig, security: SecurityByNode
     share = HostShare(ids, config.device, config.data_path)
     slots = threading.Semaphore(max(1, join_slots))
     ended: queue.Queue[tuple[str, int, bool]] = queue.Queue()
+    joined = threading.Event()  # an id of this host is in the run: its parent is a fedhop parent
+    started = time.monotonic()
 
     def one(node: str) -> None:
         ready = threading.Event()
 
         def on_ready(_: str) -> None:
             ready.set()
+            joined.set()
             slots.release()
 
         slots.acquire()
         code: int = ExitCode.FAILED
         try:
-            code = run_client(config.for_node(node, security.of(node)), host=share, on_ready=on_ready)
+            while True:
+                code = run_client(config.for_node(node, security.of(node)), host=share, on_ready=on_ready)
+                if not dial_again(node, code, ready.is_set()):
+                    break
         except Exception:
             log.exception("%s: failed", node)
         finally:
             if not ready.is_set():
                 slots.release()
             ended.put((node, int(code), ready.is_set()))
+
+    def dial_again(node: str, code: int, was_ready: bool) -> bool:
+        """An id whose handshake timed out (NOT_FEDHOP) while other ids of this host are in the run met a busy
+        parent, not a stranger (1,000 ids joining a loaded 2-core machine: one slow handshake ended a host of
+        500 ids): it dials again while ``config.connect_timeout_s`` lasts."""
+        if code != ExitCode.NOT_FEDHOP or was_ready or not joined.is_set():
+            return False
+        if time.monotonic() - started > config.connect_timeout_s:
+            return False
+        log.warning("%s: no gRPC handshake in time, but other ids of this host are in the run: the parent is "
+                    "busy; dialing again", node)
+        return True
 
     log.info("serving %d client ids under %s: %s", len(ids), config.connect, ", ".join(ids) if len(ids) <= 8 else
              f"{ids[0]} ... {ids[-1]}")

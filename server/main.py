@@ -35,7 +35,8 @@ from fedhop.common.spec import RunSpec
 from fedhop.common.testhooks import gate
 from fedhop.common.user_code import CODE_DIGEST, code_digest
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.aio_server import make_loop_server
+from fedhop.transport.channels import add_port
 from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
@@ -220,7 +221,8 @@ def _serve(spec: RunSpec, listen: str, *, out: Path | None, device: str | None,
     hub = ParentHub(HubConfig(topo.server, spec, topo, run.run_id, welcome_info, security), meter, missing,
                     listener=_RunNews(run))
     run.start(resumed_at=start.next_round)
-    server = make_server(len(hub.children) + 16, security, spec.transport.handshake_timeout_s)
+    # an asyncio server: its threads do not grow with the children (transport/aio_server.py, issue 19)
+    server = make_loop_server(security, spec.transport.handshake_timeout_s)
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`, children lingering on it)
     serve_parent(hub, server)
     port = add_port(server, listen, security)

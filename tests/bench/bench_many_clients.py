@@ -1,11 +1,14 @@
 """Many clients on one machine over real gRPC: ``fedhop launch`` with 10 / 100 / 1,000 clients (FedAvg, a small
-MLP, no edges), clients served by client hosts (``fedhop clients``; launch's ``--clients-per-process``, default
-auto). Prints a table:
+MLP; no edges, or ``--edges 2``), clients served by client hosts (``fedhop clients``; launch's
+``--clients-per-process``, default auto), or (``--by-hand``) a ``fedhop server`` and ``fedhop clients`` processes
+started by this script, as a user would by hand. Prints a table:
 
 * join: from starting ``fedhop launch`` to the start of round 1 (every process started, every client joined);
 * per client: join / clients;
 * mean round: the mean of ``round_s`` over the rounds (``rounds.jsonl``);
-* PS peak RSS: the launcher process (which is the PS), sampled with psutil every 50 ms;
+* PS peak RSS and PS threads (peak): the launcher process (which is the PS) or ``fedhop server``, sampled with
+  psutil every 50 ms;
+* per client above in-process: (mean round - in-process round) / clients, in ms (issue 19's target: <= 1 ms);
 * hosts: the client processes and the sum of their RSS at its sampled peak;
 * in-process round: the in-process engine's mean round on the same spec in this process (the compute floor:
   the same local training and aggregation with no transport).
@@ -15,32 +18,47 @@ client, as before client hosts).
 
     .venv/bin/python tests/bench/bench_many_clients.py                  # 10, 100, 1000 clients + baseline
     .venv/bin/python tests/bench/bench_many_clients.py --clients 10 100 --baseline 10 30 --per-process auto 64
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 100 1000 3000 --baseline --edges 0 2 --repeat 3
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand
+
+``--fleet`` measures the PS alone at 1,000 - 10,000 clients: ``fedhop server`` and, in this process, one
+asyncio gRPC client per id that says Hello and Ready and answers every Task at once with the model it received
+(no training, no client hosts: their threads are what keeps 10,000 real clients off one machine, see
+docs/benchmarks.md). Its round is the PS's own cost of a round: per client, the PS's overhead.
+
+    .venv/bin/python tests/bench/bench_many_clients.py --fleet --clients 1000 3000 10000
+
+``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
+printed before and after every run: the numbers mean little on a loaded machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from fedhop.common.spec import RunSpec
 
 
-def spec_for(clients: int, rounds: int) -> RunSpec:
+def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
     return RunSpec.parse({
         "name": f"many-{clients}",
         "rounds": rounds,
         "seed": 0,
         "device": "cpu",
         "algorithm": {"name": "fedavg", "options": {"lr": 0.05, "local_steps": 2, "batch_size": 16}},
-        "topology": {"clients": clients, "edges": 0},
+        "topology": {"clients": clients, "edges": edges},
         "data": {"dataset": "synthetic", "partition": "iid",
                  "options": {"samples": max(4000, 60 * clients), "dim": 20}},
         "model": {"name": "mlp", "hidden": [16]},
@@ -55,10 +73,10 @@ def _rss(p: psutil.Process) -> int:
         return 0
 
 
-def inprocess_round_s(clients: int, rounds: int) -> float:
+def inprocess_round_s(clients: int, rounds: int, edges: int = 0) -> float:
     from fedhop.common.engine.inprocess import InProcessEngine
 
-    res = InProcessEngine(spec_for(clients, rounds), device="cpu").run()
+    res = InProcessEngine(spec_for(clients, rounds, edges), device="cpu").run()
     return sum(r["round_s"] for r in res.rounds) / len(res.rounds)
 
 
@@ -72,29 +90,65 @@ class Row:
     ps_peak_mb: float
     hosts_peak_mb: float
     ok: bool
-    inprocess_round_s: float = float("nan")
+    edges: int = 0
+    how: str = "launch"
+    ps_threads: int = 0
+    load: tuple[float, float] = (float("nan"), float("nan"))  # the 1-minute load average before and after
 
 
-def run(clients: int, per_process: int, rounds: int, work: Path) -> Row:
-    folder = work / f"c{clients}-k{per_process}"
-    folder.mkdir()
+def _threads(p: psutil.Process) -> int:
+    try:
+        return int(p.num_threads())
+    except psutil.Error:
+        return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0, by_hand: bool = False) -> Row:
+    """One run: ``fedhop launch`` (the launcher is the PS), or (``by_hand``, no edges) ``fedhop server`` and one
+    ``fedhop clients`` process per ``per_process`` ids, started here."""
+    folder = Path(tempfile.mkdtemp(prefix=f"c{clients}-k{per_process}-e{edges}-", dir=work))
     spec_file = folder / "spec.toml"
-    spec_file.write_text(spec_for(clients, rounds).to_toml())
+    spec_file.write_text(spec_for(clients, rounds, edges).to_toml())
     out = folder / "run"
+    load0 = psutil.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
-                             "--device", "cpu", "--quiet", "--clients-per-process", str(per_process)],
-                            stdout=subprocess.DEVNULL, stderr=(folder / "launch.err").open("wb"))
+    err = (folder / "launch.err").open("wb")
+    hosts: list[subprocess.Popen] = []
+    if by_hand:
+        if edges:
+            raise SystemExit("--by-hand starts a PS and client hosts: no edges")
+        addr = f"127.0.0.1:{_free_port()}"
+        proc = subprocess.Popen([sys.executable, "-m", "fedhop", "server", str(spec_file), "--out", str(out),
+                                 "--listen", addr, "--device", "cpu", "--log-level", "warning"],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        for lo in range(0, clients, per_process):
+            ids = f"client-{lo}..client-{min(clients, lo + per_process) - 1}"
+            hosts.append(subprocess.Popen([sys.executable, "-m", "fedhop", "clients", "--ids", ids, "--connect", addr,
+                                           "--device", "cpu", "--log-level", "warning"],
+                                          stdout=subprocess.DEVNULL, stderr=err))
+    else:
+        proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
+                                 "--device", "cpu", "--quiet", "--clients-per-process", str(per_process)],
+                                stdout=subprocess.DEVNULL, stderr=err)
     ps = psutil.Process(proc.pid)
     journal = out / "rounds.jsonl"
     ps_peak = hosts_peak = 0.0
+    ps_threads = 0
     first_end: float | None = None
     children: set[int] = set()
     while proc.poll() is None:
         ps_peak = max(ps_peak, _rss(ps))
+        ps_threads = max(ps_threads, _threads(ps))
         try:
-            kids = [k for k in ps.children(recursive=True)  # forked hosts are the fork server's children
-                    if "multiprocessing.forkserver" not in " ".join(k.cmdline())]
+            kids = [psutil.Process(h.pid) for h in hosts] if by_hand else [
+                k for k in ps.children(recursive=True)  # forked hosts are the fork server's children
+                if "multiprocessing.forkserver" not in " ".join(k.cmdline())]
         except psutil.Error:
             kids = []
         children.update(k.pid for k in kids)
@@ -102,11 +156,163 @@ def run(clients: int, per_process: int, rounds: int, work: Path) -> Row:
         if first_end is None and journal.is_file() and journal.read_text().strip():
             first_end = time.monotonic()
         time.sleep(0.05)
+    hosts_ok = all(h.wait(60) == 0 for h in hosts)
     rows = [json.loads(line) for line in journal.read_text().splitlines()] if journal.is_file() else []
     join = (first_end - t0 - rows[0]["round_s"]) if first_end is not None and rows else float("nan")
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
-               proc.returncode == 0 and len(rows) == rounds)
+               proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
+               ps_threads, (load0, psutil.getloadavg()[0]))
+
+
+def median_row(rows: list[Row]) -> Row:
+    """The median of each measured column over repeated runs of one case (ok: every run was)."""
+    def med(values: list[float]) -> float:
+        return float(statistics.median(values))
+
+    first = rows[0]
+    return Row(first.clients, first.per_process, first.processes, med([r.join_s for r in rows]),
+               med([r.mean_round_s for r in rows]), med([r.ps_peak_mb for r in rows]),
+               med([r.hosts_peak_mb for r in rows]), all(r.ok for r in rows), first.edges, first.how,
+               int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)))
+
+
+# -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
+
+async def _fleet_client(node: str, addr: str, size: int, channel: Any, joined: Any, errors: list[str],
+                        slots: Any) -> None:
+    """One client: Hello (``slots`` joining at once, as a client host's JOIN_SLOTS; dialing again when the PS
+    closed the session before its Welcome, as a real client does), Ready with ``size`` samples, each Task
+    answered with the model it carried, Bye."""
+    async with slots:
+        while not await _fleet_session(node, size, channel, joined, errors, slots):
+            pass
+
+
+async def _fleet_session(node: str, size: int, channel: Any, joined: Any, errors: list[str], slots: Any) -> bool:
+    """One session of a fleet client; False: refused before its Welcome (dial again)."""
+    import asyncio
+
+    from fedhop.common.spec import TransportSpec
+    from fedhop.common.wire.control import bye_frame
+    from fedhop.common.wire.framing import bundle_frames, parse_frame_lenient, serialize_frame
+    from fedhop.common.wire.messages import result_frame
+    from fedhop.transport.session import child_assembler, hello_frame
+    from fedhop.v1 import fedhop_pb2 as pb
+
+    out: asyncio.Queue = asyncio.Queue()
+
+    async def requests() -> Any:
+        while (f := await out.get()) is not None:
+            yield f
+
+    call = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
+                                 response_deserializer=parse_frame_lenient)(requests())
+    await out.put(hello_frame(node, "client", "", {}, ""))
+    asm = child_assembler(TransportSpec())
+    welcomed = False
+    try:
+        async for frame in call:
+            if isinstance(frame, pb.Frame):
+                body = frame.WhichOneof("body")
+                if body == "welcome":
+                    ready = pb.Frame()
+                    ready.ready.data_sizes[node] = size
+                    await out.put(ready)
+                    welcomed = True
+                    joined()
+                    slots.release()  # the next one may join (the caller's ``async with`` takes it back)
+                    continue
+                if body == "error" and not welcomed:
+                    await out.put(None)
+                    return False
+                if body == "bye":
+                    await out.put(bye_frame("bye", finished=True))
+                    await out.put(None)
+                    continue
+                if body == "error":
+                    errors.append(f"{node}: {frame.error.message}")
+                    continue
+                if body is None or body == "ready":
+                    continue
+            msg = asm.feed(frame)
+            if msg is not None:
+                await out.put(result_frame(msg.call_id, {"n": size, "loss": 0.0}, has_bundle=True))
+                for f in bundle_frames(msg.call_id, msg.bundle):
+                    await out.put(f)
+    except Exception as e:  # noqa: BLE001  (a benchmark: count it, go on)
+        errors.append(f"{node}: {type(e).__name__}: {e}")
+    if welcomed:
+        await slots.acquire()  # given back at the Welcome; released again by the caller's ``async with``
+    return True
+
+
+def run_fleet(clients: int, rounds: int, work: Path) -> Row:
+    """``fedhop server`` with ``clients`` instant clients of this process (see the module docstring)."""
+    import asyncio
+
+    import grpc
+
+    folder = Path(tempfile.mkdtemp(prefix=f"fleet-{clients}-", dir=work))
+    spec_file = folder / "spec.toml"
+    spec = spec_for(clients, rounds)
+    spec_file.write_text(spec.to_toml())
+    size = spec.data.options["samples"] // clients
+    out = folder / "run"
+    addr = f"127.0.0.1:{_free_port()}"
+    load0 = psutil.getloadavg()[0]
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "fedhop", "server", str(spec_file), "--out", str(out),
+                             "--listen", addr, "--device", "cpu", "--log-level", "warning"],
+                            stdout=subprocess.DEVNULL, stderr=(folder / "server.err").open("wb"))
+    ps = psutil.Process(proc.pid)
+    peaks = {"rss": 0.0, "threads": 0}
+    errors: list[str] = []
+    n_joined = [0]
+    journal = out / "rounds.jsonl"
+    first_end: list[float] = []
+
+    async def fleet() -> None:
+        # ids share a few connections (HTTP/2 streams), as client hosts' ids could; 250 streams per connection
+        channels = [grpc.aio.insecure_channel(addr, options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(max(1, clients // 250))]
+        for ch in channels:
+            while True:
+                try:
+                    await asyncio.wait_for(ch.channel_ready(), 5)
+                    break
+                except TimeoutError:
+                    continue
+
+        def joined() -> None:
+            n_joined[0] += 1
+
+        async def watch() -> None:
+            while proc.poll() is None:
+                peaks["rss"] = max(peaks["rss"], _rss(ps))
+                peaks["threads"] = max(peaks["threads"], _threads(ps))
+                if not first_end and journal.is_file() and journal.read_text().strip():
+                    first_end.append(time.monotonic())
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        slots = asyncio.Semaphore(16)
+        await asyncio.gather(*(_fleet_client(f"client-{i}", addr, size, channels[i % len(channels)], joined, errors,
+                                             slots) for i in range(clients)))
+        await watcher
+        for ch in channels:
+            await ch.close()
+
+    asyncio.run(fleet())
+    proc.wait()
+    rows = [json.loads(line) for line in journal.read_text().splitlines()] if journal.is_file() else []
+    join = first_end[0] - t0 - rows[0]["round_s"] if first_end and rows else float("nan")
+    mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
+    if errors:
+        print(f"  {len(errors)} client errors, e.g. {errors[:3]}", file=sys.stderr)
+    return Row(clients, clients, 0, join, mean_round, peaks["rss"] / 2**20, 0.0,
+               proc.returncode == 0 and not errors and len(rows) == rounds, 0, "fleet (no training)",
+               int(peaks["threads"]), (load0, psutil.getloadavg()[0]))
 
 
 def main() -> None:
@@ -116,29 +322,44 @@ def main() -> None:
                     help="client counts also run with one process per client")
     ap.add_argument("--per-process", nargs="+", default=["auto"],
                     help="--clients-per-process values for the host runs (each a number or auto; default: auto)")
+    ap.add_argument("--edges", type=int, nargs="+", default=[0], help="edge counts (default: 0, a flat run)")
+    ap.add_argument("--by-hand", action="store_true",
+                    help="start fedhop server and fedhop clients here instead of fedhop launch (no edges)")
+    ap.add_argument("--fleet", action="store_true",
+                    help="the PS alone with instant clients of this process (no training, no client hosts)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the medians")
     a = ap.parse_args()
     from fedhop.client_ids import resolve_per_process
 
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-many-") as tmp:
-        for n in a.baseline:
-            rows.append(run(n, 1, a.rounds, Path(tmp)))
+        cases = [(n, 1, e) for n in a.baseline for e in a.edges]
+        cases += [(n, k, e) for n in a.clients for e in a.edges
+                  for k in dict.fromkeys(resolve_per_process(c, n) for c in a.per_process)]
+        if a.fleet:
+            cases = [(n, n, 0) for n in a.clients]
+        for n, k, e in cases:
+            runs = [run_fleet(n, a.rounds, Path(tmp)) if a.fleet else run(n, k, a.rounds, Path(tmp), e, a.by_hand)
+                    for _ in range(a.repeat)]
+            rows.append(median_row(runs))
             print(f"  done: {rows[-1]}", file=sys.stderr)
-        for n in a.clients:
-            for k in dict.fromkeys(resolve_per_process(c, n) for c in a.per_process):
-                rows.append(run(n, k, a.rounds, Path(tmp)))
-                print(f"  done: {rows[-1]}", file=sys.stderr)
-    floors = {n: inprocess_round_s(n, a.rounds) for n in sorted({r.clients for r in rows})}
-    print(f"FedAvg, MLP 20-16-10, synthetic iid, {a.rounds} rounds, no edges, real gRPC on loopback; "
-          f"load average at the end {psutil.getloadavg()[0]:.1f}")
-    print("| clients | clients per process | client processes | join (launch -> round 1) | join per client "
-          "| mean round | in-process round | PS peak RSS | client processes' RSS (sum, peak) | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    # the fleet trains nothing: its floor is 0 and its "per client" the PS's own cost of a client per round
+    floors = {(n, e): 0.0 if a.fleet else inprocess_round_s(n, a.rounds, e)
+              for n, e in sorted({(r.clients, r.edges) for r in rows})}
+    print(f"FedAvg, MLP 20-16-10, synthetic iid, {a.rounds} rounds, real gRPC on loopback, {psutil.cpu_count()} "
+          f"cores; {'median of ' + str(a.repeat) + ' runs' if a.repeat > 1 else 'one run'} per row; load average "
+          f"at the end {psutil.getloadavg()[0]:.1f}")
+    print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "
+          "| mean round | in-process round | per client above in-process | PS peak RSS | PS threads (peak) "
+          "| client processes' RSS (sum, peak) | load (1 min) before / after | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.clients:,} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
-              f"{1000 * r.join_s / r.clients:.0f} ms | {r.mean_round_s:.2f} s | {floors[r.clients]:.2f} s | "
-              f"{r.ps_peak_mb:.0f} MB | {r.hosts_peak_mb:.0f} MB | {'yes' if r.ok else 'NO'} |")
+        floor = floors[(r.clients, r.edges)]
+        print(f"| {r.clients:,} | {r.edges} | {r.how} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
+              f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
+              f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | "
+              f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 
 if __name__ == "__main__":

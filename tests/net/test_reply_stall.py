@@ -22,6 +22,7 @@ from fedhop.common.topology import build_topology
 from fedhop.common.wire.framing import bundle_frames
 from fedhop.common.wire.messages import result_frame
 from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.aio_server import make_loop_server
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
@@ -36,13 +37,13 @@ CHUNK = 64 << 10
 EXPECT = {"w": torch.zeros(64, 1024)}  # 256 KiB: four chunks
 
 
-@pytest.fixture
-def parent() -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
+@pytest.fixture(params=["threads", "asyncio"])  # an edge's server, and the PS's (server/main.py)
+def parent(request: pytest.FixtureRequest) -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
     spec = run_spec("fedavg", {}, clients=2, edges=0, name="stall", rounds=1, data=DIGITS,
                     model={"name": "mlp", "hidden": [4]}, transport={"chunk_bytes": CHUNK, "rpc_timeout_s": 30.0})
     topo = build_topology(spec.topology, spec.seed)
     hub = ParentHub(HubConfig(topo.server, spec, topo, "stall-run"), ByteMeter(), MissingLog())
-    server = make_server(len(hub.children) + 16)
+    server = make_server(len(hub.children) + 16) if request.param == "threads" else make_loop_server()
     serve_parent(hub, server)
     addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
     server.start()

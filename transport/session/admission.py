@@ -151,13 +151,23 @@ class Admission:
         ``give_up``, polled about once a second, ends the wait early when it returns a reason."""
         end = time.monotonic() + timeout_s
         roster = self.roster
+        children = self.config.children
+
+        def ready(c: NodeId) -> bool:
+            return c in roster.links and roster.links[c].ready.is_set()
+
+        first = 0  # children[:first] were ready when last looked at: each wake-up looks on from the first that was
+        # not (one scan of every child per wake-up, and a wake-up per Hello and Ready, was O(n^2) over a join)
         with roster.changed:
             while True:
-                absent = [c for c in self.config.children
-                          if not (c in roster.links and roster.links[c].ready.is_set())]
+                while first < len(children) and ready(children[first]):
+                    first += 1
+                absent = [c for c in children if not ready(c)] if first == len(children) else [children[first]]
                 left = end - time.monotonic()
                 if not absent or left <= 0 or (give_up is not None and give_up()) or released(f"join-{self.node}"):
-                    return absent
+                    return [c for c in children if not ready(c)]
+                if first == len(children):  # one that was ready is not any more (re-joining): look again from it
+                    first = children.index(absent[0])
                 roster.changed.wait(min(left, 1.0))
 
     def data_sizes(self) -> dict[NodeId, int]:

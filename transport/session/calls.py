@@ -107,6 +107,8 @@ class CallTable:
         self._calls: dict[int, Call] = {}
         self._expired: OrderedDict[int, Call] = OrderedDict()  # calls given up on, for their late replies
         self._ids = itertools.count(CALL_ID_BASE)
+        self._last_shapes: tuple[Mapping[str, torch.Tensor], tuple[tuple[str, int], ...],
+                                 tuple[TensorShape, ...]] | None = None
 
     @property
     def expired(self) -> Mapping[int, Call]:
@@ -139,8 +141,7 @@ class CallTable:
             return Failure(f"cannot send the bundle: {e}")
         sent_at = time.perf_counter()
         timeline.recorder(self.node).add(round_idx, self.node, "encode_req", sent_at - began)
-        call = Call(cid, target, task, round_idx, gate=gate, sent_at=sent_at,
-                    expect=bundle_shapes(expect) if expect is not None else None)
+        call = Call(cid, target, task, round_idx, gate=gate, sent_at=sent_at, expect=self._shapes(expect))
         timing.event("call", at=self.node, call=cid, child=target, task=task, round=round_idx)
         if gate is not None:
             gate.add(cid)
@@ -153,6 +154,16 @@ class CallTable:
 
         link.send(frames, sent)
         return call
+
+    def _shapes(self, expect: Mapping[str, torch.Tensor] | None) -> tuple[TensorShape, ...] | None:
+        """``bundle_shapes(expect)``, computed once for the calls of one scatter (they share its ``expect``)."""
+        if expect is None:
+            return None
+        key = tuple((k, id(v)) for k, v in expect.items())  # the tensors are alive (held by ``expect``)
+        last = self._last_shapes
+        if last is None or last[0] is not expect or last[1] != key:
+            last = self._last_shapes = (expect, key, bundle_shapes(expect))
+        return last[2]
 
     def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
         """The target's session; a child that was admitted once and is away (restarting, re-joining) is
@@ -229,15 +240,25 @@ class CallTable:
     def answered(self, link: ChildLink, frame: pb.Frame) -> None:
         """A Result frame of a pending call came in: mark the call answered; a reply of a folding scatter then
         waits for its turn (``ReplyGate``) before its bundle is read, holding this session's reader."""
+        call = self.arrived(link, frame)
+        if call is not None and call.gate is not None:
+            call.gate.enter(call.call_id)
+            call.admitted_at = time.monotonic()
+
+    def arrived(self, link: ChildLink, frame: pb.Frame) -> Call | None:
+        """The first half of :meth:`answered`, which never waits: marks the call answered (once: a second Result
+        frame of the call changes nothing) and returns it when its bundle must wait for the gate's admission
+        (the caller then sets ``admitted_at``); None otherwise (admitted at once, or no such call)."""
         with self.roster.lock:
             call = self._calls.get(frame.call_id)
-        if call is None or call.node != link.node_id:
-            return
+        if call is None or call.node != link.node_id or call.answered.is_set():
+            return None
         call.answered_at = time.monotonic()
         call.answered.set()
         if call.gate is not None and frame.result.has_bundle:
-            call.gate.enter(call.call_id)
+            return call
         call.admitted_at = time.monotonic()
+        return None
 
     def result(self, link: ChildLink, msg: Message) -> None:
         """A whole Result message: it completes its call (a late one is counted and dropped)."""

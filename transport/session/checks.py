@@ -53,7 +53,7 @@ def hello_refusal(config: HubConfig, link: ChildLink, hello: pb.Hello) -> Refusa
         if link.identity != node:
             return Refusal(pb.ERROR_CODE_BAD_REQUEST,
                            f"the peer's certificate or token is {link.identity}'s, but it said Hello as {node!r}")
-    if node not in config.children:  # the refusal does not list the topology's node ids (the log line does)
+    if node not in config.child_set:  # the refusal does not list the topology's node ids (the log line does)
         return Refusal(pb.ERROR_CODE_BAD_REQUEST, f"{node!r} is not a child of {config.node} in this run",
                        f" (its children: {list(config.children)})")
     role = config.topology.role(node)

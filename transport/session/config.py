@@ -29,9 +29,15 @@ class HubConfig:
     def transport(self) -> TransportSpec:
         return self.spec.transport
 
-    @property
+    @cached_property
     def children(self) -> tuple[NodeId, ...]:
+        """This node's children in canonical order (computed once: a scan of the topology, which every Hello
+        asked for: O(n^2) over a join of n children)."""
         return self.topology.children(self.node)
+
+    @cached_property
+    def child_set(self) -> frozenset[NodeId]:
+        return frozenset(self.children)
 
     @cached_property
     def spec_json(self) -> str:

@@ -50,6 +50,7 @@ class ChildLink:
         self.heard_round = -1  # the latest round of a call this child replied to in full (late replies included)
         self.dropped = ""  # why the parent closed this session for silence ("" while it did not)
         self.on_control: Callable[[ChildLink, pb.Frame], None] | None = None  # meters the control frames sent
+        self.on_queued: Callable[[], None] | None = None  # told of every put (an asyncio servicer's wake-up)
 
     @property
     def name(self) -> str:
@@ -61,12 +62,40 @@ class ChildLink:
                 if isinstance(f, pb.Frame) and f.WhichOneof("body") in SESSION_KINDS:
                     self.on_control(self, f)
         self._q.put((frames, on_sent))
+        if self.on_queued is not None:
+            self.on_queued()
 
     def idle(self) -> bool:
         return self._q.empty()
 
     def close(self) -> None:
         self._q.put(CLOSE)
+        if self.on_queued is not None:
+            self.on_queued()
+
+    def poll(self) -> Any:
+        """The next queued item without waiting (None: nothing queued): :data:`CLOSE`, or ``(frames, on_sent)``
+        for :meth:`sent_frames` (an asyncio servicer's alternative to :meth:`outgoing`)."""
+        try:
+            return self._q.get_nowait()
+        except queue.Empty:
+            return None
+
+    def sent_frames(self, item: tuple[Iterable[pb.Frame | bytes], Callable[[int], None] | None]) -> Iterator[Any]:
+        """One queued message's frames, as :meth:`outgoing` yields them (the send is metered once they are all
+        taken)."""
+        frames, on_sent = item
+        n = 0
+        try:
+            for f in frames:
+                n += frame_size(f)
+                yield f
+        except CodecError as e:  # a bundle that cannot travel: the call fails on the parent
+            log.error("cannot send to %s: %s", self.name, e)
+            return
+        self.last_sent = time.monotonic()
+        if on_sent is not None:
+            on_sent(n)
 
     def discard(self) -> None:
         """Forget the frames not sent yet (a dropped session's tasks: their bundles are freed)."""
@@ -98,18 +127,7 @@ class ChildLink:
             item = self._q.get()
             if item is CLOSE:
                 return
-            frames, on_sent = item
-            n = 0
-            try:
-                for f in frames:
-                    n += frame_size(f)
-                    yield f
-            except CodecError as e:  # a bundle that cannot travel: the call fails on the parent
-                log.error("cannot send to %s: %s", self.name, e)
-                continue
-            self.last_sent = time.monotonic()
-            if on_sent is not None:
-                on_sent(n)
+            yield from self.sent_frames(item)
 
 
 def complain(at: NodeId, link: ChildLink, call_id: int, code: int, message: str) -> None:

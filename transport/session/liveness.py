@@ -7,6 +7,8 @@ without any reply is dropped."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -35,7 +37,8 @@ CROWDED_HELLO_S = 0.2  # beyond them, each waits this long at most (a child's He
 class HelloWaits:
     """The sessions of one node that have not said Hello yet, oldest first.
 
-    Each holds a server worker thread while it lasts (the PS has its children's plus 16), so streams that never
+    On an edge's (synchronous) server each holds a worker thread while it lasts (the PS's asyncio server holds
+    none: ``transport/aio_server.py``, but their memory and handshakes still count), so streams that never
     say Hello, if each could wait ``transport.handshake_timeout_s``, would hold every spare worker and queue a
     real Hello behind them (200 such streams held a mid-run Hello for minutes, and a start past its join
     timeout). So at most :data:`CROWD` wait that long: while they wait, a new session gets
@@ -69,6 +72,46 @@ class HelloWaits:
             return sum(1 for w in self._waiting if not w.hello_seen.is_set() and w.alive)
 
 
+class Deadlines:
+    """One thread that runs callbacks at their times, for any number of pending ones (a ``threading.Timer`` per
+    session was a thread per joining child: 10,000 children joining within a handshake timeout ran as many
+    timer threads; issue 19). Callbacks run one at a time on that thread and must not block."""
+
+    def __init__(self, name: str = "deadlines") -> None:
+        self.name = name
+        self._heap: list[tuple[float, int, Callable[..., Any], tuple[Any, ...]]] = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def call_later(self, delay_s: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` in ``delay_s`` seconds."""
+        with self._cv:
+            heapq.heappush(self._heap, (time.monotonic() + delay_s, next(self._seq), fn, args))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._cv.notify()
+
+    def __len__(self) -> int:
+        with self._cv:
+            return len(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cv.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                _, _, fn, args = heapq.heappop(self._heap)
+            try:
+                fn(*args)
+            except Exception:  # one callback's failure must not stop the others'
+                log.exception("%s: %s failed", self.name, getattr(fn, "__name__", fn))
+
+
+HANDSHAKE_TIMERS = Deadlines("handshake-timers")  # every hub's sessions' handshake timers, in this process
+
+
 def open_session(at: NodeId, security: Security, handshake_timeout_s: float, max_bytes: int | None,
                  peer: str, identity: str | None = None, unauthenticated: str = "",
                  cancel: Callable[[], Any] | None = None, waits: HelloWaits | None = None) -> ChildLink:
@@ -94,9 +137,7 @@ def open_session(at: NodeId, security: Security, handshake_timeout_s: float, max
             hello_overdue(at, old, CROWDED_HELLO_S, crowded=True)
         if crowded:
             timeout_s = min(timeout_s, CROWDED_HELLO_S)
-    timer = threading.Timer(timeout_s, hello_overdue, (at, link, timeout_s, timeout_s < handshake_timeout_s))
-    timer.daemon = True
-    timer.start()
+    HANDSHAKE_TIMERS.call_later(timeout_s, hello_overdue, at, link, timeout_s, timeout_s < handshake_timeout_s)
     return link
 
 

@@ -1,0 +1,77 @@
+"""Issue 19: the PS's threads do not grow with its children. A synchronous gRPC server holds a worker thread per
+open stream and ``Parent.Session`` a reader thread more (a PS with 1,000 clients ran 2,015 threads); the PS's
+server (``transport/aio_server.py``) serves every session from one event loop and a fixed pool. Counted by
+thread names, never timed."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from fedhop.common.engine.base import MissingLog
+from fedhop.common.topology import build_topology
+from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.aio_server import SESSION_WORKERS, SYNC_WORKERS, make_loop_server
+from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.parent import serve_parent
+from fedhop.transport.session import HubConfig, ParentHub, hello_frame
+from tests.specs import DIGITS, run_spec
+from tests.waiting import wait_until
+
+SESSIONS = 3 * (SESSION_WORKERS + SYNC_WORKERS) // 2  # more sessions than the loop server has threads
+
+
+def _frames(first: object, q: queue.Queue) -> Iterator[object]:
+    yield first
+    while (item := q.get()) is not None:
+        yield item
+
+
+def _server_threads() -> list[str]:
+    """The threads a parent's gRPC server runs: pool workers ("grpc_N", "session_N") and session readers."""
+    return [t.name for t in threading.enumerate() if t.name.startswith(("grpc_", "session_", "session-", "grpc-aio"))]
+
+
+@pytest.mark.parametrize("kind", ["threads", "asyncio"])
+def test_a_parents_threads_do_not_grow_with_its_sessions(kind: str) -> None:
+    spec = run_spec("fedavg", {}, clients=SESSIONS, edges=0, name="many", rounds=1, data=DIGITS,
+                    model={"name": "mlp", "hidden": [4]})
+    topo = build_topology(spec.topology, spec.seed)
+    hub = ParentHub(HubConfig(topo.server, spec, topo, "many-run"), ByteMeter(), MissingLog())
+    before = set(_server_threads())
+    server = make_server(len(hub.children) + 16) if kind == "threads" else make_loop_server()
+    serve_parent(hub, server)
+    addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
+    server.start()
+    channel = grpc.insecure_channel(addr)
+    session = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
+                                    response_deserializer=parse_frame_lenient)
+    quiet: queue.Queue = queue.Queue()
+    calls, welcomes = [], []
+    try:
+        for node in topo.clients:  # each says Hello and keeps its stream open
+            call = session(_frames(hello_frame(node, "client", "", {}, ""), quiet))
+            calls.append(call)
+        for call in calls:
+            welcomes.append(next(call).WhichOneof("body"))
+        assert welcomes == ["welcome"] * SESSIONS
+        wait_until(lambda: len(hub.roster.alive()) == SESSIONS, "every session to be open")
+        grown = [n for n in _server_threads() if n not in before]
+        if kind == "threads":  # a worker and a reader per session: what the PS ran before
+            assert len(grown) >= 2 * SESSIONS
+        else:
+            assert len(grown) <= SESSION_WORKERS + SYNC_WORKERS + 1, grown
+            assert not [n for n in grown if n.startswith("session-")]  # no reader thread per session
+    finally:
+        for _ in calls:
+            quiet.put(None)
+        for call in calls:
+            call.cancel()
+        channel.close()
+        hub.shutdown(0.0, finished=True)
+        server.stop(0)
