@@ -146,8 +146,8 @@ def run_oracle(spec: RunSpec, device: str = "cpu", replay: list[dict[str, Any]] 
 
 
 def order_dependent(result: RunResult | None) -> bool:
-    """Whether a run took replies in arrival order (``Comm.collect``): its rounds record the order, and its
-    oracle is the replay of that order."""
+    """Whether a run took replies in arrival order (``Comm.collect``, a scatter with a ``quorum``): its rounds
+    record the order (``arrivals``), and its oracle is the replay of that order."""
     return result is not None and any(r.get("arrivals") for r in result.rounds)
 
 
@@ -267,7 +267,10 @@ def formula_verdict(spec: RunSpec, result: RunResult) -> Verdict:
 def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int | None = None,
                   device: str = "cpu", timeout_s: float = 600.0) -> Verdict:
     """``crash``: ``fedhop launch`` SIGKILLed (the PS and every child) once ``after_round`` rounds are done and
-    checkpointed, then ``fedhop launch --resume``: the final model equals the oracle's."""
+    checkpointed, then ``fedhop launch --resume``: the final model equals the oracle's. For an order-dependent
+    ``oracle`` (its rounds record ``arrivals``) the oracle is instead the in-process engine resumed from a copy of
+    the PS's checkpoint at the kill, replaying the resumed run's recorded order (:func:`replay_refused`: when that
+    cannot be exact, the row is skipped, saying why)."""
     if spec.rounds < 2:
         return Verdict("crash", None, "needs at least 2 rounds (the PS is killed between two rounds)")
     replayed = order_dependent(oracle)
@@ -315,11 +318,16 @@ def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int 
     results = _results(run)
     how = ""
     if replayed:  # the oracle of the resumed run: the same checkpoint, resumed in-process, its order replayed
-        from fedhop.common.engine.inprocess import InProcessEngine
+        from fedhop.common.engine.inprocess import InProcessEngine, ReplayError
 
-        oracle = InProcessEngine(spec, device=device, replay=results["rounds"]).run(checkpoints=killed, resume=True)
         how = "; checked by replay: the in-process engine resumed from the same checkpoint follows the order the " \
               "resumed run recorded"
+        try:
+            oracle = InProcessEngine(spec, device=device, replay=results["rounds"]).run(checkpoints=killed,
+                                                                                         resume=True)
+        except ReplayError as e:
+            return Verdict("crash", False, f"killed after round {r}, resumed: the replay of the resumed run took "
+                                           f"another turn: {e}")
     v = model_verdict(oracle.final, model, "resumed")
     if not v.ok:
         return Verdict("crash", False, f"killed after round {r}, resumed: {v.detail}{how}")
