@@ -106,6 +106,7 @@ class InProcessEngine:
         # PS's quorum scatters use the replies it used
         self.replay: dict[int, list[list[tuple[str, bool]]]] | None = None if replay is None else {
             int(r["round"]) - 1: parse_arrivals(str(r["arrivals"])) for r in replay if r.get("arrivals")}
+        self.recorded_rounds = frozenset(int(r["round"]) - 1 for r in replay or ())  # the rounds it reported
         topo = self.ws.topology
         self.client_sizes = self.ws.client_sizes()
         sizes = topo.subtree_sizes(self.client_sizes)
@@ -378,6 +379,10 @@ class _LocalComm(BaseComm):
         the targets that failed): every target runs the task, in canonical order; a reply the recorded run did not
         use is late, one it saw fail is a failure. A reply it used that this run does not have is a
         :class:`ReplayError`: the replay took another turn."""
+        if self.engine.round not in self.engine.recorded_rounds:
+            raise ReplayError(f"round {self.engine.round + 1} has no record in the recorded run (its driver did not "
+                              f"report it), so which replies its quorum scatter of {task} used is unknown: a protocol "
+                              "with a quorum must report every round to be replayed")
         recorded = dict(self._recorded())
         stray = sorted(set(recorded) - set(targets))
         if stray:

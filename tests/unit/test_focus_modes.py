@@ -195,6 +195,8 @@ def test_quorum_scatter_records_the_replies_it_used_and_a_replay_uses_those():
     stray = [{**r, "arrivals": "client-9:1"} if r["round"] == 1 else r for r in first.rounds]
     with pytest.raises(ReplayError, match="client-9"):
         InProcessEngine(make_spec(opts, clients=4, rounds=rounds), replay=stray).run()
+    with pytest.raises(ReplayError, match="round 2 has no record"):  # e.g. a round that was not reported
+        InProcessEngine(make_spec(opts, clients=4, rounds=rounds), replay=first.rounds[:1]).run()
 
 
 @pytest.mark.parametrize("alg", ["focus", "sg-focus"])
