@@ -17,8 +17,9 @@ Finding the processes to kill reads ``/proc`` (Linux), as the namespace testbed 
 
 Every check gives a :class:`Verdict` (a failure is a row with a reason, never a traceback); :func:`check` runs
 them all into a :class:`CheckReport`. The checks hold for protocols whose decisions do not depend on arrival
-order (every built-in but FedAsync and FedBuff), and for those by replay: their oracle follows the arrival order
-the networked run recorded (``fedhop simulate --replay``; the crash check is skipped for them). The kill
+order (every built-in but FedAsync, FedBuff and FOCUS closed at a quorum), and for those by replay: their oracle
+follows the arrival order the networked run recorded (``fedhop simulate --replay``). Their crash check replays the
+resumed run from the checkpoint at the kill (:func:`replay_refused` says when it cannot: clients with state). The kill
 moments are chosen with the PS's test gate (``common/testhooks.py``), not with sleeps. :mod:`fedhop.testing`
 exposes the same checks to a user's pytest suite.
 """
@@ -145,8 +146,8 @@ def run_oracle(spec: RunSpec, device: str = "cpu", replay: list[dict[str, Any]] 
 
 
 def order_dependent(result: RunResult | None) -> bool:
-    """Whether a run took replies in arrival order (``Comm.collect``): its rounds record the order, and its
-    oracle is the replay of that order."""
+    """Whether a run took replies in arrival order (``Comm.collect``, a scatter with a ``quorum``): its rounds
+    record the order (``arrivals``), and its oracle is the replay of that order."""
     return result is not None and any(r.get("arrivals") for r in result.rounds)
 
 
@@ -266,12 +267,17 @@ def formula_verdict(spec: RunSpec, result: RunResult) -> Verdict:
 def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int | None = None,
                   device: str = "cpu", timeout_s: float = 600.0) -> Verdict:
     """``crash``: ``fedhop launch`` SIGKILLed (the PS and every child) once ``after_round`` rounds are done and
-    checkpointed, then ``fedhop launch --resume``: the final model equals the oracle's."""
+    checkpointed, then ``fedhop launch --resume``: the final model equals the oracle's. For an order-dependent
+    ``oracle`` (its rounds record ``arrivals``) the oracle is instead the in-process engine resumed from a copy of
+    the PS's checkpoint at the kill, replaying the resumed run's recorded order (:func:`replay_refused`: when that
+    cannot be exact, the row is skipped, saying why)."""
     if spec.rounds < 2:
         return Verdict("crash", None, "needs at least 2 rounds (the PS is killed between two rounds)")
-    if order_dependent(oracle):
-        return Verdict("crash", None, "not for a protocol that takes replies in arrival order yet: the tasks in "
-                                      "flight at the kill are lost, so no replay reproduces the resumed run")
+    replayed = order_dependent(oracle)
+    if replayed:
+        why = replay_refused(spec)
+        if why:
+            return Verdict("crash", None, why)
     every = spec.checkpoint_every
     if every == 0:
         return Verdict("crash", None, "checkpoint_every = 0: the run keeps no checkpoint to resume from")
@@ -294,6 +300,11 @@ def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int 
     finally:
         _kill_tree(first, run)
     (gate / f"stop-{r}").unlink()
+    killed = out / "killed-checkpoints"  # the PS's checkpoints at the kill (the resumed run adds and prunes its own)
+    if replayed:
+        if killed.exists():
+            shutil.rmtree(killed)
+        shutil.copytree(run / "checkpoints" / "ps", killed)
     again = _launch(["--resume", str(run)], gate, out / "resume.log", device)
     try:
         code = again.wait(timeout_s)
@@ -304,18 +315,55 @@ def crash_verdict(spec: RunSpec, out: Path, oracle: RunResult, after_round: int 
     if code != 0:
         return Verdict("crash", False, f"the resumed launch exited {code} (log: {out / 'resume.log'})")
     model = _load_model(run)
+    results = _results(run)
+    how = ""
+    if replayed:  # the oracle of the resumed run: the same checkpoint, resumed in-process, its order replayed
+        from fedhop.common.engine.inprocess import InProcessEngine, ReplayError
+
+        how = "; checked by replay: the in-process engine resumed from the same checkpoint follows the order the " \
+              "resumed run recorded"
+        try:
+            oracle = InProcessEngine(spec, device=device, replay=results["rounds"]).run(checkpoints=killed,
+                                                                                         resume=True)
+        except ReplayError as e:
+            return Verdict("crash", False, f"killed after round {r}, resumed: the replay of the resumed run took "
+                                           f"another turn: {e}")
     v = model_verdict(oracle.final, model, "resumed")
     if not v.ok:
-        return Verdict("crash", False, f"killed after round {r}, resumed: {v.detail}")
+        return Verdict("crash", False, f"killed after round {r}, resumed: {v.detail}{how}")
     # every round's payload per link, those before the kill restored from the checkpoint, equals the oracle's
     # (work redone after a kill is counted apart, phase "redo": none when the kill falls between rounds)
-    rows = [{**row, "round": int(row["round"]) - 1} for row in _results(run)["links"] if row["phase"] != "redo"]
+    rows = [{**row, "round": int(row["round"]) - 1} for row in results["links"] if row["phase"] != "redo"]
     a, b = work_payload(oracle.links), work_payload(rows)
     differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     if differ:
         return Verdict("crash", False, f"killed after round {r}, resumed: the model is bit-identical, but "
-                                       f"{len(differ)} link rows carry other payload bytes (first: {differ[0]})")
-    return Verdict("crash", True, f"killed after round {r}, resumed: {v.detail}; payload per link equal")
+                                       f"{len(differ)} link rows carry other payload bytes (first: {differ[0]}){how}")
+    return Verdict("crash", True, f"killed after round {r}, resumed: {v.detail}; payload per link equal{how}")
+
+
+def replay_refused(spec: RunSpec) -> str:
+    """Why the crash check of an order-dependent protocol cannot be made exact for ``spec`` (empty: it can).
+
+    Its resumed run cannot equal the uninterrupted one: the tasks in flight at the kill are lost, and the
+    resumed PS submits them again with a newer model. What is checked instead is the resumed run against the
+    in-process engine resumed from the same checkpoint, replaying the order the resumed run recorded. That needs
+    the whole run's state at the kill in the PS's checkpoint, which over the network holds the PS's only: a
+    protocol whose edges or clients keep state of their own (``Algorithm.node_state``) keeps it in their own
+    stores, which hold a later round by the time the check could read them."""
+    from fedhop.common.engine.api import get_algorithm
+    from fedhop.common.topology import build_topology
+
+    algo = get_algorithm(spec.algorithm.name)
+    topo = build_topology(spec.topology, spec.seed)
+    stateful = sorted({topo.role(n) for n in topo.all_nodes() if n != topo.server
+                       and algo.node_state(topo.role(n)) is not None})
+    if not stateful:
+        return ""
+    return (f"not exact for {algo.name} here: it takes replies in arrival order, so the resumed run is checked by "
+            f"replaying it from the checkpoint at the kill, which over the network holds the PS's state only; its "
+            f"{' and '.join(r + 's' for r in stateful)} keep state of their own (node_state), which no replay "
+            "can restore as it was at the kill")
 
 
 def asked_after(oracle: RunResult, client: str, after_round: int) -> bool:

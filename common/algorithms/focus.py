@@ -41,7 +41,8 @@ Who decides S_r (``decided_by``):
   PROVIDED every available client answers within the deadline and the quorum is 0 (wait for the deadline) or
   not smaller than the number of available clients in any round. With a smaller quorum the networked S_r is
   "the first Q to answer" (arrival order) while the in-process one is the first Q in client order: the runs
-  may differ (both still keep the tracking invariant).
+  may differ (both still keep the tracking invariant); the run records which answered (``arrivals``), and the
+  in-process replay of it (``fedhop simulate --replay``) is bit-identical.
 
 Through an edge tier (``topology.edges > 0``): C(S_r) factors into two column-stochastic sums, C = C_PS C_edge:
 each edge sums its clients' pushes (canonical client order) and pushes ONE vector to the PS, which sums the

@@ -131,6 +131,21 @@ class Pending:
     expect: dict[str, torch.Tensor] | None
 
 
+def quorum_arrivals(targets: Sequence[NodeId], raw: Mapping[NodeId, Reply | Failure], round_idx: int) -> str:
+    """A quorum scatter's entry in the round's ``arrivals`` (the format a collect's has): the targets whose reply
+    it used (``node:round``) and those that answered with an error (``node:round:failed``), in canonical order.
+    Left out: the silent ones (late after the quorum, no reply, or chose not to answer); a replay treats a reply of
+    one of those as late."""
+    taken = []
+    for t in targets:
+        r = raw.get(t)
+        if isinstance(r, Reply):
+            taken.append(f"{t}:{round_idx + 1}")
+        elif isinstance(r, Failure) and not r.silent:
+            taken.append(f"{t}:{round_idx + 1}:failed")
+    return " ".join(taken)
+
+
 Fold = Callable[[NodeId, Reply], None]  # takes one usable reply of a scatter, in canonical order
 Settle = Callable[[NodeId, "Reply | Failure"], None]
 
@@ -244,7 +259,11 @@ class BaseComm(ABC):
         timing.event("scatter", at=self.node, task=task)
         began = time.perf_counter()
         if fold is None:
+            if quorum is not None:
+                self._check_unreported("a scatter with a quorum")
             raw = self._exchange(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, quorum)
+            if quorum is not None:  # which replies it used depends on their arrival: recorded, for a replay
+                self.arrivals.append(quorum_arrivals(targets, raw, self.current_round()))
             for t in targets:
                 settle(t, raw.get(t, Failure("no reply")))
         else:
@@ -288,6 +307,13 @@ class BaseComm(ABC):
         """The node context reported round ``round_idx`` (its arrivals are recorded: no collect may follow)."""
         self._reported = round_idx
 
+    def _check_unreported(self, what: str) -> None:
+        """Refuse an order-dependent call (``what``) after the round was reported: its record would be lost."""
+        if self._reported == self.current_round():
+            raise RuntimeError(f"{self.node}: round {self.current_round() + 1} was reported before {what}: "
+                               f"report a round after its last collect or quorum scatter (the run records what each "
+                               "took)")
+
     def in_flight(self) -> tuple[NodeId, ...]:
         """The children working on a submitted task that was not collected yet, in canonical order."""
         return tuple(self.topology.sort(self._pending))
@@ -296,9 +322,7 @@ class BaseComm(ABC):
         """See :meth:`~fedhop.common.engine.api.Comm.collect`."""
         if k < 1:
             raise ValueError(f"{self.node}: collect needs k >= 1, got {k}")
-        if self._reported == self.current_round():
-            raise RuntimeError(f"{self.node}: round {self.current_round() + 1} was reported before this collect: "
-                               "report a round after its last collect (the run records what each collect took)")
+        self._check_unreported("a collect")
         out: list[tuple[NodeId, Reply, int]] = []
         taken: list[str] = []
         began = time.perf_counter()

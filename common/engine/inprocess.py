@@ -102,9 +102,11 @@ class InProcessEngine:
         # with a [network] table: each round's time on the profile's network, predicted (common/virtual_clock.py)
         self.vclock = VirtualClock(spec.network, self.timeline) if spec.network is not None else None
         self.faults = faults or FaultPlan()
-        # ``replay``: a recorded run's rounds (its ``arrivals`` column): collects take replies in that order
+        # ``replay``: a recorded run's rounds (its ``arrivals`` column): collects take replies in that order, the
+        # PS's quorum scatters use the replies it used
         self.replay: dict[int, list[list[tuple[str, bool]]]] | None = None if replay is None else {
             int(r["round"]) - 1: parse_arrivals(str(r["arrivals"])) for r in replay if r.get("arrivals")}
+        self.recorded_rounds = frozenset(int(r["round"]) - 1 for r in replay or ())  # the rounds it reported
         topo = self.ws.topology
         self.client_sizes = self.ws.client_sizes()
         sizes = topo.subtree_sizes(self.client_sizes)
@@ -238,7 +240,8 @@ class InProcessEngine:
 
 
 class ReplayError(RuntimeError):
-    """A replayed run took a turn the recorded one did not (a collect's recorded reply is not in flight)."""
+    """A replayed run took a turn the recorded one did not (a collect's recorded reply is not in flight, or a
+    quorum scatter's recorded reply is not there)."""
 
 
 def parse_arrivals(text: str) -> list[list[tuple[str, bool]]]:
@@ -275,8 +278,14 @@ class _LocalComm(BaseComm):
 
     def _begin_collect(self) -> None:
         if self.engine.replay is not None:
-            rounds = self.engine.replay
-            self._replay = rounds.get(self.engine.round, []).pop(0) if rounds.get(self.engine.round) else []
+            self._replay = self._recorded()
+
+    def _recorded(self) -> list[tuple[str, bool]]:
+        """The next recorded entry of this round's ``arrivals`` (a collect's or a quorum scatter's, in the order
+        the recorded run made them); none left: an empty one."""
+        assert self.engine.replay is not None
+        rounds = self.engine.replay
+        return rounds[self.engine.round].pop(0) if rounds.get(self.engine.round) else []
 
     def _next_done(self, deadline_s: float | None) -> tuple[NodeId, Reply | Failure] | None:
         if self.engine.replay is not None:
@@ -348,7 +357,10 @@ class _LocalComm(BaseComm):
                   deadline_s: float | None, quorum: int | None = None) -> dict[NodeId, Reply | Failure]:
         """Every target runs the task, in canonical order. A handler that raises :class:`NoAnswer` sends
         nothing back. With a ``quorum``, the replies after the first ``quorum`` usable ones are sent (and
-        counted) but arrive after the caller stopped waiting: they are late, as over the network."""
+        counted) but arrive after the caller stopped waiting: they are late, as over the network. Under a replay,
+        the PS's quorum scatter uses the replies the recorded run used instead (:meth:`_replayed_quorum`)."""
+        if quorum is not None and self.engine.replay is not None and self.node == self.topology.server:
+            return self._replayed_quorum(targets, task, bundle, args, quorum)
         out: dict[NodeId, Reply | Failure] = {}
         ok = 0
         for t in targets:
@@ -358,6 +370,35 @@ class _LocalComm(BaseComm):
                     r = Failure(f"late: the call closed at its quorum of {quorum}", silent=True)
                 else:
                     ok += 1
+            out[t] = r
+        return out
+
+    def _replayed_quorum(self, targets: list[NodeId], task: str, bundle: Bundle, args: dict[str, Scalar],
+                         quorum: int) -> dict[NodeId, Reply | Failure]:
+        """A quorum scatter as the recorded run's (its entry in the round's ``arrivals``: the replies it used and
+        the targets that failed): every target runs the task, in canonical order; a reply the recorded run did not
+        use is late, one it saw fail is a failure. A reply it used that this run does not have is a
+        :class:`ReplayError`: the replay took another turn."""
+        if self.engine.round not in self.engine.recorded_rounds:
+            raise ReplayError(f"round {self.engine.round + 1} has no record in the recorded run (its driver did not "
+                              f"report it), so which replies its quorum scatter of {task} used is unknown: a protocol "
+                              "with a quorum must report every round to be replayed")
+        recorded = dict(self._recorded())
+        stray = sorted(set(recorded) - set(targets))
+        if stray:
+            raise ReplayError(f"round {self.engine.round + 1}: the recorded quorum scatter of {task} took replies of "
+                              f"{stray}, which this one does not call (targets: {targets})")
+        out: dict[NodeId, Reply | Failure] = {}
+        for t in targets:
+            r = self._one(t, task, bundle, args)
+            if t not in recorded:
+                if isinstance(r, Reply):
+                    r = Failure(f"late: the call closed at its quorum of {quorum}", silent=True)
+            elif not recorded[t]:
+                r = Failure("failed in the recorded run")
+            elif not isinstance(r, Reply):
+                raise ReplayError(f"round {self.engine.round + 1}: the recorded quorum scatter of {task} used a reply "
+                                  f"of {t}, which gave none in the replay ({r.reason})")
             out[t] = r
         return out
 

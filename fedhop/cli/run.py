@@ -240,7 +240,8 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--replay", metavar="RUN_DIR", help="rerun RUN_DIR's recorded spec in-process, its asynchronous "
-                   "collects taking replies in the order the recorded run took them (rounds.csv, arrivals), and say "
+                   "collects taking replies in the order the recorded run took them and its quorum scatters using the "
+                   "replies it used (rounds.csv, arrivals), and say "
                    "whether the model is bit-identical to RUN_DIR/model.pt (exit 0 only if it is)")
     from fedhop.server.web.cli import add_http_args
 

@@ -76,6 +76,11 @@ CASES: dict[str, dict[str, Any]] = {
                                  options={"lr": 0.05, "init": "matched", "participation": MARKOV}),
     "sg-focus-trace": dict(algorithm="sg-focus", clients=3, edges=0, rounds=2,
                            options={"lr": 0.05, "participation": TRACE}),
+    # client-decided participation closed at a first-2 quorum: which replies the PS uses depends on their arrival
+    # (recorded, and replayed by the oracle)
+    "focus-quorum": dict(algorithm="focus", clients=4, edges=0, rounds=2,
+                         options={"participation": {"kind": "full"}, "decided_by": "client",
+                                  "round_close": {"quorum": 2}}),
     "fedau": dict(algorithm="fedau", clients=3, edges=0, rounds=2, options={"participation": BERN}),
     "scaffold-cyclic": dict(algorithm="scaffold", clients=3, edges=0, rounds=2,
                             options={"participation": {"kind": "cyclic", "m": 2}}),
@@ -253,6 +258,22 @@ def _focus(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -
         assert pulls == pushes == rec["participants"], t
 
 
+def _focus_quorum(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """FOCUS closed at a quorum of 2: every client is called each round, and the PS pulls (d floats down) exactly
+    the clients whose answers its recorded ``arrivals`` name, which push (d floats up)."""
+    d = _d(final)
+    rows = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
+    assert {r["kind"] for r in rows} == {"focus.open", "pull", "push"}
+    assert all(r["payload_bytes"] == 4 * d * r["messages"] for r in rows if r["kind"] != "focus.open")
+    for rec in res["rounds"]:
+        used = sorted(e.split(":")[0] for e in rec["arrivals"].split())
+        assert len(used) >= 2 and rec["participants"] == len(used), rec
+        pulled = sorted(r["dst"] for r in res["links"] if r["kind"] == "pull" and r["round"] == rec["round"])
+        assert pulled == used, rec
+        pushed = sorted(r["src"] for r in res["links"] if r["kind"] == "push" and r["round"] == rec["round"])
+        assert pushed == used, rec
+
+
 def _focus_trace(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
     """The trace is replayed row by row: round r's participants are the clients marked 1 in row r."""
     _focus(res, final, spec)
@@ -273,6 +294,7 @@ FORMULAS = {
     "fedcluster-momentum-prox-fixed": _fedcluster,
     "focus-bernoulli": _focus,
     "focus-matched-markov": _focus,
+    "focus-quorum": _focus_quorum,
     "sg-focus-trace": _focus_trace,
     "fgdro-cvar": _fgdro(0, True),
     "fgdro-kl": _fgdro(1, True),
@@ -281,7 +303,8 @@ FORMULAS = {
 }
 
 
-ORDER_DEPENDENT = {"fedasync", "fedbuff"}  # equal by replay (fedhop simulate --replay), not by themselves
+# equal by replay (fedhop simulate --replay), not by themselves: algorithms, and cases with a first-k quorum
+ORDER_DEPENDENT = {"fedasync", "fedbuff", "focus-quorum"}
 
 
 def test_every_algorithm_has_a_networked_case() -> None:
@@ -293,7 +316,7 @@ def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
     spec = spec_of(case, tmp_path)
     res, final = load_result(launch_here(spec, tmp_path))
     # an asynchronous protocol takes replies in arrival order: its oracle replays the order the network recorded
-    replay = res["rounds"] if spec.algorithm.name in ORDER_DEPENDENT else None
+    replay = res["rounds"] if ORDER_DEPENDENT & {spec.algorithm.name, case} else None
     oracle = InProcessEngine(spec, device="cpu", replay=replay).run()
 
     assert res["engine"] == "network"

@@ -169,6 +169,36 @@ def test_quorum_closes_the_call_with_the_first_answers_in_client_order():
     assert res.missing == []
 
 
+def test_quorum_scatter_records_the_replies_it_used_and_a_replay_uses_those():
+    """The quorum's choice is recorded per round (``arrivals``); a replay with a recorded choice given by hand
+    (clients 2 and 3 first in round 2, as a networked run may see them arrive) pulls exactly those, and the
+    model follows (it differs from the canonical run's)."""
+    from fedhop.common.engine.inprocess import ReplayError
+
+    rounds = 3
+    opts = {"participation": {"kind": "full"}, "decided_by": "client", "round_close": {"quorum": 2}}
+    first = engine(opts, clients=4, rounds=rounds).run()
+    assert [r["arrivals"] for r in first.rounds] == [f"client-0:{t} client-1:{t}" for t in (1, 2, 3)]
+    again = InProcessEngine(make_spec(opts, clients=4, rounds=rounds), replay=first.rounds).run()
+    assert all(torch.equal(again.final[k], first.final[k]) for k in first.final)
+    by_hand = [{**r, "arrivals": "client-2:2 client-3:2"} if r["round"] == 2 else r for r in first.rounds]
+    other = InProcessEngine(make_spec(opts, clients=4, rounds=rounds), replay=by_hand).run()
+    assert ordinals(clients_with(other.links, "pull", "request", rounds)) == [[0, 1], [2, 3], [0, 1]]
+    assert [r["arrivals"] for r in other.rounds] == [r["arrivals"] for r in by_hand]
+    assert not all(torch.equal(other.final[k], first.final[k]) for k in first.final)
+    # a recorded failure is a failure (logged missing); a recorded reply this run does not call is refused
+    failed = [{**r, "arrivals": "client-1:1:failed client-3:1"} if r["round"] == 1 else r for r in first.rounds]
+    res = InProcessEngine(make_spec(opts, clients=4, rounds=rounds), replay=failed).run()
+    assert ordinals(clients_with(res.links, "pull", "request", rounds)) == [[3], [0, 1], [0, 1]]
+    assert [(m["round"], m["node"], m["reason"]) for m in res.missing] == [(1, "client-1",
+                                                                             "failed in the recorded run")]
+    stray = [{**r, "arrivals": "client-9:1"} if r["round"] == 1 else r for r in first.rounds]
+    with pytest.raises(ReplayError, match="client-9"):
+        InProcessEngine(make_spec(opts, clients=4, rounds=rounds), replay=stray).run()
+    with pytest.raises(ReplayError, match="round 2 has no record"):  # e.g. a round that was not reported
+        InProcessEngine(make_spec(opts, clients=4, rounds=rounds), replay=first.rounds[:1]).run()
+
+
 @pytest.mark.parametrize("alg", ["focus", "sg-focus"])
 def test_client_decided_keeps_the_tracking_invariant(alg):
     opts = {"participation": {"kind": "markov"}, "decided_by": "client", "batch_size": 4 if alg == "sg-focus" else 0}
