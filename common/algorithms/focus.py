@@ -72,6 +72,8 @@ Choices the paper leaves open (options, spec defaults):
 
 from __future__ import annotations
 
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -86,7 +88,17 @@ from fedhop.common.algorithms.participation import (
     ServerLedger,
     participants,
 )
-from fedhop.common.engine.api import Algorithm, NoAnswer, NodeContext, NodeId, Reply, Scalar, register, task
+from fedhop.common.engine.api import (
+    Algorithm,
+    Comm,
+    NoAnswer,
+    NodeContext,
+    NodeId,
+    Reply,
+    Scalar,
+    register,
+    task,
+)
 from fedhop.common.options.focus import FocusOptions, RoundClose, SGFocusOptions, check_spec  # noqa: F401  (re-exported)
 from fedhop.common.wire.bundle import Bundle, axpy, clone, weighted_sum, zeros_like
 
@@ -159,16 +171,23 @@ def focus_open(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
     o: FocusOptions = ctx.opts
     if ctx.role == "edge":
         return Reply({}, {"available": ",".join(call_clients(ctx, list(ctx.children)))})
+    if not available(ctx, ctx.round):
+        if o.round_close.absent == "say":
+            return Reply({}, {"away": 1})  # at once: the call need not wait for this client
+        raise NoAnswer
+    return Reply()
+
+
+def available(ctx: NodeContext, round_idx: int) -> bool:
+    """Client: I_i(round_idx), drawn from its own availability process and its own seeded stream (a pure
+    function of (seed, client id, round): a round asked again is answered the same)."""
+    o: FocusOptions = ctx.opts
     st: ClientState = ctx.state
     clients = ctx.topology.clients
     if st.availability is None or st.availability.model != o.participation:
         st.availability = ClientAvailability.build(o.participation, clients.index(ctx.node_id), len(clients),
                                                    ctx.np_rng("availability", "static"))
-    if not st.availability.available(ctx.round, lambda r: ctx.np_rng("availability", r)):
-        if o.round_close.absent == "say":
-            return Reply({}, {"away": 1})  # at once: the call need not wait for this client
-        raise NoAnswer
-    return Reply()
+    return st.availability.available(round_idx, lambda r: ctx.np_rng("availability", r))
 
 
 def call_clients(ctx: NodeContext, pool: list[NodeId]) -> list[NodeId]:
@@ -177,6 +196,105 @@ def call_clients(ctx: NodeContext, pool: list[NodeId]) -> list[NodeId]:
     replies = ctx.comm.scatter(pool, "focus.open", None, {}, deadline_s=close.deadline_s,
                                quorum=close.quorum or None, optional=True)
     return [n for n, r in replies.items() if not r.scalars.get("away")]
+
+
+# -- flow = "client": the client's own pull and push ---------------------------------------------------------
+JOIN, PULL_POST, TRAIN, PUSH_POST = "focus.join", "focus.pull", "focus.train", "focus.push"
+_KICKED: weakref.WeakSet[Comm] = weakref.WeakSet()  # the PS comms (one per PS process) that sent the kick
+
+
+def announce(ctx: NodeContext, start: int) -> None:
+    """Client (``flow = "client"``): post its intents from round ``start`` on, to its parent (the PS): a
+    ``focus.pull`` for the first round it is available in (none when that is past the run's end), preceded, with
+    ``round_close.absent = "say"``, by one ``focus.pull`` with ``away = 1`` ("I am away") per round it is not.
+    Control messages (no tensors). Idempotent: a round's availability is a pure function of (seed, id, round)."""
+    o: FocusOptions = ctx.opts
+    parent = ctx.topology.parent[ctx.node_id]
+    for r in range(start, ctx.spec.rounds):
+        if available(ctx, r):
+            ctx.comm.post(parent, PULL_POST, None, {}, round=r)
+            return
+        if o.round_close.absent == "say":
+            ctx.comm.post(parent, PULL_POST, None, {"away": 1}, round=r)
+
+
+@task(JOIN)
+def focus_join(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client: the kick (control) the PS sends every client in the first round it runs (fresh or resumed): the
+    client posts its intents from that round on (:func:`announce`); from then on it posts them itself."""
+    announce(ctx, ctx.round)
+    return Reply()
+
+
+@task(PULL_POST, kinds=(PULL, PULL))
+def focus_pull(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """A client's pull (or away) for round ``round`` is a post to the PS's mailbox, taken by its round with
+    ``receive``; it never runs as a task (registered for its meter kind: ``pull``, control)."""
+    raise RuntimeError(f"{ctx.node_id}: {PULL_POST} is posted to the PS, not run as a task")
+
+
+@task(PUSH_POST, kinds=(PUSH, PUSH))
+def focus_push(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
+    """A client's push of y_tau is a post to the PS's mailbox (meter kind ``push``, d values); never run."""
+    raise RuntimeError(f"{ctx.node_id}: {PUSH_POST} is posted to the PS, not run as a task")
+
+
+@task(TRAIN, kinds=(PULL, PULL))
+def focus_train(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
+    """Client: x_r answers its pull (the request, kind ``pull``, d values); it runs Alg. 1's local routine (as
+    ``focus.local``), POSTS y_tau (``focus.push``: its own message, not a reply), then posts its intents from
+    round r+1 on. The reply is an empty acknowledgement (control)."""
+    y = focus_local(ctx, x, args).bundle
+    ctx.comm.post(ctx.topology.parent[ctx.node_id], PUSH_POST, y, {}, round=ctx.round)
+    announce(ctx, ctx.round + 1)
+    return Reply()
+
+
+def client_pulls(ctx: NodeContext) -> list[NodeId]:
+    """S_r under ``flow = "client"``: the clients whose pull of round r the PS took before the round closed
+    (``round_close.deadline_s``, or once every client pulled or said it is away), in canonical order. The first
+    round this PS process runs (fresh or resumed) starts with the kick (:func:`focus_join`)."""
+    clients = list(ctx.topology.clients)
+    if ctx.comm not in _KICKED:
+        ctx.comm.scatter(clients, JOIN, None, {})
+        _KICKED.add(ctx.comm)
+    end = time.monotonic() + ctx.opts.round_close.deadline_s  # the networked engine's wait; in-process: none
+    heard: set[NodeId] = set()
+    pulled: list[NodeId] = []
+    while len(heard) < len(clients):
+        p = ctx.comm.receive(PULL_POST, round=ctx.round, deadline_s=max(0.0, end - time.monotonic()))
+        if p is None:
+            break
+        if p.sender in heard:  # a pull sent again (a resumed PS's kick and a retried post): one per client
+            continue
+        heard.add(p.sender)
+        if not p.scalars.get("away"):
+            pulled.append(p.sender)
+    return ctx.topology.sort(pulled)
+
+
+def _answer_pulls(ctx: NodeContext, chosen: list[NodeId], s: ServerState) -> ServerState:
+    """``flow = "client"``: send x_r to each client that pulled (the model answers its pull), take the pushes
+    they post (by sender and round, canonical order), then y += the sum, x -= eta y (as :func:`_pull_push`)."""
+    o: FocusOptions = ctx.opts
+    x, y = s.model, s.y
+    args: dict[str, Scalar] = {"local_steps": o.local_steps, **s.ledger.args_for(chosen)}
+    acks = ctx.comm.scatter(chosen, TRAIN, x, args)
+    pushes: list[Bundle] = []
+    arrived: set[NodeId] = set()
+    for c in chosen:
+        if c not in acks:  # its training failed: no push is waited for
+            continue
+        p = ctx.comm.receive(PUSH_POST, sender=c, round=ctx.round, expect=x)
+        if p is not None:
+            pushes.append(p.bundle)
+            arrived.add(c)
+    s.ledger.settle(ctx.round, chosen, arrived)
+    if pushes:
+        push = weighted_sum((1.0, b) for b in pushes)  # canonical order; a SUM
+        y = {k: y[k] + push[k] for k in y}
+    x = axpy(-o.lr, y, x)
+    return ServerState(x, y, s.participation, s.ledger)
 
 
 @dataclass
@@ -206,6 +324,13 @@ def setup(ctx: NodeContext, s: ServerState) -> ServerState:
 def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     """Round r (Alg. 1): S_r (drawn, or called), pull x_r, push y_tau, sum, step."""
     o: FocusOptions = ctx.opts
+    if o.flow == "client":
+        chosen = client_pulls(ctx)
+        if chosen or o.empty_round == "step":
+            s = _answer_pulls(ctx, chosen, s)
+        if ctx.should_eval():
+            ctx.report(**ctx.evaluate(s.model), participants=len(chosen))
+        return s
     if o.decided_by == "client":
         chosen = call_round(ctx)
     else:

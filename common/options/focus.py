@@ -57,6 +57,11 @@ class FocusOptions(BaseModel):
                                                     "only if available; the call closes per `round_close`")
     round_close: RoundClose = Field(default_factory=RoundClose, description="decided_by = 'client' only: the "
                                     "call's deadline and quorum")
+    flow: Literal["server", "client"] = Field(
+        "server", description="who sends the round's messages: 'server' (the PS calls, the push is the reply to "
+        "its pull task); 'client' (decided_by = 'client', flat only): each client posts its own `focus.pull` for "
+        "the rounds ahead (or says it is away, round_close.absent = 'say'), the PS answers a pull with x, the "
+        "client posts `focus.push` when done (docs/focus-wire.md)")
     empty_round: Literal["skip", "step"] = Field("skip", description="S_r empty: 'skip' the round (no messages, "
                                                  "model unchanged); 'step': x -= eta y with the unchanged y")
     init: Literal["zero", "matched"] = Field("zero", description="'zero': Alg. 1 (g_i = 0, y = 0); 'matched': "
@@ -64,6 +69,13 @@ class FocusOptions(BaseModel):
 
     @model_validator(mode="after")
     def _who_decides(self) -> FocusOptions:
+        if self.flow == "client" and self.decided_by != "client":
+            raise ValueError("flow = 'client' needs decided_by = 'client' (a client pulls when it is available; "
+                             "with decided_by = 'server' the PS draws S_r and calls its members)")
+        if self.flow == "client" and self.round_close.quorum:
+            raise ValueError("flow = 'client' closes a round at round_close.deadline_s or (absent = 'say') once "
+                             "every client pulled or said it is away; a quorum (the first Q pulls to arrive) is "
+                             "order-dependent and not supported with it: give quorum = 0")
         if self.decided_by == "client":
             if not isinstance(self.participation, CLIENT_DECIDABLE):
                 what = (f"a fraction ({self.participation}: m of N drawn jointly)"
@@ -94,6 +106,8 @@ def check_spec(spec: RunSpec, o: FocusOptions) -> None:
     close = o.round_close
     if close.quorum > n:
         raise ValueError(f"algorithm.options.round_close.quorum ({close.quorum}) exceeds topology.clients ({n})")
+    if spec.topology.edges and o.flow == "client":
+        raise ValueError("algorithm.options.flow = 'client' applies to flat FOCUS only (topology.edges = 0)")
     if spec.topology.edges and close.quorum:
         raise ValueError("algorithm.options.round_close.quorum applies to flat FOCUS only (topology.edges = 0): "
                          "with edges each edge calls its own clients and waits for round_close.deadline_s")

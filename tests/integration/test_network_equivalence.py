@@ -81,6 +81,11 @@ CASES: dict[str, dict[str, Any]] = {
     "focus-quorum": dict(algorithm="focus", clients=4, edges=0, rounds=2,
                          options={"participation": {"kind": "full"}, "decided_by": "client",
                                   "round_close": {"quorum": 2}}),
+    # FOCUS client-initiated (issue 16): each client posts its own pull (or says it is away) for the rounds ahead,
+    # the PS answers a pull with x, the client posts its push; the round closes once every client was heard from
+    "focus-client-flow": dict(algorithm="focus", clients=3, edges=0, rounds=3,
+                              options={"lr": 0.05, "participation": MARKOV, "decided_by": "client",
+                                       "flow": "client", "round_close": {"absent": "say"}}),
     "fedau": dict(algorithm="fedau", clients=3, edges=0, rounds=2, options={"participation": BERN}),
     "scaffold-cyclic": dict(algorithm="scaffold", clients=3, edges=0, rounds=2,
                             options={"participation": {"kind": "cyclic", "m": 2}}),
@@ -274,6 +279,26 @@ def _focus_quorum(res: dict[str, Any], final: dict[str, torch.Tensor], spec: Run
         assert pushed == used, rec
 
 
+def _focus_client_flow(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
+    """FOCUS, client flow: the clients' pulls are control (no payload); x goes down to each client that pulled
+    (d floats) and its push comes up as its own post (d floats); every client is heard from every round."""
+    d = _d(final)
+    rows = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
+    assert {r["kind"] for r in rows} <= {"focus.join", "pull", "push"}
+    for r in rows:
+        carries = (r["kind"], r["phase"], r["src"] == "ps") in {("pull", "request", True), ("push", "request", False)}
+        assert r["payload_bytes"] == (4 * d * r["messages"] if carries else 0), r
+    for rec in res["rounds"]:
+        t = rec["round"]
+        down = sorted(r["dst"] for r in rows if r["round"] == t and r["kind"] == "pull" and r["src"] == "ps"
+                      and r["phase"] == "request")
+        up = sorted(r["src"] for r in rows if r["round"] == t and r["kind"] == "push")
+        heard = {r["src"] for r in rows if r["round"] == t and r["kind"] == "pull" and r["phase"] == "request"
+                 and r["src"] != "ps"}
+        assert down == up and len(down) == rec["participants"], rec
+        assert heard == {f"client-{i}" for i in range(spec.topology.clients)}, rec
+
+
 def _focus_trace(res: dict[str, Any], final: dict[str, torch.Tensor], spec: RunSpec) -> None:
     """The trace is replayed row by row: round r's participants are the clients marked 1 in row r."""
     _focus(res, final, spec)
@@ -295,6 +320,7 @@ FORMULAS = {
     "focus-bernoulli": _focus,
     "focus-matched-markov": _focus,
     "focus-quorum": _focus_quorum,
+    "focus-client-flow": _focus_client_flow,
     "sg-focus-trace": _focus_trace,
     "fgdro-cvar": _fgdro(0, True),
     "fgdro-kl": _fgdro(1, True),
