@@ -1,0 +1,162 @@
+"""FOCUS client-initiated (issue 16, ``flow = "client"``), over the in-process engine: each client posts its own
+``focus.pull`` for the rounds ahead (``away = 1`` when it says it is absent), the PS answers a pull with x and
+the client posts ``focus.push`` when done (the networked side: tests/integration/test_network_equivalence.py,
+case ``focus-client-flow``).
+
+Expected values are computed independently: each client's availability from its documented stream
+(test_focus_modes.stream_uniform), trajectories from the numpy Algorithm 1 of test_focus.py, bytes from the
+model's size.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.spec import SpecError
+from tests.unit.test_focus import focus_alg1, problem, rel, trace
+from tests.unit.test_focus_modes import SEED, VEC, N, engine, invariant_errors, make_spec, ordinals, stream_uniform
+
+P = [0.9, 0.6, 0.5, 0.4, 0.3, 0.2]
+BERN = {"kind": "bernoulli", "p": P}
+MARKOV = {"kind": "markov", "p_stay": 0.5}
+
+
+def client_flow(participation: dict, absent: str = "silent", **extra) -> dict:
+    return {"participation": participation, "decided_by": "client", "flow": "client",
+            "round_close": {"absent": absent}, **extra}
+
+
+def want_bernoulli(rounds: int) -> list[list[int]]:
+    """S_r from each client's own stream: client i is available in round r iff u_r < p_i."""
+    return [[i for i in range(N) if stream_uniform(SEED, f"client-{i}", r) < P[i]] for r in range(rounds)]
+
+
+def rows(links: list[dict], kind: str, phase: str, *, up: bool) -> list[dict]:
+    """The meter rows of ``kind``/``phase`` on the client -> PS direction (``up``) or PS -> client."""
+    return [r for r in links if r["kind"] == kind and r["phase"] == phase and (r["dst"] == "ps") == up]
+
+
+def per_round(rs: list[dict], end: str, rounds: int) -> list[list[int]]:
+    """Per round, the ordinals of the clients at ``end`` ("src" or "dst") of ``rs``."""
+    out: list[set[str]] = [set() for _ in range(rounds)]
+    for r in rs:
+        out[r["round"]].add(r[end])
+    return ordinals([sorted(s, key=lambda c: int(c.split("-")[1])) for s in out])
+
+
+def payload_per_link(links: list[dict]) -> Counter:
+    """Payload bytes per (src, dst, kind) (the phase differs between flows: a push is a reply, or a post)."""
+    out: Counter = Counter()
+    for r in links:
+        out[(r["src"], r["dst"], r["kind"])] += r["payload_bytes"]
+    return +out
+
+
+@pytest.mark.parametrize("participation", [BERN, MARKOV], ids=["bernoulli", "markov"])
+@pytest.mark.parametrize("absent", ["silent", "say"])
+def test_client_flow_is_bit_identical_to_the_called_flow(participation, absent):
+    """Same draws, same S_r, same model, same payload per link and kind; only the control messages differ."""
+    rounds = 10
+    called = engine({**client_flow(participation, absent), "flow": "server"}, rounds=rounds).run()
+    own = engine(client_flow(participation, absent), rounds=rounds).run()
+    assert list(own.final) == list(called.final)
+    assert all(torch.equal(own.final[k], called.final[k]) for k in called.final)
+    assert [r["participants"] for r in own.rounds] == [r["participants"] for r in called.rounds]
+    assert payload_per_link(own.links) == payload_per_link(called.links)
+    assert not [r for r in own.links if r["kind"] == "focus.open"]  # nobody is called
+    assert own.missing == [] and called.missing == []
+
+
+def test_client_flow_follows_each_clients_own_stream_and_algorithm_1():
+    rounds = 12
+    eng = engine(client_flow(BERN), rounds=rounds)
+    got = trace(eng)
+    want = want_bernoulli(rounds)
+    assert any(len(s) < N for s in want) and any(s for s in want)
+    links = eng.meter.rows()
+    assert per_round(rows(links, "pull", "request", up=False), "dst", rounds) == want  # x answers the pulls
+    grads, _ = problem(eng)
+    ref = focus_alg1(grads, np.zeros(5), 0.05, 3, want)
+    assert max(rel(g, w) for g, w in zip(got, ref, strict=True)) < 1e-12
+
+
+@pytest.mark.parametrize("absent", ["silent", "say"])
+def test_tracking_invariant_holds_after_every_round(absent):
+    """y = sum_i g_i (spec 3.4.1), read from the PS's and the clients' exposed state after every round."""
+    rounds = 10
+    errs = invariant_errors(engine(client_flow(MARKOV, absent), rounds=rounds))
+    assert len(errs) == rounds
+    assert max(errs) < 1e-12, errs
+
+
+@pytest.mark.parametrize("absent", ["silent", "say"])
+def test_pull_is_control_x_down_and_the_push_up_are_payload(absent):
+    """A client's pull (and its "away") is a control post (no payload); x goes down to each client that pulled
+    (d values, kind ``pull``) and its push comes up as its own post (d values, kind ``push``); the kick is
+    sent once, in round 0. A silent client says nothing for a round it is away; one that says so is heard."""
+    rounds = 12
+    res = engine(client_flow(BERN, absent), rounds=rounds).run()
+    want = want_bernoulli(rounds)
+    assert {r["kind"] for r in res.links} == {"focus.join", "pull", "push"}
+    assert {r["round"] for r in res.links if r["kind"] == "focus.join"} == {0}
+    assert all(r["payload_bytes"] == 0 for r in res.links if r["kind"] == "focus.join")
+
+    intents = rows(res.links, "pull", "request", up=True)
+    assert intents and all(r["payload_bytes"] == 0 for r in intents)  # the pull itself: control
+    heard = per_round(intents, "src", rounds)
+    assert heard == ([list(range(N))] * rounds if absent == "say" else want)
+
+    down = rows(res.links, "pull", "request", up=False)
+    up = rows(res.links, "push", "request", up=True)  # a post: the client's own message, not a reply
+    assert not rows(res.links, "push", "reply", up=True)
+    for r in down + up:
+        assert r["payload_bytes"] == VEC * r["messages"] and r["messages"] == 1, r
+    assert per_round(down, "dst", rounds) == per_round(up, "src", rounds) == want
+    assert all(r["payload_bytes"] == 0 for r in rows(res.links, "pull", "reply", up=True))  # the acks
+    assert [r["participants"] for r in res.rounds] == [len(s) for s in want]
+
+
+def test_resumed_client_flow_is_bit_identical(tmp_path: Path):
+    """A PS resumed from its checkpoint kicks every client again (the intents it held were lost with it): the
+    model and every payload byte are the uninterrupted run's; only control messages are added (the kick and the
+    intents posted again, no payload)."""
+    spec = make_spec(client_flow(MARKOV, "say"), rounds=6)
+    whole = InProcessEngine(spec).run()
+
+    class Crash(Exception):
+        pass
+
+    def crash(t: int) -> None:
+        if t == 2:
+            raise Crash
+
+    with pytest.raises(Crash):
+        InProcessEngine(spec).run(checkpoints=tmp_path, after_commit=crash)
+    resumed = InProcessEngine(spec).run(checkpoints=tmp_path, resume=True)
+    assert all(torch.equal(resumed.final[k], v) for k, v in whole.final.items())
+    assert payload_per_link(resumed.links) == payload_per_link(whole.links)
+    key = ("src", "dst", "kind", "phase", "round")
+    before = {tuple(r[k] for k in key): r for r in whole.links}
+    after = {tuple(r[k] for k in key): r for r in resumed.links}
+    added = [k for k in after if after[k] != before.get(k)]
+    assert added and {(k[2], k[4]) for k in added} <= {("focus.join", 3), ("pull", 3), ("pull", 4), ("pull", 5)}
+    assert all(after[k]["payload_bytes"] == before.get(k, {"payload_bytes": 0})["payload_bytes"] for k in added)
+    assert set(before) <= set(after)
+    assert resumed.missing == whole.missing
+
+
+@pytest.mark.parametrize("opts, edges, needle", [
+    ({"flow": "client", "participation": MARKOV}, 0, "flow = 'client' needs decided_by = 'client'"),
+    ({**client_flow(MARKOV), "round_close": {"quorum": 2}}, 0, "a quorum (the first Q pulls to arrive)"),
+    (client_flow(MARKOV), 2, "flow = 'client' applies to flat FOCUS only"),
+])
+def test_bad_client_flow_options_are_named(opts, edges, needle):
+    with pytest.raises(SpecError) as e:
+        make_spec(opts, edges=edges)
+    assert needle in str(e.value), str(e.value)
