@@ -200,7 +200,8 @@ def call_clients(ctx: NodeContext, pool: list[NodeId]) -> list[NodeId]:
 
 # -- flow = "client": the client's own pull and push ---------------------------------------------------------
 JOIN, PULL_POST, TRAIN, PUSH_POST = "focus.join", "focus.pull", "focus.train", "focus.push"
-_KICKED: weakref.WeakSet[Comm] = weakref.WeakSet()  # the PS comms (one per PS process) that sent the kick
+# per PS comm (one per PS process, so a resumed PS starts afresh): the clients to kick in its next round
+_TO_KICK: weakref.WeakKeyDictionary[Comm, set[NodeId]] = weakref.WeakKeyDictionary()
 
 
 def announce(ctx: NodeContext, start: int) -> None:
@@ -252,12 +253,17 @@ def focus_train(ctx: NodeContext, x: Bundle, args: dict[str, Scalar]) -> Reply:
 
 def client_pulls(ctx: NodeContext) -> list[NodeId]:
     """S_r under ``flow = "client"``: the clients whose pull of round r the PS took before the round closed
-    (``round_close.deadline_s``, or once every client pulled or said it is away), in canonical order. The first
-    round this PS process runs (fresh or resumed) starts with the kick (:func:`focus_join`)."""
+    (``round_close.deadline_s``, or once every client pulled or said it is away), in canonical order.
+
+    The round starts with the kick (:func:`focus_join`, control) to the clients whose chain of intents may be
+    broken: every client in the first round this PS process runs (fresh or resumed: the intents a killed PS held
+    are lost with it); later, a client pulled in the previous round whose push did not arrive (it may have died
+    before posting its next intents) and, with ``absent = "say"``, a client not heard from in the previous round.
+    A client kicked needlessly posts its intents again; the PS takes one per client and round."""
     clients = list(ctx.topology.clients)
-    if ctx.comm not in _KICKED:
-        ctx.comm.scatter(clients, JOIN, None, {})
-        _KICKED.add(ctx.comm)
+    kick = _TO_KICK.get(ctx.comm, set(clients))
+    if kick:
+        ctx.comm.scatter(ctx.topology.sort(kick), JOIN, None, {})
     end = time.monotonic() + ctx.opts.round_close.deadline_s  # the networked engine's wait; in-process: none
     heard: set[NodeId] = set()
     pulled: list[NodeId] = []
@@ -270,6 +276,7 @@ def client_pulls(ctx: NodeContext) -> list[NodeId]:
         heard.add(p.sender)
         if not p.scalars.get("away"):
             pulled.append(p.sender)
+    _TO_KICK[ctx.comm] = {c for c in clients if c not in heard} if ctx.opts.round_close.absent == "say" else set()
     return ctx.topology.sort(pulled)
 
 
@@ -290,6 +297,7 @@ def _answer_pulls(ctx: NodeContext, chosen: list[NodeId], s: ServerState) -> Ser
             pushes.append(p.bundle)
             arrived.add(c)
     s.ledger.settle(ctx.round, chosen, arrived)
+    _TO_KICK.setdefault(ctx.comm, set()).update(c for c in chosen if c not in arrived)
     if pushes:
         push = weighted_sum((1.0, b) for b in pushes)  # canonical order; a SUM
         y = {k: y[k] + push[k] for k in y}

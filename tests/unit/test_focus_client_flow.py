@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.spec import SpecError
 from tests.unit.test_focus import focus_alg1, problem, rel, trace
 from tests.unit.test_focus_modes import SEED, VEC, N, engine, invariant_errors, make_spec, ordinals, stream_uniform
@@ -120,6 +120,31 @@ def test_pull_is_control_x_down_and_the_push_up_are_payload(absent):
     assert per_round(down, "dst", rounds) == per_round(up, "src", rounds) == want
     assert all(r["payload_bytes"] == 0 for r in rows(res.links, "pull", "reply", up=True))  # the acks
     assert [r["participants"] for r in res.rounds] == [len(s) for s in want]
+
+
+@pytest.mark.parametrize("absent", ["silent", "say"])
+def test_a_client_whose_push_is_lost_is_kicked_and_pulls_again(absent):
+    """client-1 takes x in round 2 and goes down before pushing (and before posting its next intents): the
+    ledger rolls its g back (y = sum g_i still holds), the PS kicks it in round 3, and it pulls again from
+    then on; the run equals the called flow's with the same fault, bit for bit."""
+    rounds = 6
+
+    def lost(node: str, task: str, rnd: int) -> bool:
+        return node == "client-1" and task in ("focus.train", "focus.local") and rnd == 2
+
+    full = {"kind": "full"}
+    own = engine(client_flow(full, absent), rounds=rounds)
+    own.faults = FaultPlan(lost)
+    errs = invariant_errors(own)
+    assert max(errs) < 1e-12, errs
+    pushed = per_round(rows(own.meter.rows(), "push", "request", up=True), "src", rounds)
+    assert pushed == [list(range(N))] * 2 + [[i for i in range(N) if i != 1]] + [list(range(N))] * 3
+    assert {r["round"] for r in own.meter.rows() if r["kind"] == "focus.join" and r["dst"] == "client-1"} == {0, 3}
+    assert {m["node"] for m in own.missing.entries} == {"client-1"}
+    called = engine({**client_flow(full, absent), "flow": "server"}, rounds=rounds)
+    called.faults = FaultPlan(lost)
+    want = called.run().final
+    assert all(torch.equal(own.nodes["ps"].state.model[k], want[k]) for k in want)
 
 
 def test_resumed_client_flow_is_bit_identical(tmp_path: Path):
