@@ -44,6 +44,15 @@ Who decides S_r (``decided_by``):
   may differ (both still keep the tracking invariant); the run records which answered (``arrivals``), and the
   in-process replay of it (``fedhop simulate --replay``) is bit-identical.
 
+Who starts the messages (``flow``, with ``decided_by = "client"``, flat only): ``"server"`` (default) as above,
+the PS's call and the push as the reply to its pull task; ``"client"`` (the paper's flow, issue 16): a client
+posts its own ``focus.pull`` for its next available round (and, with ``absent = "say"``, one saying it is away
+for each round before it), the PS's round r takes one intent per client from its mailbox (closing once every
+client was heard from, or at the deadline), answers each pull with x_r (``focus.train``), and the client POSTS
+``focus.push`` with y_tau, then its next intents. Same draws, S_r, model and payload as the called flow; the
+first intents (and those of a resumed PS, or of a client whose push was lost) are started by a kick
+(``focus.join``, control). docs/focus-wire.md.
+
 Through an edge tier (``topology.edges > 0``): C(S_r) factors into two column-stochastic sums, C = C_PS C_edge:
 each edge sums its clients' pushes (canonical client order) and pushes ONE vector to the PS, which sums the
 edges' (canonical edge order). A product of column-stochastic matrices is column stochastic, so the tracking
