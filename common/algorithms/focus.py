@@ -230,8 +230,9 @@ def announce(ctx: NodeContext, start: int) -> None:
 
 @task(JOIN)
 def focus_join(ctx: NodeContext, _: Bundle, args: dict[str, Scalar]) -> Reply:
-    """Client: the kick (control) the PS sends every client in the first round it runs (fresh or resumed): the
-    client posts its intents from that round on (:func:`announce`); from then on it posts them itself."""
+    """Client: the kick (control) that (re)starts its chain of intents (:func:`client_pulls` says when the PS
+    sends it): the client posts its intents from this round on (:func:`announce`); from then on it posts them
+    itself, after each push."""
     announce(ctx, ctx.round)
     return Reply()
 
