@@ -73,6 +73,33 @@ def test_client_flow_is_bit_identical_to_the_called_flow(participation, absent):
     assert own.missing == [] and called.missing == []
 
 
+@pytest.mark.parametrize("empty_round", ["skip", "step"])
+def test_client_flow_with_an_empty_round_and_a_trace(empty_round, tmp_path):
+    """Column i of the table is client i's availability; a round nobody pulls is skipped (or stepped) as in the
+    called flow, bit for bit."""
+    table = [[1, 0, 1, 0], [0, 0, 0, 0], [0, 1, 1, 1], [1, 1, 0, 0]]
+    np.save(tmp_path / "t.npy", np.array(table, dtype=np.int8))
+    opts = {**client_flow({"kind": "trace", "path": str(tmp_path / "t.npy")}, "say"), "empty_round": empty_round}
+    own = engine(opts, clients=4, rounds=4).run()
+    called = engine({**opts, "flow": "server"}, clients=4, rounds=4).run()
+    assert all(torch.equal(own.final[k], called.final[k]) for k in called.final)
+    down = rows(own.links, "pull", "request", up=False)
+    assert [[int(r["dst"].split("-")[1]) for r in down if r["round"] == t] for t in range(4)] == \
+        [[i for i, v in enumerate(row) if v] for row in table]
+    assert [r["participants"] for r in own.rounds] == [sum(row) for row in table]
+
+
+@pytest.mark.parametrize("alg, extra", [("focus", {"init": "matched"}), ("sg-focus", {})])
+def test_client_flow_with_the_matched_init_and_sg_focus(alg, extra):
+    """The set-up step of ``init = "matched"`` stays the PS's; SG-FOCUS's mini-batches are the client's own
+    streams: both equal the called flow, bit for bit, and keep y = sum_i g_i."""
+    opts = {**client_flow(MARKOV, "say"), **extra}
+    own = engine(opts, rounds=6, alg=alg).run()
+    called = engine({**opts, "flow": "server"}, rounds=6, alg=alg).run()
+    assert all(torch.equal(own.final[k], called.final[k]) for k in called.final)
+    assert max(invariant_errors(engine(opts, rounds=6, alg=alg))) < 1e-12
+
+
 def test_client_flow_follows_each_clients_own_stream_and_algorithm_1():
     rounds = 12
     eng = engine(client_flow(BERN), rounds=rounds)
