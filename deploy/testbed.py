@@ -48,6 +48,7 @@ from fedhop.deploy.processes import Processes
 from fedhop.deploy.profile import Link, Replay, peers_of, run_links  # noqa: F401  (run_links: re-exported)
 from fedhop.deploy.wire import WireReading
 
+QUIET_WAIT_S = 5.0  # how long wire() waits for delayed links to go quiet
 log = logging.getLogger("fedhop.testbed")
 
 STOP_GRACE_S = 30.0
@@ -424,7 +425,21 @@ class Testbed:
         return self._wait(self.clock, timeout_s)
 
     def wire(self) -> WireReading:
-        return self.counters.read()
+        """The counters once the links are quiet. A delayed link (kernel delay or proxy) may still hold the last
+        packets of the roles' goodbyes when the PS exits: counted at the sender, not yet at the receiver. So the
+        counters are read again, the longest hold of the run apart, until two readings agree (at most
+        ``QUIET_WAIT_S``); without a delay one reading is final."""
+        hold = max((sh.delay_ms + sh.jitter_ms for _, links in self.steps for lk in links
+                    for _, _, sh in lk.directions()), default=0.0) / 1000.0
+        reading = self.counters.read()
+        end = time.monotonic() + QUIET_WAIT_S
+        while hold > 0 and time.monotonic() < end:
+            time.sleep(hold + 0.05)  # (the poll interval: how long a packet can stay held)
+            again = self.counters.read()
+            if again.rows == reading.rows:
+                return again
+            reading = again
+        return reading
 
     def stop(self) -> None:
         """Every process, the live page's port, every namespace (with its veths, qdiscs and counters)."""

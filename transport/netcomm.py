@@ -243,11 +243,19 @@ class NetComm(BaseComm):
             return node, r
 
     def drain(self) -> None:
-        """Wait for the submitted tasks nobody collected (each until its deadline): their replies are counted."""
+        """Wait for the submitted tasks nobody collected (each until its deadline): their replies are counted;
+        one that failed (its node died, or it missed its deadline) is in the missing log, with the round it was
+        submitted in (its node missed that task even though the protocol no longer waited for it)."""
+        pending = dict(self._pending)
         super().drain()
-        for c, expiry in list(self._submitted.values()):
+        for node, (c, expiry) in list(self._submitted.items()):
             if isinstance(c, Call) and not c.done.wait(max(0.0, expiry - time.monotonic())):
                 self.hub.expire(c, "no reply within the deadline of its submitted task (the run ended)")
+            r = c if isinstance(c, Failure) else c.result
+            p = pending.get(node)
+            if isinstance(r, Failure) and p is not None:
+                self.missing.add(p.round, self.node, node, p.task, f"{r.reason} (a submitted task not collected "
+                                 "before the run ended)")
         self._submitted.clear()
 
     def unanswered(self, node: NodeId, round_idx: int, reason: str) -> None:
