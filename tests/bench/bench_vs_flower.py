@@ -72,6 +72,13 @@ def ensure_flower(venv: Path, version: str) -> Path:
         return venv / "bin"
     print(f"installing Flower {version} into {venv} (once) ...", file=sys.stderr, flush=True)
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--clear", str(venv)], check=True)
+    # torch as this interpreter has it (also when that is a virtual environment's, which --system-site-packages
+    # does not reach): its folder goes last on the Flower venv's path, after Flower's own packages
+    import torch
+
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "_fedhop_torch.pth").write_text(str(Path(torch.__file__).resolve().parents[1]) + "\n")
     pip = [str(python), "-m", "pip", "install", "-q"]
     done = subprocess.run([*pip, f"flwr=={version}", "scikit-learn", "psutil"], capture_output=True, text=True)
     if done.returncode != 0:
