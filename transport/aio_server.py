@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fedhop.transport.channels import SERVER_OPTIONS
-from fedhop.transport.credentials import PLAINTEXT, Security, server_interceptors
+from fedhop.transport.channels import server_settings
+from fedhop.transport.credentials import PLAINTEXT, Security, handler_like
 
 T = TypeVar("T")
 log = logging.getLogger("fedhop.channels")
@@ -78,13 +78,7 @@ def _async_refusal(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         code, details = shim.aborted or (grpc.StatusCode.UNAUTHENTICATED, "refused")
         await context.abort(code, details)
 
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(refuse)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(refuse)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(refuse)
-    return grpc.unary_unary_rpc_method_handler(refuse)
+    return handler_like(handler, refuse)
 
 
 class LoopServer:
@@ -154,16 +148,6 @@ class LoopServer:
 
 def make_loop_server(security: Security = PLAINTEXT, handshake_timeout_s: float | None = None) -> LoopServer:
     """:func:`~fedhop.transport.channels.make_server`'s options and token gate, on a :class:`LoopServer`."""
-    if handshake_timeout_s is None:
-        from fedhop.common.spec import TransportSpec
-
-        handshake_timeout_s = TransportSpec().handshake_timeout_s
-    options = [*SERVER_OPTIONS, ("grpc.server_handshake_timeout_ms", max(1, int(handshake_timeout_s * 1000)))]
-    interceptors: list[grpc.ServerInterceptor] = []
-    if not security.plaintext:
-        def refused(method: str, why: str) -> None:
-            log.warning("%s: refused a call to %s: %s", security.node_id, method, why)
-
-        interceptors = server_interceptors(security, refused)
+    options, interceptors = server_settings(security, handshake_timeout_s)
     return LoopServer(options, interceptors)
 

@@ -12,6 +12,7 @@ import errno
 import logging
 import socket
 from concurrent import futures
+from typing import Any
 
 import grpc
 
@@ -55,12 +56,11 @@ log = logging.getLogger("fedhop.channels")
 HANDSHAKE_TIMEOUT_S = 5.0  # a listener that does not finish a gRPC handshake in this time is not a fedhop node
 
 
-def make_server(max_workers: int, security: Security = PLAINTEXT,
-                handshake_timeout_s: float | None = None) -> grpc.Server:
-    """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``); in token
-    mode with the interceptor that refuses calls without a good token before any handler runs.
-    ``handshake_timeout_s`` (default: transport.handshake_timeout_s's default): a connection that has not
-    finished its TLS and HTTP/2 handshakes this long after it opened is closed (it holds no worker thread)."""
+def server_settings(security: Security = PLAINTEXT, handshake_timeout_s: float | None = None,
+                    ) -> tuple[list[tuple[str, Any]], list[grpc.ServerInterceptor]]:
+    """A fedhop server's channel options (``handshake_timeout_s``: default transport.handshake_timeout_s's
+    default) and, unless plaintext, the interceptors that refuse calls without good credentials (logged);
+    shared by the threaded server here and the asyncio one (transport/aio_server.py)."""
     if handshake_timeout_s is None:
         from fedhop.common.spec import TransportSpec
 
@@ -72,6 +72,16 @@ def make_server(max_workers: int, security: Security = PLAINTEXT,
             log.warning("%s: refused a call to %s: %s", security.node_id, method, why)
 
         interceptors = server_interceptors(security, refused)
+    return options, interceptors
+
+
+def make_server(max_workers: int, security: Security = PLAINTEXT,
+                handshake_timeout_s: float | None = None) -> grpc.Server:
+    """A gRPC server with fedhop's options (add services, then :func:`add_port`, then ``start()``); in token
+    mode with the interceptor that refuses calls without a good token before any handler runs.
+    ``handshake_timeout_s`` (default: transport.handshake_timeout_s's default): a connection that has not
+    finished its TLS and HTTP/2 handshakes this long after it opened is closed (it holds no worker thread)."""
+    options, interceptors = server_settings(security, handshake_timeout_s)
     return grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                        options=options, interceptors=interceptors)
 

@@ -209,13 +209,18 @@ def _refusal(handler: grpc.RpcMethodHandler, why: str, method: str = "",
         mark("unauthenticated-call")  # a test hook (common/testhooks.py): the tests await the refusal
         context.abort(grpc.StatusCode.UNAUTHENTICATED, why)
 
+    return handler_like(handler, abort)
+
+
+def handler_like(handler: grpc.RpcMethodHandler, fn: Callable[..., Any]) -> grpc.RpcMethodHandler:
+    """A method handler running ``fn`` with the same request / response streaming as ``handler``."""
     if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(abort)
+        return grpc.stream_stream_rpc_method_handler(fn)
     if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(abort)
+        return grpc.stream_unary_rpc_method_handler(fn)
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(abort)
-    return grpc.unary_unary_rpc_method_handler(abort)
+        return grpc.unary_stream_rpc_method_handler(fn)
+    return grpc.unary_unary_rpc_method_handler(fn)
 
 
 def server_interceptors(sec: Security, on_refuse: Callable[[str, str], None] | None = None,
