@@ -10,7 +10,6 @@ The memory bound is asserted on the codec's count of live decode buffers (``code
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,21 +18,15 @@ import torch
 from fedhop.common.algorithms.aggregate import WeightedMean
 from fedhop.common.engine.api import Reply
 from fedhop.common.engine.base import MissingLog
-from fedhop.common.topology import build_topology
 from fedhop.common.wire.bundle import clone
 from fedhop.common.wire.codec import BUFFERS
 from fedhop.common.wire.framing import bundle_frames
 from fedhop.common.wire.messages import result_frame
-from fedhop.common.wire.meter import ByteMeter
-from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
-from fedhop.transport.node_config import NodeConfig
-from fedhop.transport.parent import serve_parent
-from fedhop.transport.session import HubConfig, ParentHub
-from fedhop.v1 import fedhop_pb2 as pb
+from fedhop.transport.session import ParentHub
+from tests.net.hubs import next_task, parent_with_children
 from tests.specs import DIGITS, run_spec
-from tests.waiting import wait_until
 
 CHUNK = 64 << 10
 SHAPES = {"w": (96, 1000), "b": (1000,)}  # 388,000 bytes: six chunks, one spanning the two tensors
@@ -46,34 +39,8 @@ WEIGHTS = {"client-0": 10, "client-1": 25, "client-2": 7}
 def parent() -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
     spec = run_spec("fedavg", {}, clients=3, edges=0, name="fold", rounds=1, data=DIGITS,
                     model={"name": "mlp", "hidden": [4]}, transport={"chunk_bytes": CHUNK, "rpc_timeout_s": 30.0})
-    topo = build_topology(spec.topology, spec.seed)
-    hub = ParentHub(HubConfig(topo.server, spec, topo, "fold-run"), ByteMeter(), MissingLog())
-    server = make_server(len(hub.children) + 16)
-    serve_parent(hub, server)
-    addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
-    server.start()
-    children: dict[str, ChildSession] = {}
-    try:
-        for node in topo.clients:
-            s = children[node] = ChildSession(NodeConfig(node, addr, connect_timeout_s=10), "client")
-            s.connect()
-            s.send_ready({node: WEIGHTS[node]})
-        wait_until(lambda: len(hub.data_sizes()) == len(children), "the children to be ready", timeout=30)
-        hub.start()
+    with parent_with_children(spec, WEIGHTS) as (hub, children, topo):
         yield hub, children, (spec, topo)
-    finally:
-        for s in children.values():
-            s.close()
-        hub.shutdown(0.0, finished=True)
-        server.stop(0)
-
-
-def next_task(child: ChildSession, timeout: float = 30) -> int:
-    end = time.monotonic() + timeout
-    while True:
-        _, kind, frame = child._events.get(timeout=max(0.01, end - time.monotonic()))
-        if kind == "frame" and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "task":
-            return frame.call_id
 
 
 def replies(seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:

@@ -13,45 +13,23 @@ import torch
 from fedhop.common.engine.api import NodeContext, Post
 from fedhop.common.engine.base import MissingLog, PostError
 from fedhop.common.engine.workspace import Workspace
-from fedhop.common.topology import build_topology
 from fedhop.common.wire.messages import message_bytes, post_bytes, post_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
-from fedhop.transport.node_config import NodeConfig
-from fedhop.transport.parent import serve_parent
 from fedhop.transport.peer import EdgeService, PeerClient
-from fedhop.transport.session import HubConfig, ParentHub
+from fedhop.transport.session import ParentHub
+from tests.net.hubs import parent_with_children
 from tests.specs import DIGITS, run_spec
-from tests.waiting import wait_until
 
 
 @pytest.fixture
 def parent() -> Iterator[tuple[ParentHub, NetComm, dict[str, ChildSession]]]:
     spec = run_spec("fedavg", {}, clients=2, edges=0, name="post", rounds=1, data=DIGITS,
                     model={"name": "mlp", "hidden": [4]})
-    topo = build_topology(spec.topology, spec.seed)
-    hub = ParentHub(HubConfig(topo.server, spec, topo, "post-run"), ByteMeter(), MissingLog())
-    server = make_server(len(hub.children) + 16)
-    serve_parent(hub, server)
-    addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
-    server.start()
-    children: dict[str, ChildSession] = {}
-    try:
-        for node in topo.clients:
-            s = children[node] = ChildSession(NodeConfig(node, addr, connect_timeout_s=10), "client")
-            s.connect()
-            s.transport = spec.transport
-            s.send_ready({node: 10})
-        wait_until(lambda: len(hub.data_sizes()) == len(children), "the children to be ready", timeout=30)
-        hub.start()
+    with parent_with_children(spec, {"client-0": 10, "client-1": 10}, child_transport=True) as (hub, children, topo):
         yield hub, NetComm(topo.server, topo, hub.missing, hub, spec), children
-    finally:
-        for s in children.values():
-            s.close()
-        hub.shutdown(0.0, finished=True)
-        server.stop(0)
 
 
 def test_a_childs_post_lands_in_the_parents_mailbox_counted_as_in_process(parent) -> None:

@@ -1,0 +1,61 @@
+"""A parent hub on a real gRPC server on loopback with fake children (ChildSession) that said Ready: what the
+net tests of the reply gate, the streamed fold and posts start from."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+
+from fedhop.common.engine.base import MissingLog
+from fedhop.common.spec import RunSpec
+from fedhop.common.topology import Topology, build_topology
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.aio_server import make_loop_server
+from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.child import ChildSession
+from fedhop.transport.node_config import NodeConfig
+from fedhop.transport.parent import serve_parent
+from fedhop.transport.session import HubConfig, ParentHub
+from fedhop.v1 import fedhop_pb2 as pb
+from tests.waiting import wait_until
+
+
+@contextlib.contextmanager
+def parent_with_children(spec: RunSpec, sizes: Mapping[str, int], server: str = "threads", *,
+                         child_transport: bool = False) -> Iterator[tuple[ParentHub, dict[str, ChildSession],
+                                                                           Topology]]:
+    """The started hub of ``spec``'s PS on a ``server`` ("threads": an edge's, "asyncio": the PS's) and one
+    connected ChildSession per client, each Ready with its size from ``sizes``; everything closed afterwards.
+    ``child_transport``: the children take the spec's transport options (chunk sizes of their own posts)."""
+    topo = build_topology(spec.topology, spec.seed)
+    hub = ParentHub(HubConfig(topo.server, spec, topo, f"{spec.name}-run"), ByteMeter(), MissingLog())
+    srv = make_server(len(hub.children) + 16) if server == "threads" else make_loop_server()
+    serve_parent(hub, srv)
+    addr = f"127.0.0.1:{add_port(srv, '127.0.0.1:0')}"
+    srv.start()
+    children: dict[str, ChildSession] = {}
+    try:
+        for node in topo.clients:
+            s = children[node] = ChildSession(NodeConfig(node, addr, connect_timeout_s=10), "client")
+            s.connect()
+            if child_transport:
+                s.transport = spec.transport
+            s.send_ready({node: sizes[node]})
+        wait_until(lambda: len(hub.data_sizes()) == len(children), "the children to be ready", timeout=30)
+        hub.start()
+        yield hub, children, topo
+    finally:
+        for s in children.values():
+            s.close()
+        hub.shutdown(0.0, finished=True)
+        srv.stop(0)
+
+
+def next_task(child: ChildSession, timeout: float = 30) -> int:
+    """The call id of the next Task the fake child receives."""
+    end = time.monotonic() + timeout
+    while True:
+        _, kind, frame = child._events.get(timeout=max(0.01, end - time.monotonic()))
+        if kind == "frame" and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "task":
+            return frame.call_id
