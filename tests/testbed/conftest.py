@@ -28,9 +28,38 @@ def docker_image(root) -> str:
 
     t0 = time.monotonic()
     engine = docker_env.ensure_engine()
+    if removed := docker_env.remove_leftovers():
+        print(f"\n[testbed] removed what a killed earlier run left: {', '.join(removed)}")
     image = docker_env.build_image()
     print(f"\n[testbed] docker {engine}; image {image} ready in {time.monotonic() - t0:.0f}s")
     return image
+
+
+def _swarm_state() -> str:
+    from tests.testbed.docker_env import sh
+
+    return sh("docker", "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
+
+
+@pytest.fixture
+def single_node_swarm(docker_image: str) -> Iterator[str]:
+    """A swarm of this machine with the placement labels (left as found afterwards); yields the node id."""
+    from tests.testbed.docker_env import sh
+
+    created = _swarm_state() != "active"
+    if created:
+        sh("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
+    node = sh("docker", "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
+    sh("docker", "node", "update", "--label-add", "fedhop.ps=true", "--label-add", "fedhop.edges=true",
+       "--label-add", "fedhop.clients=true", node)
+    try:
+        yield node
+    finally:
+        subprocess.run(["docker", "node", "update", "--label-rm", "fedhop.ps", "--label-rm", "fedhop.edges",
+                        "--label-rm", "fedhop.clients", node], capture_output=True)
+        if created:
+            sh("docker", "swarm", "leave", "--force")
+            subprocess.run(["docker", "network", "rm", "docker_gwbridge"], capture_output=True)  # swarm init's
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import tomllib
+import uuid
 from pathlib import Path
 
 from tests.waiting import wait_until
@@ -90,6 +91,43 @@ def storage_driver() -> str:
         subprocess.run(["umount", str(dirs[3])], capture_output=True)
     shutil.rmtree(probe, ignore_errors=True)
     return "overlay2" if ok else "vfs"
+
+
+TEST_PREFIX = "fht"  # every stack, compose project and network these tests make starts with it
+
+
+def unique_name(what: str) -> str:
+    """A stack / compose-project name no earlier (perhaps killed) run of these tests can have left behind."""
+    return f"{TEST_PREFIX}{what}{uuid.uuid4().hex[:6]}"
+
+
+def remove_leftovers() -> list[str]:
+    """Remove the stacks and compose projects an earlier run of these tests left when it was killed mid-test
+    (a killed `make test-testbed` leaves its deployed stack running, and the next run's containers compete with
+    it for the cores); returns what was removed. Only names with TEST_PREFIX are touched."""
+    removed = []
+    stacks = subprocess.run(["docker", "stack", "ls", "--format", "{{.Name}}"], capture_output=True, text=True)
+    for stack in stacks.stdout.split() if stacks.returncode == 0 else ():
+        if stack.startswith(TEST_PREFIX):
+            subprocess.run(["docker", "stack", "rm", stack], capture_output=True)
+            removed.append(f"stack {stack}")
+    ps = subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project"],
+                        capture_output=True, text=True)
+    for cid in ps.stdout.split():
+        label = subprocess.run(["docker", "inspect", "--format",
+                                '{{index .Config.Labels "com.docker.compose.project"}}', cid],
+                               capture_output=True, text=True).stdout.strip()
+        if label.startswith(TEST_PREFIX):
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True)
+            removed.append(f"container {cid[:12]} of {label}")
+    nets = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True)
+    for net in nets.stdout.split():
+        if net.startswith(TEST_PREFIX):
+            wait_for(f"network {net} to go", lambda n=net: subprocess.run(
+                ["docker", "network", "rm", n], capture_output=True).returncode == 0
+                or subprocess.run(["docker", "network", "inspect", n], capture_output=True).returncode != 0, 120)
+            removed.append(f"network {net}")
+    return removed
 
 
 @functools.cache

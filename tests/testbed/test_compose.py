@@ -20,7 +20,7 @@ from fedhop.deploy.compose_run import format_table, run_compose
 from fedhop.deploy.link_table import LinkBytes, read_link_table
 from fedhop.deploy.wire import read_wire_csv
 from tests.specs import DIGITS, run_spec
-from tests.testbed.docker_env import sh, wait_for
+from tests.testbed.docker_env import sh, unique_name, wait_for
 
 CASES = {
     # edge -> edge hand-offs over a ring of three edges, one client each
@@ -68,7 +68,7 @@ def test_compose_up_runs_to_completion_with_wire_bytes(case: str, version: str, 
                                                         compose_v2) -> None:
     spec = write_files(case, tmp_path / "project", docker_image)
     compose = COMPOSE[version]
-    project = f"fht-{case}-{version}"
+    project = unique_name(f"-{case}-{version}-")
     try:
         run = run_compose(compose, project, tmp_path / "project", tmp_path / "runs", "run", timeout_s=1500)
         print(f"\n{case} under compose {version}:\n{format_table(run.links)}")
@@ -97,10 +97,6 @@ def test_compose_up_runs_to_completion_with_wire_bytes(case: str, version: str, 
         assert not any(n.startswith("edge-") for link in by_link for n in link)
 
 
-def _swarm_state() -> str:
-    return sh("docker", "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
-
-
 def assert_link_levels(spec: RunSpec, links: list[LinkBytes]) -> dict[tuple[str, str], LinkBytes]:
     """Every tree link has a row; payload <= message <= wire wherever messages flowed; returns rows by link."""
     topo = build_topology(spec.topology, spec.seed)
@@ -114,21 +110,15 @@ def assert_link_levels(spec: RunSpec, links: list[LinkBytes]) -> dict[tuple[str,
     return by_link
 
 
-def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str) -> None:
+def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str, single_node_swarm: str) -> None:
     """`fedhop stack-run`: the same generated compose file on a single-node swarm (overlay network, placement by
     node labels, results in the PS's bind-mounted run folder) with wire bytes per link counted on the overlay's
     bridge; the stack, its network and the counters are gone afterwards."""
     project = tmp_path / "project"
     spec = write_files("fedchs", project, docker_image)
     runs = tmp_path / "runs"
-    created = _swarm_state() != "active"
-    if created:
-        sh("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
-    stack = "fhswarm"
-    node = sh("docker", "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
+    stack = unique_name("swarm")
     try:
-        sh("docker", "node", "update", "--label-add", "fedhop.ps=true", "--label-add", "fedhop.edges=true",
-           "--label-add", "fedhop.clients=true", node)
         run = subprocess.run([sys.executable, "-m", "fedhop", "stack-run", str(project), "--stack", stack, "--runs",
                               str(runs), "--name", "swarm", "--timeout", "1500"], capture_output=True, text=True)
         print(f"\nfedchs on a single-node swarm (fedhop stack-run):\n{run.stdout}{run.stderr}")
@@ -142,12 +132,7 @@ def test_swarm_stack_deploy_runs_to_completion(tmp_path: Path, docker_image: str
         subprocess.run(["docker", "stack", "rm", stack], capture_output=True)
         wait_for("the stack's network to go", lambda: subprocess.run(
             ["docker", "network", "inspect", f"{stack}_fl"], capture_output=True).returncode != 0, 120)
-        subprocess.run(["docker", "node", "update", "--label-rm", "fedhop.ps", "--label-rm", "fedhop.edges",
-                        "--label-rm", "fedhop.clients", node], capture_output=True)
-        if created:
-            sh("docker", "swarm", "leave", "--force")
-            subprocess.run(["docker", "network", "rm", "docker_gwbridge"], capture_output=True)  # swarm init's
-    assert "fedhop_fhswarm" not in sh("nft", "list", "tables").stdout
+    assert f"fedhop_{stack}" not in sh("nft", "list", "tables").stdout
     res = json.loads((runs / "swarm" / "results.json").read_text())
     assert [r["round"] for r in res["rounds"]] == list(range(1, spec.rounds + 1))
     assert res["missing"] == []
@@ -163,7 +148,7 @@ def test_compose_with_tls_runs_to_completion(tmp_path: Path, docker_image: str, 
     children's lingering probe the PS over TLS; Fed-CHS runs to completion with wire bytes per link."""
     folder = tmp_path / "project"
     spec = write_files("fedchs", folder, docker_image, tls=True)
-    project = "fht-fedchs-tls"
+    project = unique_name("-fedchs-tls-")
     try:
         run = run_compose(compose_v2, project, folder, tmp_path / "runs", "run", timeout_s=1500)
         print(f"\nfedchs with TLS under compose v2:\n{format_table(run.links)}")

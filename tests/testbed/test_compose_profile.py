@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from fedhop.common.network_spec import Shape
 from fedhop.common.spec import RunSpec
 from fedhop.common.timeline import read_csv as read_timeline
@@ -23,7 +21,7 @@ from fedhop.deploy.compose_run import run_compose
 from fedhop.deploy.container_net import read_stats
 from fedhop.deploy.link_table import read_link_table
 from tests.specs import DIGITS, run_spec
-from tests.testbed.docker_env import sh, wait_for
+from tests.testbed.docker_env import sh, unique_name, wait_for
 
 MBIT, DELAY_MS, JITTER_MS, LOSS = 4.0, 50.0, 10.0, 0.01
 # The slow client is the last child: a folding scatter reads the replies in child order, so a child after the slow
@@ -101,7 +99,7 @@ def _csv(path: Path) -> list[dict[str, str]]:
 def test_compose_applies_the_profile_in_each_container(tmp_path: Path, docker_image: str, compose_v2) -> None:
     folder = tmp_path / "project"
     write_project(folder, "compose-profile", docker_image)
-    project = "fht-profile"
+    project = unique_name("-profile-")
     try:
         run = run_compose(compose_v2, project, folder, tmp_path / "runs", "run", timeout_s=1500)
         log = sh(*compose_v2, "-p", project, "logs", "--no-color", cwd=folder).stdout
@@ -112,33 +110,10 @@ def test_compose_applies_the_profile_in_each_container(tmp_path: Path, docker_im
     check_run(run.run_dir, log)
 
 
-def _swarm_state() -> str:
-    return sh("docker", "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
-
-
-@pytest.fixture
-def single_node_swarm(docker_image: str):
-    """A swarm of this machine with the placement labels (left as found afterwards); yields the node id."""
-    created = _swarm_state() != "active"
-    if created:
-        sh("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
-    node = sh("docker", "info", "--format", "{{.Swarm.NodeID}}").stdout.strip()
-    sh("docker", "node", "update", "--label-add", "fedhop.ps=true", "--label-add", "fedhop.edges=true",
-       "--label-add", "fedhop.clients=true", node)
-    try:
-        yield node
-    finally:
-        subprocess.run(["docker", "node", "update", "--label-rm", "fedhop.ps", "--label-rm", "fedhop.edges",
-                        "--label-rm", "fedhop.clients", node], capture_output=True)
-        if created:
-            sh("docker", "swarm", "leave", "--force")
-            subprocess.run(["docker", "network", "rm", "docker_gwbridge"], capture_output=True)  # swarm init's
-
-
 def test_swarm_applies_the_profile_in_each_task(tmp_path: Path, docker_image: str, single_node_swarm: str) -> None:
     project = tmp_path / "project"
     write_project(project, "swarm-profile", docker_image)
-    runs, stack = tmp_path / "runs", "fhprofile"
+    runs, stack = tmp_path / "runs", unique_name("profile")
     try:
         run = subprocess.run([sys.executable, "-m", "fedhop", "stack-run", str(project), "--stack", stack, "--runs",
                               str(runs), "--name", "swarm", "--timeout", "1500"], capture_output=True, text=True)
