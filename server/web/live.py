@@ -1,8 +1,10 @@
 """The web face over one run, whichever engine runs it; and ``fedhop simulate`` with it attached.
 
 A :class:`LivePage` is a run's event stream with a RunStatus subscribed to it and, unless the address is
-``off``, the live page / JSON API / metrics served on that address. Any engine's Run emits into
-``page.events``: the PS's (``fedhop server`` / ``launch``) or the in-process engine's::
+``off``, the live page / JSON API / metrics served on that address: by a child process fed with the same events
+(server/web/proc.py; a flood of requests then takes nothing from the run's GIL), or with ``in_thread=True`` by a
+server thread of this process reading this RunStatus. Any engine's Run emits into ``page.events``: the PS's
+(``fedhop server`` / ``launch``) or the in-process engine's::
 
     with live_page("127.0.0.1:0") as page:        # or page_from_args(address, token) in a command
         result = simulate(spec, page.events)     # /api/status, /api/rounds, ... follow the run
@@ -26,6 +28,7 @@ if TYPE_CHECKING:  # the engine is imported by simulate, the web stack only when
     from fedhop.common.engine.inprocess import FaultPlan
     from fedhop.common.engine.results import RunResult
     from fedhop.common.spec import RunSpec
+    from fedhop.server.web.proc import WebProcess
     from fedhop.server.web.serve import HttpServer
 
 OFF = "off"
@@ -33,15 +36,26 @@ OFF = "off"
 
 @dataclass
 class LivePage:
-    """A run's events, the RunStatus they feed, and the HTTP server showing it (None when off)."""
+    """A run's events, the RunStatus they feed, and the web face showing them (None when off): a
+    :class:`~fedhop.server.web.proc.WebProcess` (the run's ``--http``) or an in-thread
+    :class:`~fedhop.server.web.serve.HttpServer`."""
 
     events: RunEvents
     status: RunStatus
-    http: HttpServer | None
+    http: WebProcess | HttpServer | None
 
     @property
     def url(self) -> str | None:
         return self.http.url if self.http is not None else None
+
+    def sync(self, timeout_s: float = 10.0) -> bool:
+        """Wait until the web face shows every event emitted so far (a child process applies them a moment
+        later; in-thread and off: at once). False when it is gone or ``timeout_s`` passed."""
+        from fedhop.server.web.proc import WebProcess
+
+        if isinstance(self.http, WebProcess):
+            return self.http.sync(timeout_s)
+        return True
 
     def close(self) -> None:
         """Stop serving (the events and the status stay usable)."""
@@ -57,19 +71,29 @@ class LivePage:
 
 
 def open_page(address: str = "127.0.0.1:0", *, token: str | None = None, events: RunEvents | None = None,
-              announce: Callable[[str], None] | None = None) -> LivePage:
-    """Subscribe a RunStatus to ``events`` (default: a new stream) and serve it on ``address`` (``HOST:PORT``,
-    port 0 = a free one; ``off`` = no server). ``announce(line)`` gets the page's URL. Raises
-    :class:`~fedhop.server.web.serve.HttpConfigError` (a bad address, a missing token) or OSError (taken)."""
+              announce: Callable[[str], None] | None = None, in_thread: bool = False) -> LivePage:
+    """Subscribe a RunStatus to ``events`` (default: a new stream) and serve the run on ``address``
+    (``HOST:PORT``, port 0 = a free one; ``off`` = no server) from a child process fed by ``events``
+    (``in_thread``: from a thread of this process reading the RunStatus). ``announce(line)`` gets the page's
+    URL. Raises :class:`~fedhop.server.web.serve.HttpConfigError` (a bad address, a missing token) or OSError
+    (taken) before anything starts."""
     events = events if events is not None else RunEvents()
     status = RunStatus()
     events.subscribe(status)
     if address == OFF:
         return LivePage(events, status, None)
-    from fedhop.server.web.serve import parse_address, start_http
+    from fedhop.server.web.serve import parse_address
 
     host, port = parse_address(address)
-    http = start_http(status, host, port, token=token)
+    http: WebProcess | HttpServer
+    if in_thread:
+        from fedhop.server.web.serve import start_http
+
+        http = start_http(status, host, port, token=token)
+    else:
+        from fedhop.server.web.proc import start_web_process
+
+        http = start_web_process(host, port, token, events)
     if announce is not None:
         announce(f"live page: {http.url}" + (" (bearer token required)" if token else ""))
     return LivePage(events, status, http)
@@ -77,9 +101,9 @@ def open_page(address: str = "127.0.0.1:0", *, token: str | None = None, events:
 
 @contextmanager
 def live_page(address: str = "127.0.0.1:0", *, token: str | None = None, events: RunEvents | None = None,
-              announce: Callable[[str], None] | None = None) -> Iterator[LivePage]:
+              announce: Callable[[str], None] | None = None, in_thread: bool = False) -> Iterator[LivePage]:
     """:func:`open_page` for the duration of a ``with`` block."""
-    page = open_page(address, token=token, events=events, announce=announce)
+    page = open_page(address, token=token, events=events, announce=announce, in_thread=in_thread)
     try:
         yield page
     finally:

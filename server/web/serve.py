@@ -1,4 +1,5 @@
-"""Serve the web face with uvicorn in a background thread of the PS process."""
+"""Serve the web face with uvicorn in a background thread: of the web face's own process (server/web/proc.py,
+a run's ``--http``), or of the calling process (:func:`start_http`: tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,14 @@ class _Quiet(logging.Filter):
 
 
 logging.getLogger("uvicorn.error").addFilter(_Quiet())
+
+
+def page_url(host: str, port: int) -> str:
+    """The page's URL on ``host:port`` (a wildcard host: this machine's name)."""
+    shown = f"[{host}]" if ":" in host else host
+    if host in ("0.0.0.0", "::"):
+        shown = socket.gethostname()
+    return f"http://{shown}:{port}/"
 
 
 class HttpConfigError(ValueError):
@@ -112,10 +121,7 @@ class HttpServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        if self.host in ("0.0.0.0", "::"):
-            host = socket.gethostname()
-        return f"http://{host}:{self.port}/"
+        return page_url(self.host, self.port)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close the live streams, stop serving and join the thread."""
@@ -128,11 +134,17 @@ class HttpServer:
 
 
 def start_http(status: RunStatus, host: str = "127.0.0.1", port: int = 0, token: str | None = None) -> HttpServer:
-    """Serve ``status`` on ``host:port`` (0 = a free port) in a daemon thread; returns once it answers.
+    """Serve ``status`` on ``host:port`` (0 = a free port) in a daemon thread of this process; returns once it
+    answers. (A run's ``--http`` serves from its own process instead: server/web/proc.py, the same app.)
 
     Raises :class:`HttpConfigError` for a non-loopback host without a token, and ``OSError`` (with the
     address in the message) when the address cannot be bound."""
     check_token(host, token)
+    return serve_socket(status, bind_socket(host, port), host, token)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0 = a free port); ``OSError`` naming the address if it is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -142,6 +154,12 @@ def start_http(status: RunStatus, host: str = "127.0.0.1", port: int = 0, token:
         sock.close()
         raise OSError(e.errno, f"cannot serve the live page on {host}:{port}: {e.strerror}") from None
     sock.listen(128)
+    return sock
+
+
+def serve_socket(status: RunStatus, sock: socket.socket, host: str, token: str | None) -> HttpServer:
+    """Serve ``status`` on the listening ``sock`` (bound to ``host``; :func:`bind_socket`) in a daemon thread;
+    returns once it answers. The caller has checked the token (:func:`check_token`)."""
     sock.setblocking(False)
     actual = int(sock.getsockname()[1])
     app = create_app(status, token=token, loopback=is_loopback(host))

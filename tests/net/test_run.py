@@ -19,6 +19,7 @@ def test_live_page_serves_a_simulate_run() -> None:
         assert page.url is not None
         before = httpx.get(page.url + "api/status", timeout=30).json()
         result = simulate(s, page.events, run_id="sim-1")
+        assert page.sync()  # the page's process has applied every event
         status = httpx.get(page.url + "api/status", timeout=30).json()
         rounds = httpx.get(page.url + "api/rounds", timeout=30).json()["rounds"]
     assert before["phase"] == "waiting"
