@@ -287,9 +287,7 @@ def _encode(obj: object) -> bytes:
 
 def _child_env() -> dict[str, str]:
     """This environment, with the directory that holds the ``fedhop`` package first on the child's path."""
-    import fedhop
-
-    root = str(Path(fedhop.__file__).parent.parent)
+    root = str(Path(__file__).parents[3])  # this file is ROOT/fedhop/server/web/proc.py
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
 
