@@ -1,15 +1,20 @@
 """Does the web face get in training's way? A small FedAvg run with its live page served (the in-process engine,
-``fedhop simulate --http``: the server thread shares the training's process and GIL, the harshest case), quiet
-and under a flood from another process: ``--requests`` (2,000) JSON/metrics requests in ``--flood-s`` (10) s
-from a thread pool, new connection each, while ``--streams`` (100) clients hold /api/events open (a refused
-stream retries after its Retry-After).
+``fedhop simulate --http``), quiet and under a flood from another process: ``--requests`` (2,000) JSON/metrics
+requests in ``--flood-s`` (10) s from a thread pool, new connection each, while ``--streams`` (100) clients hold
+/api/events open (a refused stream retries after its Retry-After).
 
-    python tests/bench/bench_web_flood.py [--rounds 60] [--reps 3] [--hidden 200]
+    python tests/bench/bench_web_flood.py [--rounds 60] [--reps 3] [--hidden 200] [--in-thread]
+
+By default the page is served as a run's ``--http`` serves it: from its own process (server/web/proc.py), fed
+with the run's events over a pipe. ``--in-thread``: from a server thread of the run's process (the harshest
+case: it shares the training's GIL; what ``--http`` did before).
 
 Prints per repetition the median round time of the rounds that ended while the flood ran (the same round indices
-quiet), the ratio flood / quiet, what the flood got back (status codes), the CPU time the server thread used
-during the flooded run (a measure of its cost that the machine's load does not blur: with one training thread,
-the GIL makes it an upper bound of the time taken from training), and the load average; then the median over
+quiet), the ratio flood / quiet, what the flood got back (status codes), the CPU time the run's process spent on
+the web face during the flooded run (a measure of its cost that the machine's load does not blur: the process
+mode's pickling of events and its sender / watcher threads, or the in-thread server's thread; with one training
+thread, the GIL makes it an upper bound of the time taken from training), the web face process's own CPU time
+(process mode: taken from the machine, not from the run's process), and the load average; then the median over
 repetitions. Quiet and flood take turns within each repetition. Also: ``fedhop launch`` wall time with
 plaintext and with ``--tls auto`` (``--launch-reps``; 0 = skip). ``--control``: the same flood against a web face
 in another process, while the run serves nothing to anyone: on a small machine the flood's own client and server
@@ -132,16 +137,24 @@ def thread_cpu_s(tid: int, which: str = "all") -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used (Linux: /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[list[tuple[float, float]], dict]:
     """(end time, duration) of every round, and what the flood got back (empty when quiet) with the CPU seconds
-    the web face's server thread used during the run and the run's wall time."""
+    the run's process spent on the web face during the run (``server_cpu_s``), the web face process's CPU
+    seconds (``child_cpu_s``; process mode) and the run's wall time."""
     from fedhop.common.spec import RunSpec
     from fedhop.server.web.live import live_page, simulate
+    from fedhop.server.web.proc import WebProcess
 
     spec = RunSpec.parse(tomllib.loads(spec_text))
     rounds: list[tuple[float, float]] = []
     got: dict[str, Any] = {}
-    with live_page("127.0.0.1:0") as page:
+    with live_page("127.0.0.1:0", in_thread=a.in_thread) as page:
         page.events.subscribe(lambda kind, d: rounds.append((time.monotonic(), float(d["duration_s"])))
                               if kind == "round_ended" else None)
         proc = elsewhere = None
@@ -154,8 +167,15 @@ def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[l
             proc = subprocess.Popen([sys.executable, __file__, "--flood-client", url, str(a.requests),
                                      str(a.flood_s), str(a.streams), str(a.threads)], stdout=subprocess.PIPE,
                                     text=True)
-        tid = page.http._thread.native_id if page.http is not None else None
-        cpu0 = thread_cpu_s(tid) if tid else 0.0
+        web = page.http if isinstance(page.http, WebProcess) else None
+
+        def spent() -> tuple[float, float]:  # (the run's process on the web face, the web face's process)
+            if web is not None:
+                return web.parent_cpu_s(), process_cpu_s(web.pid)
+            tid = page.http._thread.native_id if page.http is not None else None  # type: ignore[union-attr]
+            return (thread_cpu_s(tid) if tid else 0.0), 0.0
+
+        cpu0, child0 = spent()
         t0 = time.monotonic()
         simulate(spec, page.events)
         wall = time.monotonic() - t0
@@ -165,7 +185,9 @@ def run_once(spec_text: str, with_flood: bool, a: argparse.Namespace) -> tuple[l
         if elsewhere is not None:
             elsewhere.terminate()
             elsewhere.wait(10)
-        got["server_cpu_s"] = (thread_cpu_s(tid) if tid else 0.0) - cpu0  # this process' server thread
+        cpu1, child1 = spent()
+        got["server_cpu_s"] = cpu1 - cpu0  # the run's process: pickling + sender / watcher, or the server thread
+        got["child_cpu_s"] = child1 - child0
         got["wall_s"] = wall
     return [(t - t0, d) for t, d in rounds], got
 
@@ -242,6 +264,9 @@ def main() -> int:
     ap.add_argument("--flood-s", type=float, default=10.0)
     ap.add_argument("--streams", type=int, default=100)
     ap.add_argument("--threads", type=int, default=32)
+    ap.add_argument("--in-thread", action="store_true",
+                    help="serve the page from a thread of the run's process (as --http did before), not from its "
+                    "own process")
     ap.add_argument("--control", action="store_true",
                     help="flood a web face in another process instead of the run's (what the flood costs the "
                     "machine, apart from the run's process)")
@@ -253,7 +278,9 @@ def main() -> int:
     if a.server_only:
         return server_only(a)
     spec_text = JOB.format(rounds=a.rounds, steps=a.steps, clients=a.clients, hidden=a.hidden)
-    print(f"load average at the start: {load()} ({os.cpu_count()} CPUs)", flush=True)
+    mode = "in-thread" if a.in_thread else "own process"
+    print(f"web face: {mode}{' (--control: the flood goes to another web face)' if a.control else ''}; load "
+          f"average at the start: {load()} ({os.cpu_count()} CPUs)", flush=True)
     rows = []
     for rep in range(a.reps):
         flooded, got = run_once(spec_text, True, a)
@@ -263,14 +290,16 @@ def main() -> int:
         q = statistics.median(quiet[i][1] for i in idx)
         f = statistics.median(flooded[i][1] for i in idx)
         cpu = got["server_cpu_s"] / got["wall_s"]
-        rows.append((q, f, f / q, cpu))
+        rows.append((q, f, f / q, cpu, got["child_cpu_s"]))
         print(f"rep {rep + 1}: {len(idx)} rounds under the flood; median round quiet {q:.4f} s, flood {f:.4f} s, "
-              f"ratio {f / q:.3f}; flood got {got['codes']} in {got['sent_s']:.1f} s; the server thread used "
-              f"{got['server_cpu_s']:.2f} CPU s in the run's {got['wall_s']:.1f} s ({100 * cpu:.1f}%); "
-              f"load average {load()}", flush=True)
-    mq, mf, mr, mc = (statistics.median(r[i] for r in rows) for i in range(4))
-    print(f"\nmedian of {a.reps}: quiet {mq:.4f} s, flood {mf:.4f} s, ratio {mr:.3f} (flood/quiet); server thread "
-          f"CPU {100 * mc:.1f}% of the flooded run's wall time; load average at the end {load()}")
+              f"ratio {f / q:.3f}; flood got {got['codes']} in {got['sent_s']:.1f} s; the run's process spent "
+              f"{got['server_cpu_s']:.3f} CPU s on the web face in the run's {got['wall_s']:.1f} s "
+              f"({100 * cpu:.2f}%); the web face's process {got['child_cpu_s']:.2f} CPU s; load average {load()}",
+              flush=True)
+    mq, mf, mr, mc, mchild = (statistics.median(r[i] for r in rows) for i in range(5))
+    print(f"\nmedian of {a.reps}: quiet {mq:.4f} s, flood {mf:.4f} s, ratio {mr:.3f} (flood/quiet); the run's "
+          f"process spent {100 * mc:.2f}% of the flooded run's wall time on the web face, the web face's process "
+          f"{mchild:.2f} CPU s; load average at the end {load()}")
     if a.launch_reps:
         got_launch = measure_launch(a.launch_reps, a.launch_rounds)
         p, t = got_launch["plaintext"], got_launch["--tls auto"]
