@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fedhop.common.wire.control import CONTROL_KINDS
 from tests.integration.netutil import Federation, free_port, load_result, small_spec
 from tests.integration.test_resume_network import wait_file
+from tests.waiting import wait_until
 
 
 def test_api_and_metrics_of_a_running_federation(tmp_path: Path, monkeypatch) -> None:
@@ -27,6 +28,9 @@ def test_api_and_metrics_of_a_running_federation(tmp_path: Path, monkeypatch) ->
     fed = Federation(spec, tmp_path, server_args=("--http", f"127.0.0.1:{port}"))
     try:
         wait_file(gate / "at-2", fed)
+        # the page's own process applies the events a moment after the PS emitted them: round 2's last one
+        wait_until(lambda: httpx.get(f"{url}/api/timeline?since=1", timeout=10).json()["rows"],
+                   "the live page to show round 2's timeline", timeout=60)
         status = httpx.get(f"{url}/api/status", timeout=10).json()
         rounds = httpx.get(f"{url}/api/rounds", timeout=10).json()["rounds"]
         rows = httpx.get(f"{url}/api/links?rows=1", timeout=10).json()["rows"]
