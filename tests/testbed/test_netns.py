@@ -303,6 +303,9 @@ def test_tls_delay_and_live_page_in_one_run(tmp_path: Path) -> None:
             assert time.monotonic() < end, f"round 2 did not end within {RUN_TIMEOUT_S}s\n{logs(out)}"
             time.sleep(0.1)
         url = json.loads((out / "testbed.json").read_text())["http"]
+        while not _get_json(f"{url}api/timeline?since=1")["rows"]:  # the page's process: round 2's last event
+            assert time.monotonic() < end, f"the live page did not show round 2 within {RUN_TIMEOUT_S}s"
+            time.sleep(0.1)
         status = _get_json(f"{url}api/status")
         live_rounds = _get_json(f"{url}api/rounds")["rounds"]
         (gate / "go-2").touch()
