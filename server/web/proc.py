@@ -24,9 +24,11 @@ The run never waits for the child: the listener pickles the event in the emittin
 in-process RunStatus takes one) and appends the bytes to a queue; the sender thread writes them. **No event is
 ever dropped**: the page is exact (the same status, rounds, bytes as a RunStatus fed in-process, tested) or
 absent; a drop-and-resync scheme would need a snapshot of the whole status in the run's process instead.
-The queue is bounded by :data:`MAX_PENDING_BYTES` of pickled events beyond the pipe's own buffer (a long run's
-events are a few kB per round; ``links`` carries every meter row so far): a child that falls that far behind
-(stopped, swapped out) is ended with one log line, like a dead one.
+The queue is bounded by :data:`MAX_PENDING_BYTES` (64 MiB) of pickled events beyond the pipe's own buffer, or
+:data:`LAG_FRAMES` times the largest event so far if that is more (most events are well under a kB, but ``links``
+carries every meter row so far: ~10 MiB for 200,000 rows, which a long run with many clients reaches; pickling
+it takes about a fifth of the time the meter takes to list them, once per round): a child that falls that far
+behind (stopped, swapped out) is ended with one log line, like a dead one.
 
 The child's death (killed, crashed) never reaches the run: the parent's watcher thread, blocked on the child's
 stdout, sees it end and logs one line; the events are no longer sent and the run goes on without its page. It
@@ -61,7 +63,8 @@ log = logging.getLogger("fedhop.http")
 
 FRAME = struct.Struct(">I")
 SYNC = "sync"
-MAX_PENDING_BYTES = 64 << 20  # pickled events the child may lag behind before it is given up
+MAX_PENDING_BYTES = 64 << 20  # pickled events the child may lag behind before it is given up ...
+LAG_FRAMES = 8  # ... or this many of the run's largest event, whichever is more
 START_TIMEOUT_S = 30.0  # the child imports the web stack (about 0.5 s on an idle machine)
 STOP_TIMEOUT_S = 5.0
 
@@ -79,6 +82,8 @@ class WebProcess:
         self._clock = clock
         self._max_pending = max_pending
         self._cond = threading.Condition()
+        self._emit_lock = threading.Lock()
+        self._largest = 0  # the largest frame so far (a long run's links event: every meter row)
         self._queue: deque[bytes] = deque()
         self._pending = 0  # bytes queued or being written
         self._closing = False  # stop() was called: an exit of the child is expected
@@ -115,20 +120,23 @@ class WebProcess:
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         """The listener: pickle the event (a snapshot, now) and queue it; never waits for the child."""
-        t0 = time.thread_time()
         if self._done:
             return
-        frame = _encode((kind, data, self._clock()))
-        with self._cond:
-            self._encode_cpu += time.thread_time() - t0
-            if self._done:
-                return
-            if self._pending + len(frame) > self._max_pending:
-                self._give_up(f"it fell {self._pending / 2**20:.0f} MiB of events behind")
-                return
-            self._queue.append(frame)
-            self._pending += len(frame)
-            self._cond.notify_all()
+        with self._emit_lock:  # emitting threads queue in the order of their times
+            t0 = time.thread_time()
+            frame = _encode((kind, data, self._clock()))
+            with self._cond:
+                self._encode_cpu += time.thread_time() - t0
+                if self._done:
+                    return
+                self._largest = max(self._largest, len(frame))
+                bound = max(self._max_pending, LAG_FRAMES * self._largest)
+                if self._pending + len(frame) > bound:
+                    self._give_up(f"it fell {self._pending / 2**20:.0f} MiB of events behind")
+                    return
+                self._queue.append(frame)
+                self._pending += len(frame)
+                self._cond.notify_all()
 
     def sync(self, timeout_s: float = 10.0) -> bool:
         """Wait until the child has applied every event sent so far (tests, benchmarks): True, or False when
@@ -252,10 +260,11 @@ class WebProcess:
 
 
 def start_web_process(host: str, port: int, token: str | None, events: RunEvents | None = None, *,
-                      clock: Callable[[], float] = time.monotonic,
+                      clock: Callable[[], float] = time.monotonic, max_pending: int = MAX_PENDING_BYTES,
                       start_timeout_s: float = START_TIMEOUT_S) -> WebProcess:
     """Serve the web face on ``host:port`` (0 = a free port) from a child process fed by ``events`` (attached
-    before this returns, once the child answers). ``clock``: the events' times (tests).
+    before this returns, once the child answers). ``clock``: the events' times (tests); ``max_pending``: the
+    queue's bound (see the module's doc).
 
     Raises :class:`~fedhop.server.web.serve.HttpConfigError` (token rules) or ``OSError`` (the address is taken)
     before any process starts; ``RuntimeError`` when the child does not start."""
@@ -268,7 +277,7 @@ def start_web_process(host: str, port: int, token: str | None, events: RunEvents
     finally:
         fd = sock.fileno()
         sock.close()  # the child holds its own copy
-    web = WebProcess(proc, host, actual, token, clock)
+    web = WebProcess(proc, host, actual, token, clock, max_pending)
     web._start({"fd": fd, "host": host, "token": token}, start_timeout_s)
     if events is not None:
         web.attach(events)

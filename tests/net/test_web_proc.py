@@ -116,8 +116,7 @@ def test_a_child_that_falls_behind_is_given_up_and_the_run_never_waits(caplog: p
     is ended with one log line (events are never dropped from a page that goes on)."""
     caplog.set_level(logging.WARNING, logger="fedhop.http")
     events = RunEvents()
-    web = proc.start_web_process("127.0.0.1", 0, None, events)
-    web._max_pending = 1 << 20
+    web = proc.start_web_process("127.0.0.1", 0, None, events, max_pending=1 << 20)
     try:
         os.kill(web.pid, signal.SIGSTOP)
         rows = [{"src": f"client-{i}", "dst": "server", "kind": "update", "phase": "task", "round": 0,
