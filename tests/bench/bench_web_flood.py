@@ -284,7 +284,7 @@ def main() -> int:
     rows = []
     for rep in range(a.reps):
         flooded, got = run_once(spec_text, True, a)
-        quiet, _ = run_once(spec_text, False, a)
+        quiet, calm = run_once(spec_text, False, a)
         # the rounds that ended while the flood was sent (after its process started: 1 s in), same indices quiet
         idx = window(flooded, 1.0, 1.0 + got["sent_s"]) or list(range(len(flooded)))
         q = statistics.median(quiet[i][1] for i in idx)
@@ -294,7 +294,8 @@ def main() -> int:
         print(f"rep {rep + 1}: {len(idx)} rounds under the flood; median round quiet {q:.4f} s, flood {f:.4f} s, "
               f"ratio {f / q:.3f}; flood got {got['codes']} in {got['sent_s']:.1f} s; the run's process spent "
               f"{got['server_cpu_s']:.3f} CPU s on the web face in the run's {got['wall_s']:.1f} s "
-              f"({100 * cpu:.2f}%); the web face's process {got['child_cpu_s']:.2f} CPU s; load average {load()}",
+              f"({100 * cpu:.2f}%; quiet: {calm['server_cpu_s']:.3f} s); the web face's process "
+              f"{got['child_cpu_s']:.2f} CPU s; load average {load()}",
               flush=True)
     mq, mf, mr, mc, mchild = (statistics.median(r[i] for r in rows) for i in range(5))
     print(f"\nmedian of {a.reps}: quiet {mq:.4f} s, flood {mf:.4f} s, ratio {mr:.3f} (flood/quiet); the run's "
