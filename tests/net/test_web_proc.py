@@ -194,3 +194,16 @@ def test_the_token_reaches_the_child_and_not_its_command_line() -> None:
         assert got.status_code == 200 and got.json()["phase"] == "waiting"
         with open(f"/proc/{web.pid}/cmdline", "rb") as f:
             assert TOKEN.encode() not in f.read()
+
+
+def test_an_event_that_does_not_pickle_is_sent_as_the_page_would_show_it() -> None:
+    """A listener's data is the run's: an object that does not pickle goes as its JSON (str) form."""
+    import io
+    import pickle
+
+    frame = proc._encode(("round_ended", {"round": 0, "record": {"note": lambda: 1, "loss": 0.5}}, 1.0))
+    kind, data, t = proc._read_frame(io.BytesIO(frame))
+    assert (kind, t, data["round"], data["record"]["loss"]) == ("round_ended", 1.0, 0, 0.5)
+    assert data["record"]["note"].startswith("<function")
+    assert proc._read_frame(io.BytesIO(frame[:-1])) is None  # a cut frame: the end of the pipe
+    assert pickle.loads(proc._encode({"fd": 3})[proc.FRAME.size:]) == {"fd": 3}
