@@ -25,7 +25,7 @@ in-process RunStatus takes one) and appends the bytes to a queue; the sender thr
 ever dropped**: the page is exact (the same status, rounds, bytes as a RunStatus fed in-process, tested) or
 absent; a drop-and-resync scheme would need a snapshot of the whole status in the run's process instead.
 The queue is bounded by :data:`MAX_PENDING_BYTES` (64 MiB) of pickled events beyond the pipe's own buffer, or
-:data:`LAG_FRAMES` times the largest event so far if that is more (most events are well under a kB, but ``links``
+:data:`LAG_FRAMES` times the largest event so far if that is more (most events are a few hundred bytes, but ``links``
 carries every meter row so far: ~10 MiB for 200,000 rows, which a long run with many clients reaches; pickling
 it takes about a fifth of the time the meter takes to list them, once per round): a child that falls that far
 behind (stopped, swapped out) is ended with one log line, like a dead one.
@@ -33,8 +33,8 @@ behind (stopped, swapped out) is ended with one log line, like a dead one.
 The child's death (killed, crashed) never reaches the run: the parent's watcher thread, blocked on the child's
 stdout, sees it end and logs one line; the events are no longer sent and the run goes on without its page. It
 is not restarted (a new child would need the run's events from the start). The parent's end (normal or
-SIGKILL) closes the pipe: at EOF on its stdin the child stops serving and exits (no orphan; subprocess closes
-every other descriptor in every child, so no other process holds the pipe open).
+SIGKILL) closes the pipe: at EOF on its stdin the child stops serving and exits (no orphan; the run's other
+children are started with subprocess's ``close_fds`` or from the fork server, so none of them holds the pipe).
 """
 
 from __future__ import annotations
