@@ -1,0 +1,54 @@
+"""Issue 19: a client host's threads do not grow with its ids. A host ran each id on a thread of its own with a
+session thread, a stream reader, gRPC's request consumer and a task worker (10,000 ids: 50,000 threads, past this
+machine's pid_max); now its ids' sessions share one asyncio loop and a fixed set of workers. A real PS (the
+asyncio server) and a real host of many ids over loopback; threads counted, never timed."""
+
+from __future__ import annotations
+
+import threading
+
+from fedhop.client.host import JOIN_WORKERS, TASK_WORKERS, run_clients
+from fedhop.common.engine.base import MissingLog
+from fedhop.common.exit_codes import ExitCode
+from fedhop.common.topology import build_topology
+from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.aio_server import make_loop_server
+from fedhop.transport.channels import add_port
+from fedhop.transport.node_config import NodeConfig
+from fedhop.transport.parent import serve_parent
+from fedhop.transport.session import HubConfig, ParentHub
+from tests.specs import DIGITS, run_spec
+from tests.waiting import wait_until
+
+IDS = 48  # far more ids than the host has workers
+
+
+def test_a_hosts_threads_do_not_grow_with_its_ids() -> None:
+    spec = run_spec("fedavg", {}, clients=IDS, edges=0, name="host-threads", rounds=1, data=DIGITS,
+                    model={"name": "mlp", "hidden": [4]})
+    topo = build_topology(spec.topology, spec.seed)
+    hub = ParentHub(HubConfig(topo.server, spec, topo, "host-threads-run"), ByteMeter(), MissingLog())
+    server = make_loop_server()
+    serve_parent(hub, server)
+    addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
+    server.start()
+    before = threading.active_count()
+    outcome: list[int] = []
+    host = threading.Thread(target=lambda: outcome.append(run_clients(list(topo.clients),
+                                                                      NodeConfig("host", addr, connect_timeout_s=30))),
+                            name="the-host", daemon=True)
+    try:
+        host.start()
+        wait_until(lambda: len(hub.data_sizes()) == IDS, "every id of the host to be Ready", timeout=60)
+        names = [t.name for t in threading.enumerate()]
+        grown = threading.active_count() - before
+        # the host's own thread (running its loop), its join and task workers, and what gRPC's asyncio part
+        # starts once per process: a few, whatever the number of ids (a thread per id ran 4-5 each)
+        assert grown <= 1 + JOIN_WORKERS + TASK_WORKERS + 4, names
+        assert not any(n.startswith(("parent-stream-", "client-")) for n in names), names
+        assert set(hub.data_sizes()) == set(topo.clients)
+    finally:
+        hub.shutdown(10.0, finished=True)  # a Bye to every id: the host ends cleanly
+        host.join(30)
+        server.stop(0)
+    assert outcome == [ExitCode.OK]
