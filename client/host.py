@@ -29,6 +29,7 @@ import torch
 
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
+from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.spec import RunSpec
 from fedhop.transport.credentials import ALL_PLAINTEXT, SecurityByNode
 from fedhop.transport.node_config import NodeConfig
@@ -98,6 +99,7 @@ def run_clients(ids: Sequence[str], config: NodeConfig, security: SecurityByNode
     # One thread per task (the handlers take turns anyway) and the same reductions as every other process of the
     # run: the bit-identity of the engines rests on this.
     torch.set_num_threads(1)
+    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     share = HostShare(ids, config.device, config.data_path)
     loop = asyncio.new_event_loop()
     try:

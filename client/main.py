@@ -40,7 +40,9 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
     ``config.security``: the credentials of the link to the parent. ``host``: the Workspace and task lock this
     id shares with the other ids of its client host; ``on_ready(node_id)``: this id said Ready (it is in the
     run)."""
-    store = _open_store(config)
+    torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
+    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
+    store = NodeStore(config.node_id, config.state_dir)
     peers = PeerServer.open(config) if config.listen is not None else None
     if peers is not None and peers.address is None:
         return ExitCode.USAGE
@@ -60,13 +62,13 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
 async def run_client_async(config: NodeConfig, *, host: HostShare, on_ready: Callable[[str], None]) -> int:
     """:func:`run_client` for an id of a client host whose sessions share one asyncio loop (``host.loop``,
     the running one): the same joining, state and tasks, with no thread of its own (the blocking steps run on
-    ``host.joins``, its tasks on ``host.workers``)."""
+    ``host.joins``, its tasks on ``host.workers``). The host sets torch's threads and the mmap threshold."""
     from fedhop.transport.aio_child import AioChildSession
 
     loop = asyncio.get_running_loop()
 
     def start() -> tuple[AioChildSession, NodeStore]:
-        store = _open_store(config)
+        store = NodeStore(config.node_id, config.state_dir)
         return AioChildSession(config, "client", loop=loop, joins=host.joins, workers=host.workers,
                                info=_hello_info(store), task_lock=host.task_lock, own_connection=True), store
 
@@ -76,12 +78,6 @@ async def run_client_async(config: NodeConfig, *, host: HostShare, on_ready: Cal
         return joined
     code = await session.serve_async(joined.ctx, report=joined.report)
     return _leave(session, joined, code)
-
-
-def _open_store(config: NodeConfig) -> NodeStore:
-    torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
-    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
-    return NodeStore(config.node_id, config.state_dir)
 
 
 def _hello_info(store: NodeStore) -> dict[str, int]:

@@ -9,7 +9,7 @@ started by this script, as a user would by hand. Prints a table:
 * PS peak RSS and PS threads (peak): the launcher process (which is the PS) or ``fedhop server``, sampled with
   psutil every 50 ms;
 * per client above in-process: (mean round - in-process round) / clients, in ms (issue 19's target: <= 1 ms);
-* hosts: the client processes and the sum of their RSS at its sampled peak;
+* hosts: the client processes, the sum of their RSS and the sum of their threads at their sampled peaks;
 * in-process round: the in-process engine's mean round on the same spec in this process (the compute floor:
   the same local training and aggregation with no transport).
 
@@ -94,6 +94,7 @@ class Row:
     how: str = "launch"
     ps_threads: int = 0
     load: tuple[float, float] = (float("nan"), float("nan"))  # the 1-minute load average before and after
+    hosts_threads: int = 0  # the client processes' threads (the peak of their sum)
 
 
 def _threads(p: psutil.Process) -> int:
@@ -139,7 +140,7 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     ps = psutil.Process(proc.pid)
     journal = out / "rounds.jsonl"
     ps_peak = hosts_peak = 0.0
-    ps_threads = 0
+    ps_threads = hosts_threads = 0
     first_end: float | None = None
     children: set[int] = set()
     while proc.poll() is None:
@@ -153,6 +154,7 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             kids = []
         children.update(k.pid for k in kids)
         hosts_peak = max(hosts_peak, sum(_rss(k) for k in kids))
+        hosts_threads = max(hosts_threads, sum(_threads(k) for k in kids))
         if first_end is None and journal.is_file() and journal.read_text().strip():
             first_end = time.monotonic()
         time.sleep(0.05)
@@ -162,7 +164,7 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
                proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
-               ps_threads, (load0, psutil.getloadavg()[0]))
+               ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads)
 
 
 def median_row(rows: list[Row]) -> Row:
@@ -174,7 +176,8 @@ def median_row(rows: list[Row]) -> Row:
     return Row(first.clients, first.per_process, first.processes, med([r.join_s for r in rows]),
                med([r.mean_round_s for r in rows]), med([r.ps_peak_mb for r in rows]),
                med([r.hosts_peak_mb for r in rows]), all(r.ok for r in rows), first.edges, first.how,
-               int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)))
+               int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)),
+               int(med([r.hosts_threads for r in rows])))
 
 
 # -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
@@ -352,13 +355,14 @@ def main() -> None:
           f"at the end {psutil.getloadavg()[0]:.1f}")
     print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "
           "| mean round | in-process round | per client above in-process | PS peak RSS | PS threads (peak) "
-          "| client processes' RSS (sum, peak) | load (1 min) before / after | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| client processes' RSS (sum, peak) | client processes' threads (sum, peak) "
+          "| load (1 min) before / after | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         floor = floors[(r.clients, r.edges)]
         print(f"| {r.clients:,} | {r.edges} | {r.how} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
               f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
-              f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | "
+              f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | {r.hosts_threads} | "
               f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 
