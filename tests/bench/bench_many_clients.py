@@ -6,8 +6,8 @@ started by this script, as a user would by hand. Prints a table:
 * join: from starting ``fedhop launch`` to the start of round 1 (every process started, every client joined);
 * per client: join / clients;
 * mean round: the mean of ``round_s`` over the rounds (``rounds.jsonl``);
-* PS peak RSS and PS threads (peak): the launcher process (which is the PS) or ``fedhop server``, sampled with
-  psutil every 50 ms;
+* PS peak RSS, PS threads (peak) and CPU seconds (of the PS and of the client processes, whole run): the
+  launcher process (which is the PS) or ``fedhop server``, sampled with psutil every 50 ms;
 * per client above in-process: (mean round - in-process round) / clients, in ms (issue 19's target: <= 1 ms);
 * hosts: the client processes, the sum of their RSS and the sum of their threads at their sampled peaks;
 * in-process round: the in-process engine's mean round on the same spec in this process (the compute floor:
@@ -95,6 +95,16 @@ class Row:
     ps_threads: int = 0
     load: tuple[float, float] = (float("nan"), float("nan"))  # the 1-minute load average before and after
     hosts_threads: int = 0  # the client processes' threads (the peak of their sum)
+    ps_cpu_s: float = float("nan")  # CPU seconds (user + system) of the PS / of the client processes, whole run
+    hosts_cpu_s: float = float("nan")
+
+
+def _cpu(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+        return float(t.user + t.system)
+    except psutil.Error:
+        return 0.0
 
 
 def _threads(p: psutil.Process) -> int:
@@ -143,8 +153,10 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     ps_threads = hosts_threads = 0
     first_end: float | None = None
     children: set[int] = set()
+    cpu: dict[int, float] = {}  # pid -> its last sampled CPU seconds
     while proc.poll() is None:
         ps_peak = max(ps_peak, _rss(ps))
+        cpu[proc.pid] = _cpu(ps) or cpu.get(proc.pid, 0.0)
         ps_threads = max(ps_threads, _threads(ps))
         try:
             kids = [psutil.Process(h.pid) for h in hosts] if by_hand else [
@@ -155,6 +167,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
         children.update(k.pid for k in kids)
         hosts_peak = max(hosts_peak, sum(_rss(k) for k in kids))
         hosts_threads = max(hosts_threads, sum(_threads(k) for k in kids))
+        for k in kids:
+            cpu[k.pid] = _cpu(k) or cpu.get(k.pid, 0.0)
         if first_end is None and journal.is_file() and journal.read_text().strip():
             first_end = time.monotonic()
         time.sleep(0.05)
@@ -164,7 +178,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
                proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
-               ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads)
+               ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads, cpu.get(proc.pid, float("nan")),
+               sum(v for pid, v in cpu.items() if pid != proc.pid))
 
 
 def median_row(rows: list[Row]) -> Row:
@@ -177,7 +192,8 @@ def median_row(rows: list[Row]) -> Row:
                med([r.mean_round_s for r in rows]), med([r.ps_peak_mb for r in rows]),
                med([r.hosts_peak_mb for r in rows]), all(r.ok for r in rows), first.edges, first.how,
                int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)),
-               int(med([r.hosts_threads for r in rows])))
+               int(med([r.hosts_threads for r in rows])), med([r.ps_cpu_s for r in rows]),
+               med([r.hosts_cpu_s for r in rows]))
 
 
 # -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
@@ -356,13 +372,14 @@ def main() -> None:
     print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "
           "| mean round | in-process round | per client above in-process | PS peak RSS | PS threads (peak) "
           "| client processes' RSS (sum, peak) | client processes' threads (sum, peak) "
-          "| load (1 min) before / after | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| CPU s: PS / client processes | load (1 min) before / after | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         floor = floors[(r.clients, r.edges)]
         print(f"| {r.clients:,} | {r.edges} | {r.how} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
               f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
               f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | {r.hosts_threads} | "
+              f"{r.ps_cpu_s:.0f} / {r.hosts_cpu_s:.0f} | "
               f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 
