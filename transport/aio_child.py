@@ -191,7 +191,8 @@ class AioChildSession(ChildSession):
         except asyncio.QueueEmpty:
             pass
         try:
-            return await asyncio.wait_for(self._events.get(), timeout)
+            async with asyncio.timeout(timeout):  # a timer on this task, not a task per wait (asyncio.wait_for)
+                return await self._events.get()
         except TimeoutError:
             return None
 
