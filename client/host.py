@@ -59,6 +59,7 @@ class HostShare:
         self.task_lock = threading.Lock()
         self._lock = threading.Lock()
         self._workspaces: dict[str, Workspace] = {}
+        self._tuned = False
 
     def workspace(self, spec_json: str) -> Workspace:
         """The Workspace of the run whose spec the parent sent; parsed and built once for every id."""
@@ -69,6 +70,14 @@ class HostShare:
                                own_clients=self.ids)
                 self._workspaces[spec_json] = ws
             return ws
+
+    def tune_process(self) -> None:
+        """What every client process sets before it joins, once for the host's ids (glibc's mmap threshold: a
+        C library lookup that starts a process)."""
+        with self._lock:
+            if not self._tuned:
+                fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
+                self._tuned = True
 
     def shutdown(self) -> None:
         self.joins.shutdown()
@@ -99,7 +108,6 @@ def run_clients(ids: Sequence[str], config: NodeConfig, security: SecurityByNode
     # One thread per task (the handlers take turns anyway) and the same reductions as every other process of the
     # run: the bit-identity of the engines rests on this.
     torch.set_num_threads(1)
-    fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     share = HostShare(ids, config.device, config.data_path)
     loop = asyncio.new_event_loop()
     try:

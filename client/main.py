@@ -62,12 +62,13 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
 async def run_client_async(config: NodeConfig, *, host: HostShare, on_ready: Callable[[str], None]) -> int:
     """:func:`run_client` for an id of a client host whose sessions share one asyncio loop (``host.loop``,
     the running one): the same joining, state and tasks, with no thread of its own (the blocking steps run on
-    ``host.joins``, its tasks on ``host.workers``). The host sets torch's threads and the mmap threshold."""
+    ``host.joins``, its tasks on ``host.workers``). The host sets torch's threads and (once) the mmap threshold."""
     from fedhop.transport.aio_child import AioChildSession
 
     loop = asyncio.get_running_loop()
 
     def start() -> tuple[AioChildSession, NodeStore]:
+        host.tune_process()
         store = NodeStore(config.node_id, config.state_dir)
         return AioChildSession(config, "client", loop=loop, joins=host.joins, workers=host.workers,
                                info=_hello_info(store), task_lock=host.task_lock, own_connection=True), store
