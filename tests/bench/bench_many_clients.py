@@ -50,8 +50,12 @@ import psutil
 
 from fedhop.common.spec import RunSpec
 
+KEEPALIVE_S: list[float] = []  # --keepalive-s: the runs' transport.keepalive_s (default: the spec's)
+
 
 def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
+    keepalive = ({"keepalive_s": KEEPALIVE_S[0], "keepalive_timeout_s": max(30.0, 6 * KEEPALIVE_S[0])}
+                 if KEEPALIVE_S else {})
     return RunSpec.parse({
         "name": f"many-{clients}",
         "rounds": rounds,
@@ -62,7 +66,7 @@ def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
         "data": {"dataset": "synthetic", "partition": "iid",
                  "options": {"samples": max(4000, 60 * clients), "dim": 20}},
         "model": {"name": "mlp", "hidden": [16]},
-        "transport": {"join_timeout_s": 900.0, "round_deadline_s": 600.0},
+        "transport": {"join_timeout_s": 900.0, "round_deadline_s": 600.0, **keepalive},
     })
 
 
@@ -348,7 +352,11 @@ def main() -> None:
                     help="the PS alone with instant clients of this process (no training, no client hosts)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the medians")
+    ap.add_argument("--keepalive-s", type=float, default=None,
+                    help="transport.keepalive_s of the runs (a parent's keep-alive on each quiet session; default 5)")
     a = ap.parse_args()
+    if a.keepalive_s is not None:
+        KEEPALIVE_S.append(a.keepalive_s)
     from fedhop.client_ids import resolve_per_process
 
     rows: list[Row] = []
