@@ -6,10 +6,11 @@ worker thread per id (and as many session threads, stream readers, ...: 50,000 t
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any, Generic, TypeVar
 
@@ -17,12 +18,18 @@ log = logging.getLogger("fedhop.workers")
 
 T = TypeVar("T")
 _STOP = object()
+MAX_BLOCKED = 512  # threads a pool adds, at most, for work that waits (blocking()) instead of computing
+IDLE_S = 30.0  # a thread added for waiting work ends after this long without work
 
 
 class DaemonPool:
     """``size`` daemon threads taking work in submission order (a ``ThreadPoolExecutor``'s threads are joined at
     interpreter exit: a host that ends while an id still dials would wait for it). Each item may name the thread
-    while it runs (``name``: the node it works for, so that its log records carry the node)."""
+    while it runs (``name``: the node it works for, so that its log records carry the node).
+
+    Work that waits rather than computes (an emulated slow node waiting out its compute time, a posted task
+    waiting for its parent) says so with :meth:`blocking`: the pool then adds a thread, so that ``size`` threads
+    stay free for the others (at most :data:`MAX_BLOCKED` more; an added thread ends once idle)."""
 
     def __init__(self, size: int, name: str) -> None:
         if size < 1:
@@ -31,24 +38,54 @@ class DaemonPool:
         self.name = name
         self._work: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._blocked = 0  # threads inside blocking()
+        self._serial = 0  # names of the threads
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[..., T], *args: Any, name: str | None = None) -> Future[T]:
         """Run ``fn(*args)`` on a pool thread (named ``name`` meanwhile); its outcome is the returned future's."""
         fut: Future[T] = Future()
         self._work.put((fut, fn, args, name))
-        with self._lock:  # threads start as work comes, up to size
-            if len(self._threads) < self.size:
-                t = threading.Thread(target=self._run, daemon=True, name=f"{self.name}-{len(self._threads)}")
-                self._threads.append(t)
-                t.start()
+        with self._lock:  # threads start as work comes, up to size (more while some wait)
+            if len(self._threads) - self._blocked < self.size:
+                self._start()
         return fut
+
+    def _start(self) -> None:
+        t = threading.Thread(target=self._run, daemon=True, name=f"{self.name}-{self._serial}")
+        self._serial += 1
+        self._threads.append(t)
+        t.start()
+
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """The calling pool thread waits (not computes) meanwhile: the pool may add a thread for the others."""
+        with self._lock:
+            self._blocked += 1
+            if len(self._threads) - self._blocked < self.size and self._blocked <= MAX_BLOCKED:
+                self._start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._blocked -= 1
+
+    def _next(self) -> object:
+        """The next work item; None for a thread the pool no longer needs (idle, more threads than size)."""
+        while True:
+            try:
+                return self._work.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if len(self._threads) - self._blocked > self.size:
+                        self._threads.remove(threading.current_thread())
+                        return None
 
     def _run(self) -> None:
         me = threading.current_thread()
         own = me.name
-        while (item := self._work.get()) is not _STOP:
-            fut, fn, args, name = item
+        while (item := self._next()) is not _STOP and item is not None:
+            fut, fn, args, name = item  # type: ignore[misc]
             if not fut.set_running_or_notify_cancel():
                 continue
             me.name = name or own
@@ -67,7 +104,7 @@ class DaemonPool:
     def shutdown(self) -> None:
         """Let the threads end once the work queued before is done (they are daemons: nobody waits for them)."""
         with self._lock:
-            for _ in self._threads:
+            for _ in range(len(self._threads) + MAX_BLOCKED):
                 self._work.put(_STOP)
 
 

@@ -158,10 +158,13 @@ class ChildProtocol:
         """Wait while the session to the parent is down (a posted task's reports must reach it, and a parent that
         resumed from a checkpoint rolls this node back first); False when the node stops meanwhile."""
         up = self.hooks.parent_up
-        while up is not None and not up.is_set():
-            if self._stopping.is_set():
-                return False
-            up.wait(0.2)
+        if up is None or up.is_set():
+            return not self._stopping.is_set()
+        with self._waiting():
+            while not up.is_set():
+                if self._stopping.is_set():
+                    return False
+                up.wait(0.2)
         return not self._stopping.is_set()
 
     def _run_post(self, key: str) -> None:
@@ -266,9 +269,14 @@ class ChildProtocol:
         timing.event("compute", at=self.node, handler_s=handler_s, slowed_s=extra, factor=factor)
         if extra > 0:
             t0 = time.perf_counter()
-            self._stopping.wait(extra)
+            with self._waiting():
+                self._stopping.wait(extra)
             return time.perf_counter() - t0
         return 0.0
+
+    def _waiting(self) -> AbstractContextManager:
+        """Around a wait of the task worker: on shared workers, the others' tasks go on meanwhile."""
+        return self._lane.pool.blocking() if self._lane is not None else contextlib.nullcontext()
 
     def _unreported(self) -> tuple[list[dict], list[dict]]:
         if self.hooks.report is None:
