@@ -32,14 +32,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedhop.client")
 
 
-def run_client(config: NodeConfig, *, host: HostShare | None = None,
-               on_ready: Callable[[str], None] | None = None) -> int:
+def run_client(config: NodeConfig) -> int:
     """Join the run at ``config.connect`` (the parent), serve its tasks until Bye; returns the exit code
     (:class:`~fedhop.common.exit_codes.ExitCode`: 0 only when the run finished). ``config.state_dir``: where
     this client saves its state after every task (restored when it restarts); without it, in memory.
-    ``config.security``: the credentials of the link to the parent. ``host``: the Workspace and task lock this
-    id shares with the other ids of its client host; ``on_ready(node_id)``: this id said Ready (it is in the
-    run)."""
+    ``config.security``: the credentials of the link to the parent."""
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     store = NodeStore(config.node_id, config.state_dir)
@@ -47,10 +44,9 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
     if peers is not None and peers.address is None:
         return ExitCode.USAGE
     session = ChildSession(config, "client", address=peers.address or "" if peers is not None else "",
-                           info=_hello_info(store), task_lock=host.task_lock if host is not None else None,
-                           own_connection=host is not None)
+                           info=_hello_info(store))
     try:
-        joined = _join(config, session, store, peers, host, on_ready)
+        joined = _join(config, session, store, peers, None, None)
         if not isinstance(joined, _Joined):
             return joined
         return _leave(session, joined, session.serve(joined.ctx, report=joined.report))
@@ -60,8 +56,9 @@ def run_client(config: NodeConfig, *, host: HostShare | None = None,
 
 
 async def run_client_async(config: NodeConfig, *, host: HostShare, on_ready: Callable[[str], None]) -> int:
-    """:func:`run_client` for an id of a client host whose sessions share one asyncio loop (``host.loop``,
-    the running one): the same joining, state and tasks, with no thread of its own (the blocking steps run on
+    """:func:`run_client` for an id of a client host, on the host's asyncio loop (the running one), sharing the
+    host's Workspace, task lock and workers (``host``); ``on_ready(node_id)``: this id said Ready (it is in the
+    run). The same joining, state and tasks, with no thread of its own (the blocking steps run on
     ``host.joins``, its tasks on ``host.workers``). The host sets torch's threads and (once) the mmap threshold."""
     from fedhop.transport.aio_child import AioChildSession
 
