@@ -23,10 +23,14 @@ client, as before client hosts).
 
 ``--fleet`` measures the PS alone at 1,000 - 10,000 clients: ``fedhop server`` and, in this process, one
 asyncio gRPC client per id that says Hello and Ready and answers every Task at once with the model it received
-(no training, no client hosts: their threads are what keeps 10,000 real clients off one machine, see
-docs/benchmarks.md). Its round is the PS's own cost of a round: per client, the PS's overhead.
+(no training, no client hosts). Its round is the PS's own cost of a round: per client, the PS's overhead.
 
     .venv/bin/python tests/bench/bench_many_clients.py --fleet --clients 1000 3000 10000
+
+10,000 real clients (two client hosts of 5,000 ids, each on one asyncio loop; ~2 GB, 4-6 minutes on 2 cores;
+a host needs ``ulimit -n`` above its ids: a socket each); ``--keepalive-s`` sets the parent's keep-alive interval:
+
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --by-hand
 
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
