@@ -6,6 +6,7 @@ asyncio server) and a real host of many ids over loopback; threads counted, neve
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from fedhop.client.host import JOIN_WORKERS, TASK_WORKERS, run_clients
 from fedhop.common.engine.base import MissingLog
@@ -52,6 +53,42 @@ def test_a_hosts_threads_do_not_grow_with_its_ids() -> None:
         assert set(hub.data_sizes()) == set(topo.clients)
     finally:
         hub.shutdown(10.0, finished=True)  # a Bye to every id: the host ends cleanly
+        host.join(30)
+        server.stop(0)
+    assert outcome == [ExitCode.OK]
+
+
+def test_a_hosts_ids_rejoin_a_parent_that_came_back() -> None:
+    # the re-join path of the asyncio sessions: every id's stream ends with the parent's server, each dials again
+    # (ChildSession._rejoin on the host's join workers) and re-joins the same run, Ready again, at the new server
+    ids = 6
+    spec = run_spec("fedavg", {}, clients=ids, edges=0, name="host-rejoin", rounds=1, data=DIGITS,
+                    model={"name": "mlp", "hidden": [4]})
+    topo = build_topology(spec.topology, spec.seed)
+
+    def parent(listen: str) -> tuple[ParentHub, Any, int]:
+        hub = ParentHub(HubConfig(topo.server, spec, topo, "host-rejoin-run"), ByteMeter(), MissingLog())
+        server = make_loop_server()
+        serve_parent(hub, server)
+        port = add_port(server, listen)
+        server.start()
+        return hub, server, port
+
+    hub, server, port = parent("127.0.0.1:0")
+    outcome: list[int] = []
+    host = threading.Thread(target=lambda: outcome.append(run_clients(
+        list(topo.clients), NodeConfig("host", f"127.0.0.1:{port}", connect_timeout_s=30))), daemon=True)
+    host.start()
+    again = None
+    try:
+        wait_until(lambda: len(hub.data_sizes()) == ids, "every id of the host to be Ready", timeout=60)
+        server.stop(0)  # every session's stream ends
+        hub.liveness.stop()
+        again, server, _ = parent(f"127.0.0.1:{port}")
+        wait_until(lambda: len(again.data_sizes()) == ids, "every id to re-join the parent", timeout=60)
+        assert set(again.data_sizes()) == set(topo.clients)
+    finally:
+        (again or hub).shutdown(10.0, finished=True)
         host.join(30)
         server.stop(0)
     assert outcome == [ExitCode.OK]
