@@ -1,11 +1,14 @@
 """``fedhop client``: one client process. It needs only its parent's address, its identity and optionally a
 data path; the RunSpec comes from the parent's Welcome. :func:`run_client` is one client id's whole life; a
-client host (``fedhop clients``, ``client/host.py``) runs it once per id, on threads of one process."""
+client host (``fedhop clients``, ``client/host.py``) runs :func:`run_client_async`, the same life on the host's
+asyncio loop, once per id."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
@@ -21,6 +24,7 @@ from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import EdgeService, PeerClient, advertised
+from fedhop.v1 import fedhop_pb2 as pb
 
 if TYPE_CHECKING:
     from fedhop.client.host import HostShare
@@ -28,30 +32,54 @@ if TYPE_CHECKING:
 log = logging.getLogger("fedhop.client")
 
 
-def run_client(config: NodeConfig, *, host: HostShare | None = None,
-               on_ready: Callable[[str], None] | None = None) -> int:
+def run_client(config: NodeConfig) -> int:
     """Join the run at ``config.connect`` (the parent), serve its tasks until Bye; returns the exit code
     (:class:`~fedhop.common.exit_codes.ExitCode`: 0 only when the run finished). ``config.state_dir``: where
     this client saves its state after every task (restored when it restarts); without it, in memory.
-    ``config.security``: the credentials of the link to the parent. ``host``: the Workspace and task lock this
-    id shares with the other ids of its client host; ``on_ready(node_id)``: this id said Ready (it is in the
-    run)."""
-    node_id = config.node_id
+    ``config.security``: the credentials of the link to the parent."""
     torch.set_num_threads(1)  # reductions must not depend on the thread count (bit-identical engines)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
-    store = NodeStore(node_id, config.state_dir)
+    store = NodeStore(config.node_id, config.state_dir)
     peers = PeerServer.open(config) if config.listen is not None else None
     if peers is not None and peers.address is None:
         return ExitCode.USAGE
     session = ChildSession(config, "client", address=peers.address or "" if peers is not None else "",
-                           info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1},
-                           task_lock=host.task_lock if host is not None else None,
-                           own_connection=host is not None)
+                           info=_hello_info(store))
     try:
-        return _serve(config, session, store, peers, host, on_ready)
+        joined = _join(config, session, store, peers, None, None)
+        if not isinstance(joined, _Joined):
+            return joined
+        return _leave(session, joined, session.serve(joined.ctx, report=joined.report))
     finally:
         if peers is not None:
             peers.stop()
+
+
+async def run_client_async(config: NodeConfig, *, host: HostShare, on_ready: Callable[[str], None]) -> int:
+    """:func:`run_client` for an id of a client host, on the host's asyncio loop (the running one), sharing the
+    host's Workspace, task lock and workers (``host``); ``on_ready(node_id)``: this id said Ready (it is in the
+    run). The same joining, state and tasks, with no thread of its own (the blocking steps run on
+    ``host.joins``, its tasks on ``host.workers``). The host sets torch's threads and (once) the mmap threshold."""
+    from fedhop.transport.aio_child import AioChildSession
+
+    loop = asyncio.get_running_loop()
+
+    def start() -> tuple[AioChildSession, NodeStore]:
+        host.tune_process()
+        store = NodeStore(config.node_id, config.state_dir)
+        return AioChildSession(config, "client", loop=loop, joins=host.joins, workers=host.workers,
+                               info=_hello_info(store), task_lock=host.task_lock, own_connection=True), store
+
+    session, store = await asyncio.wrap_future(host.joins.submit(start, name=config.node_id))
+    joined = await session.in_pool(_join, config, session, store, None, host, on_ready)
+    if not isinstance(joined, _Joined):
+        return joined
+    code = await session.serve_async(joined.ctx, report=joined.report)
+    return _leave(session, joined, code)
+
+
+def _hello_info(store: NodeStore) -> dict[str, int]:
+    return {"state_round": store.newest_tag() if store.newest_tag() is not None else -1}
 
 
 class PeerServer:
@@ -79,8 +107,18 @@ class PeerServer:
         self.server.stop(grace=1.0).wait(5.0)
 
 
-def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: PeerServer | None,
-           host: HostShare | None, on_ready: Callable[[str], None] | None) -> int:
+@dataclass(frozen=True)
+class _Joined:
+    """A client id in its run: what it serves with (:func:`_join`) and what it says when it leaves."""
+
+    welcome: pb.Welcome
+    ctx: NodeContext
+    report: Callable[[], tuple[list[dict], list[dict]]] | None
+
+
+def _join(config: NodeConfig, session: ChildSession, store: NodeStore, peers: PeerServer | None,
+          host: HostShare | None, on_ready: Callable[[str], None] | None) -> _Joined | int:
+    """Join, load the data and model, restore the state, say Ready: the id is in the run (or its exit code)."""
     node_id = config.node_id
     try:
         welcome, ws = session.join(config.device, config.data_path, host.workspace if host is not None else None)
@@ -126,9 +164,12 @@ def _serve(config: NodeConfig, session: ChildSession, store: NodeStore, peers: P
         on_ready(node_id)
     log.info("%s: joined run %s under %s with %d samples on %s", node_id, welcome.run_id, welcome.parent_id, n,
              ws.device)
-    code = session.serve(ctx, report=(lambda: (meter.rows(), missing.entries)) if has_peers else None)
-    ctx.comm.close()
+    return _Joined(welcome, ctx, (lambda: (meter.rows(), missing.entries)) if has_peers else None)
+
+
+def _leave(session: ChildSession, joined: _Joined, code: int) -> int:
+    joined.ctx.comm.close()
     session.close()
-    log.info("%s: leaving run %s: %s (exit code %d)", node_id, welcome.run_id,
+    log.info("%s: leaving run %s: %s (exit code %d)", joined.ctx.node_id, joined.welcome.run_id,
              "the run finished" if code == ExitCode.OK else describe(code), code)
     return code

@@ -94,18 +94,33 @@ def add_port(server: grpc.Server, listen: str, security: Security = PLAINTEXT) -
     return server.add_secure_port(listen, server_credentials(security))
 
 
+def _client_options(keepalive: bool, own_connection: bool) -> list[tuple[str, Any]]:
+    return [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else []),
+            *([("grpc.use_local_subchannel_pool", 1)] if own_connection else [])]
+
+
 def make_channel(address: str, *, security: Security = PLAINTEXT, keepalive: bool = False,
                  peer_id: str | None = None, own_connection: bool = False) -> grpc.Channel:
     """A channel to a fedhop node; ``keepalive``: HTTP/2 pings (long-lived session streams); ``peer_id``
     (with TLS): the server must present that node's certificate; ``own_connection``: a TCP connection of its
     own, never shared with this process's other channels to the same address (a client host's sessions: each
     id's link is as independent as a process's, and ~900 session streams on one shared connection stall)."""
-    options = [*MESSAGE_OPTIONS, *(KEEPALIVE_OPTIONS if keepalive else []),
-               *([("grpc.use_local_subchannel_pool", 1)] if own_connection else [])]
+    options = _client_options(keepalive, own_connection)
     if security.plaintext:
         return grpc.insecure_channel(address, options=options)
     return grpc.secure_channel(address, channel_credentials(security),
                                options=[*options, *channel_options(security, peer_id)])
+
+
+def make_aio_channel(address: str, *, security: Security = PLAINTEXT, keepalive: bool = False,
+                     own_connection: bool = False) -> grpc.aio.Channel:
+    """:func:`make_channel` for asyncio (``grpc.aio``; created on the loop that uses it): a client host's sessions
+    (transport/aio_child.py), all on one event loop."""
+    options = _client_options(keepalive, own_connection)
+    if security.plaintext:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, channel_credentials(security),
+                                   options=[*options, *channel_options(security, None)])
 
 
 def listening(address: str, timeout_s: float = 2.0) -> bool | None:

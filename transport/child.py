@@ -47,11 +47,14 @@ from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_chann
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.session import CLOSE, ChildProtocol, TaskHooks, child_assembler, hello_frame
+from fedhop.transport.workers import DaemonPool
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.child")
 
 _FRAME, _END = "frame", "end"
+_HEARD, _SKIP, _REJOIN, _BYE = object(), object(), object(), object()  # what serve() does after an event
+BYE_WAIT_S = 10.0  # how long a node that answered Bye waits for the parent to close the stream
 _REFUSALS = {pb.ERROR_CODE_LATE_JOIN_REFUSED: ExitCode.LATE_JOIN_REFUSED,
              pb.ERROR_CODE_RUN_MISMATCH: ExitCode.RUN_MISMATCH}
 
@@ -315,34 +318,55 @@ class ChildSession:
             grpc.channel_ready_future(channel).result(timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.FutureTimeoutError:
             channel.close()
-            if rejoin:
-                raise _Retry("no gRPC handshake") from None
-            if not self.security.plaintext:
-                raise JoinError(f"{self.node}: no TLS handshake with {self.parent_addr} within "
-                                f"{HANDSHAKE_TIMEOUT_S:g}s: the parent refused this node's certificate (another CA, "
-                                f"expired) or presented one this node does not trust or that does not name "
-                                f"{self.parent_addr}, or it does not speak TLS ({self.security.describe()})",
-                                ExitCode.JOIN_FAILED) from None
-            raise JoinError(f"{self.node}: {self.parent_addr} accepts connections but does not complete a gRPC "
-                            f"(HTTP/2) handshake within {HANDSHAKE_TIMEOUT_S:g}s: it is not a fedhop node (or it is "
-                            "stalled)", ExitCode.NOT_FEDHOP) from None
+            raise self._no_handshake(rejoin) from None
         stream = _Stream(channel)
-        stream.out.put([hello_frame(self.node, self.role, self.address, self.info, self.run_id if rejoin else "")])
+        stream.out.put([self._hello(rejoin)])
         try:
             first = next(stream.responses)
         except StopIteration:
-            stream.close()
-            raise JoinError(f"{self.node}: parent {self.parent_addr} closed the session without a Welcome") from None
+            first = None
         except grpc.RpcError as e:
             stream.close()
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-                raise JoinError(f"{self.node}: {self.parent_addr} is a gRPC server without the fedhop Parent "
-                                f"service: not a fedhop node ({e.details()})", ExitCode.NOT_FEDHOP) from None
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise _Retry(f"{e.code().name}: {e.details()}") from None
-            raise JoinError(f"{self.node}: parent {self.parent_addr}: {e.code().name}: {e.details()}") from None
+            raise self._call_failed(e) from None
+        self._check_welcome(first, rejoin, stream.close)
+        self._adopt(stream, first.welcome)
+        return first.welcome
+
+    # the steps of an attempt, shared with the asyncio sessions of a client host (transport/aio_child.py)
+    def _hello(self, rejoin: bool) -> pb.Frame:
+        return hello_frame(self.node, self.role, self.address, self.info, self.run_id if rejoin else "")
+
+    def _no_handshake(self, rejoin: bool) -> Exception:
+        """What a channel that did not become ready within HANDSHAKE_TIMEOUT_S means."""
+        if rejoin:
+            return _Retry("no gRPC handshake")
+        if not self.security.plaintext:
+            return JoinError(f"{self.node}: no TLS handshake with {self.parent_addr} within "
+                             f"{HANDSHAKE_TIMEOUT_S:g}s: the parent refused this node's certificate (another CA, "
+                             f"expired) or presented one this node does not trust or that does not name "
+                             f"{self.parent_addr}, or it does not speak TLS ({self.security.describe()})",
+                             ExitCode.JOIN_FAILED)
+        return JoinError(f"{self.node}: {self.parent_addr} accepts connections but does not complete a gRPC "
+                         f"(HTTP/2) handshake within {HANDSHAKE_TIMEOUT_S:g}s: it is not a fedhop node (or it is "
+                         "stalled)", ExitCode.NOT_FEDHOP)
+
+    def _call_failed(self, e: grpc.RpcError) -> Exception:
+        """What a Session call that failed before its first answer means."""
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return JoinError(f"{self.node}: {self.parent_addr} is a gRPC server without the fedhop Parent "
+                             f"service: not a fedhop node ({e.details()})", ExitCode.NOT_FEDHOP)
+        if e.code() == grpc.StatusCode.UNAVAILABLE:
+            return _Retry(f"{e.code().name}: {e.details()}")
+        return JoinError(f"{self.node}: parent {self.parent_addr}: {e.code().name}: {e.details()}")
+
+    def _check_welcome(self, first: Any, rejoin: bool, close: Callable[[], None]) -> None:
+        """The parent's first answer (None: it closed the stream) must be this run's Welcome; else ``close()``
+        the stream and raise what it means (JoinError, _Retry or _StillConnected)."""
+        if first is None:
+            close()
+            raise JoinError(f"{self.node}: parent {self.parent_addr} closed the session without a Welcome")
         if isinstance(first, pb.Frame) and first.WhichOneof("body") == "error":
-            stream.close()
+            close()
             if rejoin and first.error.code == pb.ERROR_CODE_ALREADY_CONNECTED:
                 raise _StillConnected(first.error.message)
             if first.error.code == pb.ERROR_CODE_DEADLINE_EXCEEDED:  # our Hello came too late (a crowded parent)
@@ -350,22 +374,24 @@ class ChildSession:
             raise JoinError(f"{self.node}: parent {self.parent_addr} refused: {first.error.message}",
                             _REFUSALS.get(first.error.code, ExitCode.JOIN_FAILED))
         if not isinstance(first, pb.Frame) or first.WhichOneof("body") != "welcome":
-            stream.close()
+            close()
             raise JoinError(f"{self.node}: expected Welcome from {self.parent_addr}, got {first!r}")
         if rejoin and first.welcome.run_id != self.run_id:
-            stream.close()
+            close()
             raise JoinError(f"{self.node}: parent {self.parent_addr} came back running run "
                             f"{first.welcome.run_id!r}; this node belongs to run {self.run_id!r}",
                             ExitCode.RUN_MISMATCH)
+
+    def _adopt(self, stream: Any, welcome: pb.Welcome) -> None:
+        """The stream that brought ``welcome`` becomes current; what the old one had not sent moves to it."""
         with self._lock:
             old, self._stream = self._stream, stream
             if old is not None:
                 old.hand_over(stream)
         self._streams.append(stream)
         stream.read_into(self._events)
-        self.welcome = first.welcome
-        self.run_id = first.welcome.run_id
-        return first.welcome
+        self.welcome = welcome
+        self.run_id = welcome.run_id
 
     def join(self, device: str | None = None, data_path: str | None = None,
              workspace: Callable[[str], Workspace] | None = None) -> tuple[pb.Welcome, Workspace]:
@@ -483,47 +509,67 @@ class ChildSession:
               before_task: Callable[[int | None, float], None] | None = None) -> ExitCode:
         """Serve the parent until its Bye (``on_bye(finished)`` runs first, e.g. an edge's own shutdown; then
         this node answers Bye) or until the parent is lost for good. Returns the process's exit code."""
-        hooks = TaskHooks(before_task=before_task, after_task=self._saved if self.store is not None else None,
-                          report=report, parent_up=self.parent_up)
-        proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, hooks=hooks,
-                              peers=self.peers, task_lock=self.task_lock)
-        with self._lock:
-            self.protocol = proto
-        self._queue_posts(ctx)  # the posts that came before (or that a restarted node restored)
+        proto = self._serving(ctx, report, before_task)
         asms: dict[int, MessageAssembler] = {}
-        tick = self.transport.keepalive_s
         quiet = 0
         while True:
             try:
-                sid, kind, item = self._events.get(timeout=tick)
+                sid, kind, item = self._events.get(timeout=self.transport.keepalive_s)
             except queue.Empty:
                 quiet += 1
-                if quiet * tick < self.transport.keepalive_timeout_s:
+                if not self._silent_too_long(quiet):
                     continue
-                log.warning("%s: nothing from parent %s for %.0fs (stalled or gone); re-joining", self.node,
-                            self.parent_addr, quiet * tick)
-                code = self._rejoin(old_ended=False)
+                step, got = _REJOIN, False
+            else:
+                step, got = self._on_event(proto, asms, sid, kind, item)
+            if step is _HEARD:
+                quiet = 0
+            elif step is _REJOIN:
+                code = self._rejoin(old_ended=got)
                 if code is not None:
                     return self._give_up(proto, code, on_bye)
                 quiet = 0
-                continue
-            current = self._stream is not None and sid == self._stream.sid
-            if kind == _END:
-                if not current:
-                    continue
-                log.warning("%s: stream to parent %s ended (%s); re-joining", self.node, self.parent_addr, item)
-                code = self._rejoin(old_ended=True)
-                if code is not None:
-                    return self._give_up(proto, code, on_bye)
-                quiet = 0
-                continue
-            if current:
-                quiet = 0
-            if sid not in asms:
-                asms[sid] = child_assembler(self.transport)
-            bye = proto.on_frame(item, asms[sid])
-            if bye is not None:
-                return self._finish(proto, bye, on_bye)
+            elif step is _BYE:
+                return self._finish(proto, got, on_bye)
+
+    # the steps of serve(), shared with the asyncio sessions of a client host (transport/aio_child.py)
+    def _serving(self, ctx: NodeContext, report: Callable[[], tuple[list[dict], list[dict]]] | None,
+                 before_task: Callable[[int | None, float], None] | None,
+                 workers: DaemonPool | None = None) -> ChildProtocol:
+        hooks = TaskHooks(before_task=before_task, after_task=self._saved if self.store is not None else None,
+                          report=report, parent_up=self.parent_up)
+        proto = ChildProtocol(self.node, ctx, self.send, chunk_bytes=self.transport.chunk_bytes, hooks=hooks,
+                              peers=self.peers, task_lock=self.task_lock, workers=workers)
+        with self._lock:
+            self.protocol = proto
+        self._queue_posts(ctx)  # the posts that came before (or that a restarted node restored)
+        return proto
+
+    def _silent_too_long(self, quiet: int) -> bool:
+        """``quiet`` keep-alive ticks without a frame from the parent: time to re-join?"""
+        tick = self.transport.keepalive_s
+        if quiet * tick < self.transport.keepalive_timeout_s:
+            return False
+        log.warning("%s: nothing from parent %s for %.0fs (stalled or gone); re-joining", self.node,
+                    self.parent_addr, quiet * tick)
+        return True
+
+    def _on_event(self, proto: ChildProtocol, asms: dict[int, MessageAssembler], sid: int, kind: str,
+                  item: Any) -> tuple[object, Any]:
+        """One event of the streams: (_HEARD, None) a frame of the current stream, (_SKIP, None) one of an old
+        stream, (_REJOIN, True) the current stream ended, (_BYE, bye) the parent's Bye."""
+        current = self._stream is not None and sid == self._stream.sid
+        if kind == _END:
+            if not current:
+                return _SKIP, None
+            log.warning("%s: stream to parent %s ended (%s); re-joining", self.node, self.parent_addr, item)
+            return _REJOIN, True
+        if sid not in asms:
+            asms[sid] = child_assembler(self.transport)
+        bye = proto.on_frame(item, asms[sid])
+        if bye is not None:
+            return _BYE, bye
+        return (_HEARD if current else _SKIP), None
 
     def _give_up(self, proto: ChildProtocol, code: ExitCode, on_bye: Callable[[bool], None] | None) -> ExitCode:
         proto.stop()
@@ -532,6 +578,19 @@ class ChildSession:
         return code
 
     def _finish(self, proto: ChildProtocol, bye: pb.Bye, on_bye: Callable[[bool], None] | None) -> ExitCode:
+        stream = self._say_bye(proto, bye, on_bye)
+        end = time.monotonic() + BYE_WAIT_S
+        while time.monotonic() < end:  # wait until the parent closes its side, so the Bye is delivered
+            try:
+                sid, kind, _ = self._events.get(timeout=max(0.01, end - time.monotonic()))
+            except queue.Empty:
+                break
+            if sid == stream.sid and kind == _END:
+                break
+        return self._outcome(bye)
+
+    def _say_bye(self, proto: ChildProtocol, bye: pb.Bye, on_bye: Callable[[bool], None] | None) -> Any:
+        """Stop the tasks, run ``on_bye``, answer Bye and end the current stream's requests; returns that stream."""
         proto.stop()
         if on_bye is not None:
             try:
@@ -542,14 +601,9 @@ class ChildSession:
         stream = self._stream
         assert stream is not None
         stream.out.put(CLOSE)
-        end = time.monotonic() + 10.0
-        while time.monotonic() < end:  # wait until the parent closes its side, so the Bye is delivered
-            try:
-                sid, kind, _ = self._events.get(timeout=max(0.01, end - time.monotonic()))
-            except queue.Empty:
-                break
-            if sid == stream.sid and kind == _END:
-                break
+        return stream
+
+    def _outcome(self, bye: pb.Bye) -> ExitCode:
         if bye.finished:
             return ExitCode.OK
         log.error("%s: the parent ended the session, but the run did not finish: %s", self.node, bye.reason)

@@ -6,10 +6,10 @@ started by this script, as a user would by hand. Prints a table:
 * join: from starting ``fedhop launch`` to the start of round 1 (every process started, every client joined);
 * per client: join / clients;
 * mean round: the mean of ``round_s`` over the rounds (``rounds.jsonl``);
-* PS peak RSS and PS threads (peak): the launcher process (which is the PS) or ``fedhop server``, sampled with
-  psutil every 50 ms;
+* PS peak RSS, PS threads (peak) and CPU seconds (of the PS and of the client processes, whole run): the
+  launcher process (which is the PS) or ``fedhop server``, sampled with psutil every 50 ms;
 * per client above in-process: (mean round - in-process round) / clients, in ms (issue 19's target: <= 1 ms);
-* hosts: the client processes and the sum of their RSS at its sampled peak;
+* hosts: the client processes, the sum of their RSS and the sum of their threads at their sampled peaks;
 * in-process round: the in-process engine's mean round on the same spec in this process (the compute floor:
   the same local training and aggregation with no transport).
 
@@ -23,10 +23,14 @@ client, as before client hosts).
 
 ``--fleet`` measures the PS alone at 1,000 - 10,000 clients: ``fedhop server`` and, in this process, one
 asyncio gRPC client per id that says Hello and Ready and answers every Task at once with the model it received
-(no training, no client hosts: their threads are what keeps 10,000 real clients off one machine, see
-docs/benchmarks.md). Its round is the PS's own cost of a round: per client, the PS's overhead.
+(no training, no client hosts). Its round is the PS's own cost of a round: per client, the PS's overhead.
 
     .venv/bin/python tests/bench/bench_many_clients.py --fleet --clients 1000 3000 10000
+
+10,000 real clients (two client hosts of 5,000 ids, each on one asyncio loop; ~2 GB, 4-6 minutes on 2 cores;
+a host needs ``ulimit -n`` above its ids: a socket each); ``--keepalive-s`` sets the parent's keep-alive interval:
+
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --by-hand
 
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
@@ -50,8 +54,12 @@ import psutil
 
 from fedhop.common.spec import RunSpec
 
+KEEPALIVE_S: list[float] = []  # --keepalive-s: the runs' transport.keepalive_s (default: the spec's)
+
 
 def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
+    keepalive = ({"keepalive_s": KEEPALIVE_S[0], "keepalive_timeout_s": max(30.0, 6 * KEEPALIVE_S[0])}
+                 if KEEPALIVE_S else {})
     return RunSpec.parse({
         "name": f"many-{clients}",
         "rounds": rounds,
@@ -62,7 +70,7 @@ def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
         "data": {"dataset": "synthetic", "partition": "iid",
                  "options": {"samples": max(4000, 60 * clients), "dim": 20}},
         "model": {"name": "mlp", "hidden": [16]},
-        "transport": {"join_timeout_s": 900.0, "round_deadline_s": 600.0},
+        "transport": {"join_timeout_s": 900.0, "round_deadline_s": 600.0, **keepalive},
     })
 
 
@@ -94,6 +102,17 @@ class Row:
     how: str = "launch"
     ps_threads: int = 0
     load: tuple[float, float] = (float("nan"), float("nan"))  # the 1-minute load average before and after
+    hosts_threads: int = 0  # the client processes' threads (the peak of their sum)
+    ps_cpu_s: float = float("nan")  # CPU seconds (user + system) of the PS / of the client processes, whole run
+    hosts_cpu_s: float = float("nan")
+
+
+def _cpu(p: psutil.Process) -> float:
+    try:
+        t = p.cpu_times()
+        return float(t.user + t.system)
+    except psutil.Error:
+        return 0.0
 
 
 def _threads(p: psutil.Process) -> int:
@@ -139,11 +158,13 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     ps = psutil.Process(proc.pid)
     journal = out / "rounds.jsonl"
     ps_peak = hosts_peak = 0.0
-    ps_threads = 0
+    ps_threads = hosts_threads = 0
     first_end: float | None = None
     children: set[int] = set()
+    cpu: dict[int, float] = {}  # pid -> its last sampled CPU seconds
     while proc.poll() is None:
         ps_peak = max(ps_peak, _rss(ps))
+        cpu[proc.pid] = _cpu(ps) or cpu.get(proc.pid, 0.0)
         ps_threads = max(ps_threads, _threads(ps))
         try:
             kids = [psutil.Process(h.pid) for h in hosts] if by_hand else [
@@ -153,6 +174,9 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             kids = []
         children.update(k.pid for k in kids)
         hosts_peak = max(hosts_peak, sum(_rss(k) for k in kids))
+        hosts_threads = max(hosts_threads, sum(_threads(k) for k in kids))
+        for k in kids:
+            cpu[k.pid] = _cpu(k) or cpu.get(k.pid, 0.0)
         if first_end is None and journal.is_file() and journal.read_text().strip():
             first_end = time.monotonic()
         time.sleep(0.05)
@@ -162,7 +186,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
                proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
-               ps_threads, (load0, psutil.getloadavg()[0]))
+               ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads, cpu.get(proc.pid, float("nan")),
+               sum(v for pid, v in cpu.items() if pid != proc.pid))
 
 
 def median_row(rows: list[Row]) -> Row:
@@ -174,7 +199,9 @@ def median_row(rows: list[Row]) -> Row:
     return Row(first.clients, first.per_process, first.processes, med([r.join_s for r in rows]),
                med([r.mean_round_s for r in rows]), med([r.ps_peak_mb for r in rows]),
                med([r.hosts_peak_mb for r in rows]), all(r.ok for r in rows), first.edges, first.how,
-               int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)))
+               int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)),
+               int(med([r.hosts_threads for r in rows])), med([r.ps_cpu_s for r in rows]),
+               med([r.hosts_cpu_s for r in rows]))
 
 
 # -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
@@ -329,7 +356,11 @@ def main() -> None:
                     help="the PS alone with instant clients of this process (no training, no client hosts)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the medians")
+    ap.add_argument("--keepalive-s", type=float, default=None,
+                    help="transport.keepalive_s of the runs (a parent's keep-alive on each quiet session; default 5)")
     a = ap.parse_args()
+    if a.keepalive_s is not None:
+        KEEPALIVE_S.append(a.keepalive_s)
     from fedhop.client_ids import resolve_per_process
 
     rows: list[Row] = []
@@ -352,13 +383,15 @@ def main() -> None:
           f"at the end {psutil.getloadavg()[0]:.1f}")
     print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "
           "| mean round | in-process round | per client above in-process | PS peak RSS | PS threads (peak) "
-          "| client processes' RSS (sum, peak) | load (1 min) before / after | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| client processes' RSS (sum, peak) | client processes' threads (sum, peak) "
+          "| CPU s: PS / client processes | load (1 min) before / after | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         floor = floors[(r.clients, r.edges)]
         print(f"| {r.clients:,} | {r.edges} | {r.how} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
               f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
-              f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | "
+              f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | {r.hosts_threads} | "
+              f"{r.ps_cpu_s:.0f} / {r.hosts_cpu_s:.0f} | "
               f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 

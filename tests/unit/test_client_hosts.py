@@ -3,6 +3,7 @@ the host's shared Workspace (each id's partition bit-identical to its own proces
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from typing import Any
@@ -180,7 +181,7 @@ def _fake_clients(monkeypatch: pytest.MonkeyPatch, plan: dict[str, tuple[bool, i
     ``hold`` is set. Returns the ids that said Ready."""
     said: list[str] = []
 
-    def fake(config: NodeConfig, *, on_ready: Any = None, host: Any = None) -> int:
+    async def fake(config: NodeConfig, *, on_ready: Any = None, host: Any = None) -> int:
         node = config.node_id
         assert isinstance(host, HostShare) and node in host.ids
         ready, code = plan[node]
@@ -188,11 +189,11 @@ def _fake_clients(monkeypatch: pytest.MonkeyPatch, plan: dict[str, tuple[bool, i
             said.append(node)
             on_ready(node)
         if code == -1:
-            hold.wait(30)
+            await asyncio.get_running_loop().run_in_executor(None, hold.wait, 30)
             return 0
         return code
 
-    monkeypatch.setattr("fedhop.client.main.run_client", fake)
+    monkeypatch.setattr("fedhop.client.main.run_client_async", fake)
     return said
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -78,21 +79,21 @@ def test_a_host_id_whose_handshake_timed_out_dials_again_once_another_id_is_in(m
     from fedhop.common.exit_codes import ExitCode
     from fedhop.transport.node_config import NodeConfig
 
-    first_in = threading.Event()
+    first_in = asyncio.Event()
     tries: dict[str, int] = {}
 
-    def fake_run_client(config, host, on_ready):
+    async def fake_run_client(config, host, on_ready):
         tries[config.node_id] = tries.get(config.node_id, 0) + 1
         if config.node_id == "client-0":
             on_ready(config.node_id)
             first_in.set()
             return ExitCode.OK
-        assert first_in.wait(10)
+        assert await asyncio.wait_for(first_in.wait(), 10)
         if tries[config.node_id] == 1:
             return ExitCode.NOT_FEDHOP
         on_ready(config.node_id)
         return ExitCode.OK
 
-    monkeypatch.setattr(client_main, "run_client", fake_run_client)
+    monkeypatch.setattr(client_main, "run_client_async", fake_run_client)
     assert run_clients(["client-0", "client-1"], NodeConfig("host", "127.0.0.1:1")) == ExitCode.OK
     assert tries == {"client-0": 1, "client-1": 2}

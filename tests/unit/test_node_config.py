@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedhop.client.host import run_clients
-from fedhop.client.main import run_client
+from fedhop.client.main import run_client, run_client_async
 from fedhop.edge.node import run_edge
 from fedhop.transport import channels, health, peer
 from fedhop.transport.credentials import (
@@ -104,6 +104,7 @@ def test_an_edge_without_a_listen_address_is_refused_before_anything_starts() ->
 
 def test_the_entry_points_take_one_node_config() -> None:
     assert list(inspect.signature(run_edge).parameters) == ["config"]
-    assert list(inspect.signature(run_client).parameters) == ["config", "host", "on_ready"]
+    assert list(inspect.signature(run_client).parameters) == ["config"]
+    assert list(inspect.signature(run_client_async).parameters) == ["config", "host", "on_ready"]  # a host's id
     assert list(inspect.signature(run_clients).parameters) == ["ids", "config", "security", "join_slots"]
     assert inspect.signature(run_clients).parameters["security"].default is ALL_PLAINTEXT

@@ -36,6 +36,7 @@ from fedhop.common.wire.messages import (
 from fedhop.common.wire.scalars import put_scalars
 from fedhop.transport.inbound import Rejection, accept_request
 from fedhop.transport.session.link import CLOSE, ROLES, Frame
+from fedhop.transport.workers import DaemonPool, Lane
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.session")
@@ -65,7 +66,9 @@ class ChildProtocol:
 
     def __init__(self, node: NodeId, ctx: NodeContext, send: Callable[[Iterable[pb.Frame | bytes]], None], *,
                  chunk_bytes: int, hooks: TaskHooks = NO_HOOKS, peers: dict[NodeId, str] | None = None,
-                 task_lock: AbstractContextManager | None = None) -> None:
+                 task_lock: AbstractContextManager | None = None, workers: DaemonPool | None = None) -> None:
+        """``workers``: threads shared with other nodes of the process (a client host's ids) that run this node's
+        tasks in turn (a :class:`~fedhop.transport.workers.Lane`), instead of a worker thread of its own."""
         self.node = node
         timing.set_node(node)
         self.ctx = ctx
@@ -81,6 +84,7 @@ class ChildProtocol:
         self._worker: threading.Thread | None = None
         self._worker_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._lane: Lane | None = Lane(workers, self._handle, f"{node}-tasks") if workers is not None else None
         # the node's compute speed from the run's [network] profile (1.0: as fast as this host)
         self.compute = compute_speed(ctx.spec.network_profile(), node)  # a trace's compute column: over time
 
@@ -108,9 +112,8 @@ class ChildProtocol:
             self._complain(e.call_id, str(e))
             return None
         if msg is not None:
-            self._start_worker()
             timing.event("task_in", at=self.node, call=msg.call_id)
-            self._tasks.put((msg, time.monotonic()))
+            self._enqueue((msg, time.monotonic()))
         return None
 
     def _complain(self, call_id: int, message: str) -> None:
@@ -124,9 +127,15 @@ class ChildProtocol:
     def posted(self, key: str) -> None:
         """A neighbour's post, held in the node's inbox under ``key`` (``ChildSession.deliver_post``): it runs in
         the task worker, in turn; a key queued twice runs once, and one no longer in the inbox (rolled back) not."""
-        self._start_worker()
         timing.event("post_in", at=self.node, key=key)
-        self._tasks.put((POSTED, key))
+        self._enqueue((POSTED, key))
+
+    def _enqueue(self, item: tuple[Any, Any]) -> None:
+        if self._lane is not None:
+            self._lane.put(item)
+            return
+        self._start_worker()
+        self._tasks.put(item)
 
     def _start_worker(self) -> None:
         with self._worker_lock:
@@ -136,20 +145,26 @@ class ChildProtocol:
 
     def _work(self) -> None:
         while (item := self._tasks.get()) is not CLOSE:
-            msg, received = item
-            if msg is POSTED:
-                self._run_post(received)
-            else:
-                self._run_task(msg, received)
+            self._handle(item)
+
+    def _handle(self, item: tuple[Any, Any]) -> None:
+        msg, received = item
+        if msg is POSTED:
+            self._run_post(received)
+        else:
+            self._run_task(msg, received)
 
     def _wait_parent(self) -> bool:
         """Wait while the session to the parent is down (a posted task's reports must reach it, and a parent that
         resumed from a checkpoint rolls this node back first); False when the node stops meanwhile."""
         up = self.hooks.parent_up
-        while up is not None and not up.is_set():
-            if self._stopping.is_set():
-                return False
-            up.wait(0.2)
+        if up is None or up.is_set():
+            return not self._stopping.is_set()
+        with self._waiting():
+            while not up.is_set():
+                if self._stopping.is_set():
+                    return False
+                up.wait(0.2)
         return not self._stopping.is_set()
 
     def _run_post(self, key: str) -> None:
@@ -254,9 +269,14 @@ class ChildProtocol:
         timing.event("compute", at=self.node, handler_s=handler_s, slowed_s=extra, factor=factor)
         if extra > 0:
             t0 = time.perf_counter()
-            self._stopping.wait(extra)
+            with self._waiting():
+                self._stopping.wait(extra)
             return time.perf_counter() - t0
         return 0.0
+
+    def _waiting(self) -> AbstractContextManager:
+        """Around a wait of the task worker: on shared workers, the others' tasks go on meanwhile."""
+        return self._lane.pool.blocking() if self._lane is not None else contextlib.nullcontext()
 
     def _unreported(self) -> tuple[list[dict], list[dict]]:
         if self.hooks.report is None:
@@ -280,7 +300,9 @@ class ChildProtocol:
     def stop(self) -> None:
         """Let the task in progress finish (it may still answer), then stop the worker."""
         self._stopping.set()
-        if self._worker is not None:
+        if self._lane is not None:
+            self._lane.close(timeout=5)
+        elif self._worker is not None:
             self._tasks.put(CLOSE)
             self._worker.join(timeout=5)
 

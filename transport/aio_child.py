@@ -1,0 +1,205 @@
+"""The child side of ``Parent.Session`` on an asyncio loop: the sessions of a client host's ids (``fedhop clients``,
+``client/host.py``), all on one event loop, with ``grpc.aio`` streams, instead of a session thread, a stream
+reader thread and gRPC's request-consumer thread per id (and a task worker: the ids' tasks run in
+:class:`~fedhop.transport.workers.Lane` s on the host's shared workers).
+
+:class:`AioChildSession` is a :class:`~fedhop.transport.child.ChildSession`: the same joining (dialing with
+backoff, the checks of the Welcome), re-joining, state (keep_state / restore / rolled-back posts), posts and
+protocol (:class:`~fedhop.transport.session.ChildProtocol`); only the streams and the loop that waits on them are
+asyncio's. The blocking steps (``connect`` / ``_rejoin``, with their backoff sleeps, and the Bye's wait for the
+task in progress) run on the host's join workers; each attempt's gRPC calls run on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeVar
+
+import grpc
+
+from fedhop.common.engine.api import NodeContext
+from fedhop.common.exit_codes import ExitCode
+from fedhop.common.wire.codec import CodecError
+from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.messages import MessageAssembler
+from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, make_aio_channel
+from fedhop.transport.child import _BYE, _END, _FRAME, _HEARD, _REJOIN, BYE_WAIT_S, ChildSession, _Stream
+from fedhop.transport.session import CLOSE
+from fedhop.transport.workers import DaemonPool
+from fedhop.v1 import fedhop_pb2 as pb
+
+log = logging.getLogger("fedhop.child")
+
+T = TypeVar("T")
+
+
+class _Outbox:
+    """A stream's outbound queue on the loop; ``put`` may be called from any thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.q: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item: Any) -> None:
+        self.loop.call_soon_threadsafe(self.q.put_nowait, item)
+
+
+class _AioStream:
+    """One ``Parent/Session`` call on the loop: its channel, its outbound queue and the task reading its answers
+    (what :class:`~fedhop.transport.child._Stream` is with threads)."""
+
+    def __init__(self, channel: grpc.aio.Channel, loop: asyncio.AbstractEventLoop) -> None:
+        self.sid = next(_Stream._ids)  # one numbering with the threaded streams
+        self.channel = channel
+        self.loop = loop
+        self.out = _Outbox(loop)
+        rpc = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
+                                    response_deserializer=parse_frame_lenient)
+        self.call: Any = rpc(self._outgoing())
+        self._reader: asyncio.Task | None = None
+
+    async def _outgoing(self) -> AsyncIterator[pb.Frame | bytes]:
+        while True:
+            item = await self.out.q.get()
+            if item is CLOSE:
+                return
+            try:
+                for frame in item:
+                    yield frame
+            except CodecError as e:
+                log.error("cannot send a message: %s", e)
+
+    async def first(self) -> Any:
+        """The parent's first answer; None when it closed the stream without one."""
+        got = await self.call.read()
+        return None if got is grpc.aio.EOF else got
+
+    def read_into(self, events: asyncio.Queue) -> None:
+        """Read the rest of the answers into ``events`` (on the loop)."""
+        self._reader = self.loop.create_task(self._read(events))
+
+    async def _read(self, events: asyncio.Queue) -> None:
+        why = "the parent closed the stream"
+        try:
+            while (frame := await self.call.read()) is not grpc.aio.EOF:
+                events.put_nowait((self.sid, _FRAME, frame))
+        except grpc.RpcError as e:
+            why = f"{e.code().name}: {e.details()}"
+        events.put_nowait((self.sid, _END, why))
+
+    def hand_over(self, other: _AioStream) -> None:
+        """Move the messages not yet taken by this stream to ``other``; end this stream's requests (on the loop)."""
+        while True:
+            try:
+                item = self.out.q.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            if item is not CLOSE:
+                other.out.q.put_nowait(item)
+        self.out.q.put_nowait(CLOSE)
+
+    def close(self) -> None:
+        self.out.put(CLOSE)
+        asyncio.run_coroutine_threadsafe(self.channel.close(), self.loop)
+
+
+class AioChildSession(ChildSession):
+    """A :class:`~fedhop.transport.child.ChildSession` whose streams and serving loop run on ``loop``; blocking
+    steps run on ``joins``, tasks on ``workers`` (both shared by the host's sessions)."""
+
+    def __init__(self, config: Any, role: str, *, loop: asyncio.AbstractEventLoop, joins: DaemonPool,
+                 workers: DaemonPool, **kwargs: Any) -> None:
+        super().__init__(config, role, **kwargs)
+        self.loop = loop
+        self.joins = joins
+        self.workers = workers
+        self._events: asyncio.Queue = asyncio.Queue()  # type: ignore[assignment]
+
+    # -- outbound: from any thread, onto the stream that is current when the loop takes it ------------------
+    def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
+        self.loop.call_soon_threadsafe(self._send_now, frames)
+
+    def _send_now(self, frames: Iterable[pb.Frame | bytes]) -> None:
+        stream = self._stream
+        assert stream is not None, "send before connect"
+        stream.out.q.put_nowait(frames)
+
+    # -- joining: ChildSession.connect / _rejoin run on a join worker; each attempt on the loop ---------------
+    def _open(self, *, rejoin: bool) -> pb.Welcome:
+        if threading.get_ident() == getattr(self.loop, "_thread_id", None):
+            raise RuntimeError("AioChildSession._open blocks: call it from a worker, not the loop")
+        return asyncio.run_coroutine_threadsafe(self._open_aio(rejoin), self.loop).result()
+
+    async def _open_aio(self, rejoin: bool) -> pb.Welcome:
+        channel = make_aio_channel(self.parent_addr, keepalive=True, security=self.security,
+                                   own_connection=self.own_connection)
+        try:
+            await asyncio.wait_for(channel.channel_ready(), HANDSHAKE_TIMEOUT_S)
+        except TimeoutError:
+            await channel.close()
+            raise self._no_handshake(rejoin) from None
+        stream = _AioStream(channel, self.loop)
+        stream.out.q.put_nowait([self._hello(rejoin)])
+        try:
+            first = await stream.first()
+        except grpc.RpcError as e:
+            stream.close()
+            raise self._call_failed(e) from None
+        self._check_welcome(first, rejoin, stream.close)
+        self._adopt(stream, first.welcome)
+        return first.welcome
+
+    async def in_pool(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` on a join worker (named after this node meanwhile), awaited on the loop."""
+        return await asyncio.wrap_future(self.joins.submit(functools.partial(fn, *args, **kwargs), name=self.node))
+
+    # -- serving --------------------------------------------------------------------------------------------
+    async def serve_async(self, ctx: NodeContext, *,
+                          report: Callable[[], tuple[list[dict], list[dict]]] | None = None) -> ExitCode:
+        """:meth:`ChildSession.serve` on the loop (a client: no ``on_bye``, no ``before_task``)."""
+        proto = self._serving(ctx, report, None, self.workers)
+        asms: dict[int, MessageAssembler] = {}
+        quiet = 0
+        while True:
+            event = await self._next_event(self.transport.keepalive_s)
+            if event is None:
+                quiet += 1
+                if not self._silent_too_long(quiet):
+                    continue
+                step, got = _REJOIN, False
+            else:
+                step, got = self._on_event(proto, asms, *event)
+            if step is _HEARD:
+                quiet = 0
+            elif step is _REJOIN:
+                code = await self.in_pool(self._rejoin, old_ended=got)
+                if code is not None:
+                    return await self.in_pool(self._give_up, proto, code, None)
+                quiet = 0
+            elif step is _BYE:
+                stream = await self.in_pool(self._say_bye, proto, got, None)
+                await self._wait_closed(stream.sid)
+                return self._outcome(got)
+
+    async def _next_event(self, timeout: float) -> tuple[int, str, Any] | None:
+        try:
+            return self._events.get_nowait()
+        except asyncio.QueueEmpty:
+            pass
+        try:
+            async with asyncio.timeout(timeout):  # a timer on this task, not a task per wait (asyncio.wait_for)
+                return await self._events.get()
+        except TimeoutError:
+            return None
+
+    async def _wait_closed(self, sid: int) -> None:
+        """Until the parent closes the stream ``sid`` (so the Bye is delivered), at most BYE_WAIT_S."""
+        end = self.loop.time() + BYE_WAIT_S
+        while (left := end - self.loop.time()) > 0:
+            event = await self._next_event(left)
+            if event is None or (event[0] == sid and event[1] == _END):
+                return
