@@ -71,6 +71,9 @@ class ParentServicer:
         if not link.alive:  # refused at once (not authenticated): only the refusal goes back
             yield from link.outgoing()
             return
+        offer = lane_offer(self.hub, link)
+        if offer:
+            context.send_initial_metadata(offer)
         reader = threading.Thread(target=self._read, args=(link, request_iterator),
                                   name=f"session-{link.peer}", daemon=True)
         reader.start()
@@ -138,6 +141,9 @@ class AsyncParentServicer:
                 loop.call_soon_threadsafe(wake.set)
 
         link.on_queued = queued
+        offer = lane_offer(self.hub, link)
+        if offer:
+            await context.send_initial_metadata(offer)
         reader = asyncio.create_task(self._read(link, request_iterator)) if link.alive else None
         try:
             while True:
@@ -187,6 +193,13 @@ class AsyncParentServicer:
                 self.pool.submit(self.hub.lost, link, why)
             except RuntimeError:  # the pool was shut down (the server stopped): nothing is waiting any more
                 self.hub.lost(link, why)
+
+
+def lane_offer(hub: SessionHost, link: ChildLink) -> tuple[tuple[str, str], ...]:
+    """The initial metadata offering ``link``'s child a bulk lane (``ParentHub.lane_offer``); () for a host that
+    offers none (an edge's ``PendingHub``: those sessions keep their bundles on the stream)."""
+    offer = getattr(hub, "lane_offer", None)
+    return offer(link) if offer is not None else ()
 
 
 def serve_parent(hub: SessionHost, server: grpc.Server | LoopServer) -> ParentServicer | AsyncParentServicer:
