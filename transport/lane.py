@@ -213,7 +213,9 @@ class Lane:
             self.sock.close()
 
 
-def _server_context(security: Security) -> ssl.SSLContext | None:
+def server_context(security: Security) -> ssl.SSLContext | None:
+    """The TLS context of a parent's lane listener (None in plaintext): its own certificate; with mutual TLS it
+    requires a client certificate of the CA."""
     if security.plaintext:
         return None
     assert security.tls_dir is not None
@@ -226,7 +228,8 @@ def _server_context(security: Security) -> ssl.SSLContext | None:
     return ctx
 
 
-def _client_context(security: Security) -> ssl.SSLContext:
+def client_context(security: Security) -> ssl.SSLContext:
+    """The TLS context of a child's lane: the CA, and the node's own certificate where it has one."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the parent's certificate and the dialed name
     ctx.load_verify_locations(cadata=security.ca_pem.decode())
     if security.cert_pem:
@@ -246,13 +249,14 @@ class _Pending:
 class LaneServer:
     """A parent's lane listener: one-time tokens for its sessions (:meth:`offer`), and an accept thread that
     checks each connection (token, and with mutual TLS the certificate's node) before it hands the lane to
-    its session. Refusals are logged (and marked ``lane-refused-<node>``, common/testhooks.py)."""
+    its session. Refusals are logged; lanes opened and refused are marked (``lane-up-<node>``,
+    ``lane-refused-<node>``: common/testhooks.py)."""
 
     def __init__(self, node: str, security: Security, min_bytes: int | None = None, host: str | None = None) -> None:
         self.node = node
         self.security = security
         self.min_bytes = lane_min_bytes() if min_bytes is None else min_bytes
-        self._tls = _server_context(security)
+        self._tls = server_context(security)
         host = os.environ.get(ENV_HOST, "") if host is None else host
         if not host and socket.has_dualstack_ipv6():
             self._sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
@@ -330,7 +334,8 @@ class LaneServer:
         except OSError as e:
             lane.fail(f"the lane handshake failed: {e}")
             return
-        log.debug("%s: bulk lane up with %s from %s", self.node, pending.name, addr)
+        log.debug("%s: bulk lane up with %s from %s", self.node, lane.name, addr)
+        mark(f"lane-up-{self.node}")
 
 
 def _recv_exactly(conn: socket.socket, n: int) -> bytes:
@@ -356,7 +361,7 @@ def dial_lane(parent_addr: str, offer: LaneOffer | None, security: Security, nod
         sock = socket.create_connection((host, offer.port), timeout=HANDSHAKE_S)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not security.plaintext:
-            sock = _client_context(security).wrap_socket(sock, server_hostname=host)
+            sock = client_context(security).wrap_socket(sock, server_hostname=host)
         sock.sendall(MAGIC + offer.token.encode("ascii"))
         if _recv_exactly(sock, 1) != OK:
             raise OSError("the parent did not accept the lane")

@@ -103,30 +103,16 @@ class ParentHub:
             return ()
         with self._lanes_lock:
             if self._lanes is None:
-                try:
-                    self._lanes = LaneServer(self.node, self.config.security)
-                except OSError as e:
-                    log.warning("%s: no bulk-lane listener (%s); bundles travel on the gRPC streams", self.node, e)
-                    return ()
+                self._lanes = open_lanes(self.node, self.config.security)
             lanes = self._lanes
+        return offer_lane(lanes, self.node, link) if lanes is not None else ()
 
-        def attach(lane: Lane) -> None:
-            lane.name = f"{self.node}<->{link.name}"
-            lane.on_broken = lambda why: self._lane_broken(link, why)
-            link.lane = lane
-            link.asm.lane = lane
-            if not link.alive:  # the session ended meanwhile
-                lane.close()
-
-        offer = lanes.offer(attach, link.identity, link.name)
-        link.lane_token = offer.token
-        return offer.metadata()
-
-    def _lane_broken(self, link: ChildLink, why: str) -> None:
-        """A session's lane failed: the session ends as with a broken stream (its calls fail, the child re-joins)."""
-        log.warning("%s: ending the session of %s: %s", self.node, link.name, why)
-        if link.cancel is not None:
-            link.cancel()
+    def adopt_lanes(self, lanes: LaneServer | None) -> None:
+        """Take over the lane listener that offered lanes to this node's sessions before the hub existed (an
+        edge's :class:`~fedhop.transport.session.pending.PendingHub`)."""
+        with self._lanes_lock:
+            if self._lanes is None:
+                self._lanes = lanes
 
     def _sent_control(self, link: ChildLink, frame: pb.Frame) -> None:
         if link.node_id is not None:  # refusals before a Hello are no child's traffic
@@ -179,7 +165,7 @@ class ParentHub:
             else:
                 self.calls.result(link, msg)
         if link.lane is not None and link.lane.broken:  # mid-payload: the message failed above with the reason
-            self._lane_broken(link, link.lane.broken)
+            end_for_lane(self.node, link, link.lane.broken)
         return True
 
     def lost(self, link: ChildLink, why: str) -> None:
@@ -188,10 +174,7 @@ class ParentHub:
         self._close_lane(link)
 
     def _close_lane(self, link: ChildLink) -> None:
-        if self._lanes is not None and link.lane_token:
-            self._lanes.withdraw(link.lane_token)
-        if link.lane is not None:
-            link.lane.close()
+        close_lane(self._lanes, link)
 
     # -- the run ------------------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float, give_up: Callable[[], str | None] | None = None) -> list[NodeId]:
@@ -241,3 +224,46 @@ class ParentHub:
     def missed(self, node: NodeId, round_idx: int, why: str) -> bool:
         """A task got no reply at all; True when this drops the child (``Liveness.missed``)."""
         return self.liveness.missed(node, round_idx, why)
+
+
+# -- bulk lanes (transport/lane.py) of a parent's sessions ------------------------------------------------------
+
+
+def open_lanes(node: NodeId, security: Security) -> LaneServer | None:
+    """``node``'s lane listener; None (logged) where it cannot listen: bundles then travel on the streams."""
+    try:
+        return LaneServer(node, security)
+    except (OSError, ValueError) as e:
+        log.warning("%s: no bulk-lane listener (%s); bundles travel on the gRPC streams", node, e)
+        return None
+
+
+def offer_lane(lanes: LaneServer, node: NodeId, link: ChildLink) -> tuple[tuple[str, str], ...]:
+    """A one-time token of ``lanes`` for ``link``'s session, as the servicer's initial metadata; the lane its
+    child opens with it becomes the session's (its assembler reads the payloads from it)."""
+    def attach(lane: Lane) -> None:
+        lane.name = f"{node}<->{link.name}"
+        lane.on_broken = lambda why: end_for_lane(node, link, why)
+        link.lane = lane
+        link.asm.lane = lane
+        if not link.alive:  # the session ended meanwhile
+            lane.close()
+
+    offer = lanes.offer(attach, link.identity, link.name)
+    link.lane_token = offer.token
+    return offer.metadata()
+
+
+def end_for_lane(node: NodeId, link: ChildLink, why: str) -> None:
+    """A session's lane failed: the session ends as with a broken stream (its calls fail, the child re-joins)."""
+    log.warning("%s: ending the session of %s: %s", node, link.name, why)
+    if link.cancel is not None:
+        link.cancel()
+
+
+def close_lane(lanes: LaneServer | None, link: ChildLink) -> None:
+    """A session ended: its lane token is withdrawn and its lane closed."""
+    if lanes is not None and link.lane_token:
+        lanes.withdraw(link.lane_token)
+    if link.lane is not None:
+        link.lane.close()
