@@ -10,9 +10,14 @@ Set-up (a session's, after its Hello): the parent's servicer offers a lane in th
 (:data:`LANE_METADATA`: the lane port, a one-time token, and the smallest payload the lane carries); the child,
 once it holds the Welcome and before it sends anything else, dials the parent's host at that port, says
 :data:`MAGIC` and the token, and waits for one byte. The parent's :class:`LaneServer` accepts a token once, for
-the session it was made for; with mutual TLS the lane is TLS with the same certificates and the client
-certificate must name the same node as the session's; a connection without a good token (or with another
-node's certificate) is refused and logged, and changes nothing. A child that cannot open the lane (port
+the session it was made for, from the host the session's stream comes from (loopback counts as one host); with
+mutual TLS the lane is TLS with the same certificates and the client certificate must name the same node as the
+session's; a connection without a good token (or with another node's certificate) is refused and logged, and
+changes nothing. A lane from another address than its stream's (a delay proxy in front of the parent's gRPC port,
+``deploy/delay_proxy.py``, whose emulated link the lane would skip) is refused too, and that session keeps its
+bundles on the stream. The listener binds every interface (``FEDHOP_BULK_LANE_HOST`` to choose one) on a port of
+the system's choosing: a firewall or a container that publishes only the gRPC port refuses the lane, and the
+sessions fall back. A child that cannot open the lane (port
 refused, a firewall, a refusal, ``FEDHOP_BULK_LANE=0`` on either side) sends and receives its bundles as
 chunk frames as before.
 
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ipaddress
 import logging
 import os
 import secrets
@@ -48,7 +54,7 @@ from cryptography import x509
 from fedhop.common.testhooks import mark
 from fedhop.transport.certs import node_files, node_id_of
 from fedhop.transport.credentials import Security
-from fedhop.transport.tcp_counters import Address, normalise_ip
+from fedhop.transport.tcp_counters import Address, normalise_ip, parse_grpc_peer
 
 log = logging.getLogger("fedhop.lane")
 
@@ -244,6 +250,20 @@ class _Pending:
     attach: Callable[[Lane], None]
     identity: str | None  # the node the session's certificate proves (mutual TLS); None: the token alone binds
     name: str
+    peer_ip: str | None  # where the session's stream comes from: its lane must come from there too
+
+
+def same_host(a: str | None, b: str) -> bool:
+    """Whether a lane from ``b`` comes from where its session's stream came from (``a``); loopback is one host."""
+    if a is None:
+        return False
+    x, y = normalise_ip(a), normalise_ip(b)
+    if x == y:
+        return True
+    try:
+        return ipaddress.ip_address(x).is_loopback and ipaddress.ip_address(y).is_loopback
+    except ValueError:
+        return False
 
 
 class LaneServer:
@@ -268,11 +288,13 @@ class LaneServer:
         self._closed = False
         threading.Thread(target=self._accept, daemon=True, name=f"{node}-lanes").start()
 
-    def offer(self, attach: Callable[[Lane], None], identity: str | None, name: str) -> LaneOffer:
-        """A token for one session; ``attach(lane)`` runs once its child connects with it."""
+    def offer(self, attach: Callable[[Lane], None], identity: str | None, name: str, peer: str = "") -> LaneOffer:
+        """A token for one session (``peer``: its stream's remote address as gRPC gives it, ``ipv4:IP:PORT``);
+        ``attach(lane)`` runs once its child connects with it, from the same host."""
         token = secrets.token_hex(TOKEN_CHARS // 2)
+        where = parse_grpc_peer(peer) if peer else None
         with self._lock:
-            self._pending[token] = _Pending(attach, identity, name)
+            self._pending[token] = _Pending(attach, identity, name, where[0] if where is not None else None)
         return LaneOffer(self.port, token, self.min_bytes)
 
     def withdraw(self, token: str) -> None:
@@ -319,6 +341,14 @@ class LaneServer:
             pending = self._pending.pop(token, None)
         if pending is None:
             self._refuse(conn, addr, "unknown or used token")
+            return
+        if not same_host(pending.peer_ip, str(addr[0]) if isinstance(addr, tuple) else ""):
+            # e.g. a delay proxy in front of the gRPC port (deploy/delay_proxy.py): a lane around it would skip
+            # the emulated link, so the session keeps its bundles on the stream
+            log.info("%s: the bulk lane of %s comes from %s, its session from %s (a proxy between them?): refused; "
+                     "its bundles travel on the gRPC stream", self.node, pending.name, addr, pending.peer_ip)
+            with contextlib.suppress(OSError):
+                conn.close()
             return
         if self.security.mode == "tls":
             der = conn.getpeercert(binary_form=True) if isinstance(conn, ssl.SSLSocket) else None

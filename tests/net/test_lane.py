@@ -164,6 +164,18 @@ def test_a_child_dying_mid_payload_is_a_missing_reply_with_a_reason(server: str)
         assert torch.equal(call1.result.bundle["w"], weights() * 2)
 
 
+def test_a_lane_from_another_host_than_its_session_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """A session whose stream came through a proxy (another address than its lane's) gets no lane: the lane
+    would skip the emulated link. The token alone is not enough."""
+    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+        attached = []
+        offer = hub._lanes.offer(attached.append, None, "client-x", "ipv4:10.1.2.3:5000")
+        with caplog.at_level(logging.INFO, logger="fedhop.lane"):
+            got = lane_mod.dial_lane(f"127.0.0.1:{offer.port}", offer, Security.insecure("client-x"), "client-x")
+        assert got is None and attached == []
+        assert "a proxy between them?" in caplog.text
+
+
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("pki")
@@ -190,7 +202,7 @@ def test_a_tls_lane_with_another_nodes_certificate_is_refused(pki: Path, caplog:
     sec = mtls(pki)
     with parent_with_children(make_spec(), SIZES, "asyncio", lane=True, security=sec) as (hub, children, _):
         link = hub.roster.links["client-0"]
-        offer = hub._lanes.offer(lambda lane: None, link.identity, link.name)
+        offer = hub._lanes.offer(lambda lane: None, link.identity, link.name, link.peer)
         with caplog.at_level(logging.WARNING, logger="fedhop.lane"):
             got = lane_mod.dial_lane(f"127.0.0.1:{offer.port}", offer, sec["client-1"], "client-1")
         assert got is None

@@ -249,7 +249,7 @@ def offer_lane(lanes: LaneServer, node: NodeId, link: ChildLink) -> tuple[tuple[
         if not link.alive:  # the session ended meanwhile
             lane.close()
 
-    offer = lanes.offer(attach, link.identity, link.name)
+    offer = lanes.offer(attach, link.identity, link.name, link.peer)
     link.lane_token = offer.token
     return offer.metadata()
 
