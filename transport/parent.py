@@ -99,9 +99,9 @@ class AsyncParentServicer:
 
     Each session is its handler (it streams what the protocol queues for the child, woken by
     ``ChildLink.on_queued``) and a reader task; the reader hands each frame to the protocol in the server's
-    session pool, one frame at a time per session, in order (a bundle header whose payload follows on the session's
-bulk lane in a transfer thread: the read takes as long as the transfer). A Result whose bundle must wait for the reply
-    gate (a folding scatter) waits in the loop, not in a thread: its session's frames are not read meanwhile,
+    session pool, one frame at a time per session, in order (a bundle header whose payload follows on the
+    session's bulk lane in a transfer thread: its read lasts the transfer). A Result whose bundle must wait for
+    the reply gate (a folding scatter) waits in the loop, not in a thread: its session's frames are not read meanwhile,
     as with the synchronous reader that blocked."""
 
     def __init__(self, hub: SessionHost, server: LoopServer) -> None:
