@@ -172,7 +172,7 @@ class _Stream:
             lane = self.lane
             if lane is not None and isinstance(item, BundleMessage) and lane.carries(item.payload_bytes):
                 yield from item.control_frames()  # the payload follows on the lane
-                lane.send(item.views)
+                lane.send(item.lane_buffers())
                 continue
             try:
                 yield from item

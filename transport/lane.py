@@ -68,6 +68,8 @@ TOKEN_CHARS = 32
 OK = b"\x01"
 HANDSHAKE_S = 5.0  # the lane's connect, TLS handshake and token exchange, each side
 _DRAIN_PIECE = 1 << 20
+_BATCH_BYTES = 16 << 20  # one sendmsg writes up to this much (several chunk frames) ...
+_BATCH_BUFFERS = 512  # ... in at most this many buffers (IOV_MAX is 1024)
 
 
 def lane_enabled() -> bool:
@@ -118,7 +120,7 @@ class Lane:
     """One end of a session's lane: payloads out (:meth:`send`, written in order by a writer thread that lives
     while there is something to write) and in (:meth:`recv_into`, called by the session's reader right after
     the header frame). ``on_broken(why)`` ends the session (called once, when the lane fails; not on
-    :meth:`close`). ``sent_bytes`` / ``received_bytes``: payload bytes through this end."""
+    :meth:`close`). ``sent_bytes`` / ``received_bytes``: the bytes through this end (the chunk frames')."""
 
     def __init__(self, sock: socket.socket, min_bytes: int, name: str,
                  on_broken: Callable[[str], None] | None = None) -> None:
@@ -136,7 +138,7 @@ class Lane:
         self._up = True
         self.broken = ""  # why the lane failed ("" while it did not)
         self._lock = threading.Lock()
-        self._queue: collections.deque[Sequence[memoryview]] = collections.deque()
+        self._queue: collections.deque[Iterable[Sequence[bytes | memoryview]]] = collections.deque()
         self._writing = False
 
     @property
@@ -148,10 +150,11 @@ class Lane:
         return self._up and total_bytes >= self.min_bytes
 
     # -- out ------------------------------------------------------------------------------------------------
-    def send(self, views: Sequence[memoryview]) -> None:
-        """Queue one payload (the tensors' byte views, in order); written after those queued before it."""
+    def send(self, chunks: Iterable[Sequence[bytes | memoryview]]) -> None:
+        """Queue one payload: its chunk frames as buffers (``BundleMessage.lane_buffers``, taken lazily by the
+        writer); written after those queued before it."""
         with self._lock:
-            self._queue.append(views)
+            self._queue.append(chunks)
             if self._writing:
                 return
             self._writing = True
@@ -164,13 +167,47 @@ class Lane:
                     self._queue.clear()
                     self._writing = False
                     return
-                views = self._queue.popleft()
+                chunks = self._queue.popleft()
             try:
-                for v in views:
-                    self.sock.sendall(v)
-                    self.sent_bytes += v.nbytes
+                self._write_all(chunks)
             except (OSError, ValueError) as e:
                 self.fail(f"writing a payload failed: {e}")
+
+    def _write_all(self, chunks: Iterable[Sequence[bytes | memoryview]]) -> None:
+        """Write the buffers in order, several chunk frames per system call (``sendmsg``: no joined copy); a TLS
+        socket has no ``sendmsg`` and writes each buffer."""
+        if isinstance(self.sock, ssl.SSLSocket):
+            for bufs in chunks:
+                for b in bufs:
+                    self.sock.sendall(b)
+                    self.sent_bytes += len(b) if isinstance(b, bytes) else b.nbytes
+            return
+        batch: list[memoryview] = []
+        size = 0
+        for bufs in chunks:
+            for b in bufs:
+                v = memoryview(b)
+                batch.append(v)
+                size += v.nbytes
+            if size >= _BATCH_BYTES or len(batch) >= _BATCH_BUFFERS:
+                self._sendmsg(batch)
+                batch, size = [], 0
+        if batch:
+            self._sendmsg(batch)
+
+    def _sendmsg(self, bufs: list[memoryview]) -> None:
+        while bufs:
+            n = self.sock.sendmsg(bufs)
+            self.sent_bytes += n
+            while n:
+                if n >= bufs[0].nbytes:
+                    n -= bufs[0].nbytes
+                    bufs.pop(0)
+                else:
+                    bufs[0] = bufs[0][n:]
+                    n = 0
+            while bufs and bufs[0].nbytes == 0:
+                bufs.pop(0)
 
     # -- in -------------------------------------------------------------------------------------------------
     def recv_into(self, view: memoryview) -> int:

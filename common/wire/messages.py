@@ -30,6 +30,7 @@ from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.codec import (
     DEFAULT_CHECKSUM,
     DTYPES,
+    MAX_CHUNK_BYTES,
     BundleDecoder,
     CodecError,
     PayloadSink,
@@ -130,6 +131,26 @@ class BundleMessage:
     def __iter__(self) -> Iterator[pb.Frame | bytes]:
         yield self.head
         yield from _frames(self.head.call_id, self.header, _chunks(self.views, self.chunk_bytes), True)
+
+    def lane_buffers(self) -> Iterator[list[bytes | memoryview]]:
+        """The chunk frames of the payload as buffers, one list per chunk: the frame's head (the bytes before its
+        data, :func:`chunk_frame_head`) and views of the tensors' memory: what a bulk lane writes, so that it
+        carries the very bytes the chunk frames would have (never joined into one buffer)."""
+        cid, cb = self.head.call_id, self.chunk_bytes
+        offset, room = 0, cb
+        parts: list[bytes | memoryview] = []
+        for view in self.views:
+            pos, n = 0, view.nbytes
+            while pos < n:
+                take = min(room, n - pos)
+                parts.append(view[pos:pos + take])
+                pos += take
+                room -= take
+                if room == 0:
+                    yield [chunk_frame_head(cid, offset, cb), *parts]
+                    offset, room, parts = offset + cb, cb, []
+        if parts:
+            yield [chunk_frame_head(cid, offset, cb - room), *parts]
 
     def control_frames(self) -> list[pb.Frame]:
         """What travels on the stream when the payload goes on a lane: ``head`` and the header frame."""
@@ -259,9 +280,9 @@ class Message:
 
 
 class BodyLane(Protocol):
-    """Where the payloads of a session's bundles arrive when they do not come as chunk frames (the bulk lane,
-    ``transport/lane.py``): a byte stream carrying, in the order of their header frames, the payload of every
-    bundle it :meth:`carries`."""
+    """Where the payloads of a session's bundles arrive when they do not come on the stream (the bulk lane,
+    ``transport/lane.py``): a byte stream carrying, in the order of their header frames, the chunk frames of every
+    bundle it :meth:`carries` (the bytes the stream would have carried, :meth:`BundleMessage.lane_buffers`)."""
 
     def carries(self, total_bytes: int) -> bool: ...
 
@@ -270,6 +291,49 @@ class BodyLane(Protocol):
     def drain(self, nbytes: int) -> None: ...
 
     def fail(self, why: str, *, notify: bool = True) -> None: ...
+
+
+def _drain(lane: BodyLane, cid: int, header: pb.BundleHeader) -> None:
+    """Drop the chunk frames of a bundle refused at its header from ``lane`` (it stays in step)."""
+    total, cb = int(header.total_bytes), int(header.chunk_bytes)
+    if total and not 1 <= cb <= MAX_CHUNK_BYTES:  # no sender of ours cuts so: the lane cannot be kept in step
+        lane.fail(f"a bundle header with chunk_bytes={cb} announced a payload on the lane", notify=False)
+        return
+    lane.drain(chunk_frames_bytes(cid, total, cb) if total else 0)
+
+
+class _ChunkReader:
+    """``recv_into`` for :meth:`BundleDecoder.fill` over a lane's chunk frames of one call: each frame's head is
+    read and checked (this call's id, the next offset, the expected length: a lane out of step fails here, before
+    a wrong byte lands), and only the data reaches the decode buffer."""
+
+    def __init__(self, lane: BodyLane, call_id: int, total: int, chunk_bytes: int) -> None:
+        self.lane = lane
+        self.call_id = call_id
+        self.total = total
+        self.chunk_bytes = chunk_bytes
+        self.pos = 0  # payload bytes read
+        self.left = 0  # data bytes left in the current chunk frame
+
+    def recv_into(self, view: memoryview) -> int:
+        if self.left == 0:
+            n = min(self.chunk_bytes, self.total - self.pos)
+            want = chunk_frame_head(self.call_id, self.pos, n)
+            got = bytearray(len(want))
+            at = 0
+            while at < len(want):
+                k = self.lane.recv_into(memoryview(got)[at:])
+                if k == 0:
+                    return 0  # the lane ended: the decoder reports the truncation
+                at += k
+            if bytes(got) != want:
+                raise OSError(f"the lane is out of step: expected the chunk frame of call {self.call_id} at "
+                              f"offset {self.pos}")
+            self.left = n
+        k = self.lane.recv_into(view[:min(len(view), self.left)])
+        self.pos += k
+        self.left -= k
+        return k
 
 
 class FrameError(ValueError):
@@ -371,11 +435,11 @@ class MessageAssembler:
             try:
                 msg = self._header(cid, frame, size)
             except FrameError:
-                lane.drain(int(frame.header.total_bytes))
+                _drain(lane, cid, frame.header)
                 raise
             opened = self._open.get(cid)
             if msg is not None or opened is None or opened[2] is None:  # refused or failed: its payload is dropped
-                lane.drain(int(frame.header.total_bytes))
+                _drain(lane, cid, frame.header)
                 return msg
             return self._from_lane(cid, lane, int(frame.header.chunk_bytes))
         if body == "chunk":
@@ -388,7 +452,7 @@ class MessageAssembler:
         assert dec is not None
         self._open[cid] = (head, n + chunk_frames_bytes(cid, dec.total_bytes, chunk_bytes), dec)
         try:
-            dec.fill(lane.recv_into)
+            dec.fill(_ChunkReader(lane, cid, dec.total_bytes, chunk_bytes).recv_into)
         except CodecError as e:
             if dec.received_bytes < dec.total_bytes:  # the lane ended or broke mid-payload: it is out of step
                 lane.fail(str(e), notify=False)  # the session's reader ends the session once this message is handled

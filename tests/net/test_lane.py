@@ -20,7 +20,7 @@ import torch
 from fedhop.common.engine.api import Reply
 from fedhop.common.engine.base import Failure
 from fedhop.common.spec import RunSpec
-from fedhop.common.wire.messages import Message, message_frames, result_frame
+from fedhop.common.wire.messages import Message, chunk_frames_bytes, message_frames, result_frame
 from fedhop.common.wire.meter import WIRE_KIND
 from fedhop.transport import lane as lane_mod
 from fedhop.transport.certs import init_folder
@@ -68,13 +68,14 @@ def answer(child: ChildSession, msg: Message) -> None:
     child.send(message_frames(result_frame(msg.call_id, {"n": 1}, has_bundle=True), out, CHUNK))
 
 
-def exchange(hub: ParentHub, children: Mapping[str, ChildSession], node: str = "client-0") -> Reply:
+def exchange(hub: ParentHub, children: Mapping[str, ChildSession], node: str = "client-0") -> tuple[Reply, int]:
+    """One call down and its reply back; (the reply, the bytes each way on a lane: the chunk frames')."""
     call = hub.call(node, "test.lane", {"w": weights()}, {"a": 1}, 0, 60)
     assert not isinstance(call, Failure), call
     answer(children[node], take_task(children[node]))
     assert call.done.wait(60)
     assert isinstance(call.result, Reply), call.result
-    return call.result
+    return call.result, chunk_frames_bytes(call.call_id, weights().numel() * 4, CHUNK)
 
 
 def counted(hub: ParentHub) -> list[dict]:
@@ -93,10 +94,9 @@ def test_the_lane_carries_the_payloads_and_every_count_is_the_one_without_it(ser
     rows = {}
     for lane in (True, False):
         with parent_with_children(make_spec(), SIZES, server, lane=lane) as (hub, children, _):
-            reply = exchange(hub, children)
+            reply, nbytes = exchange(hub, children)
             assert torch.equal(reply.bundle["w"], weights() * 2)
             link = hub.roster.links["client-0"]
-            nbytes = weights().numel() * 4
             if lane:
                 assert link.lane is not None and children["client-0"]._stream.lane is not None
                 assert children["client-0"]._stream.lane.received_bytes == nbytes  # the task's payload
@@ -110,6 +110,20 @@ def test_the_lane_carries_the_payloads_and_every_count_is_the_one_without_it(ser
     assert any(r["payload_bytes"] == weights().numel() * 4 and r["phase"] == "reply" for r in rows[True])
 
 
+def test_a_reply_refused_at_its_header_is_dropped_from_the_lane_which_stays_in_step() -> None:
+    """The same checks as on the stream: a reply of the wrong shape fails at its header, before its bytes are
+    decoded; its chunk frames are read off the lane and dropped, and the next call uses the lane as before."""
+    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+        call = hub.call("client-0", "test.lane", {"w": weights()}, {}, 0, 60, expect={"w": torch.zeros(4, 4)})
+        assert not isinstance(call, Failure)
+        answer(children["client-0"], take_task(children["client-0"]))
+        assert call.done.wait(30) and isinstance(call.result, Failure)
+        assert "refused at its header" in call.result.reason and "(512, 1024)" in call.result.reason
+        reply, nbytes = exchange(hub, children)
+        assert torch.equal(reply.bundle["w"], weights() * 2)
+        assert hub.roster.links["client-0"].lane.received_bytes == 2 * nbytes
+
+
 def test_a_lane_that_cannot_be_opened_leaves_the_bundles_on_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """The offer names a port where nothing listens: the child goes on without a lane, and so does the call."""
     with socket.socket() as s:
@@ -119,7 +133,7 @@ def test_a_lane_that_cannot_be_opened_leaves_the_bundles_on_the_stream(monkeypat
     monkeypatch.setattr(lane_mod.LaneOffer, "metadata",
                         lambda self: real(lane_mod.LaneOffer(dead, self.token, self.min_bytes)))
     with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
-        reply = exchange(hub, children)
+        reply, _ = exchange(hub, children)
         assert torch.equal(reply.bundle["w"], weights() * 2)
         assert children["client-0"]._stream.lane is None and hub.roster.links["client-0"].lane is None
 
@@ -133,9 +147,9 @@ def test_an_impostor_on_the_lane_port_is_refused_and_logged(caplog: pytest.LogCa
             s.sendall(lane_mod.MAGIC + b"0" * lane_mod.TOKEN_CHARS)
             assert s.recv(1) == b""  # closed without the OK byte
         assert "refused a bulk-lane connection" in caplog.text and "unknown or used token" in caplog.text
-        reply = exchange(hub, children)
+        reply, nbytes = exchange(hub, children)
         assert torch.equal(reply.bundle["w"], weights() * 2)
-        assert hub.roster.links["client-0"].lane.received_bytes == weights().numel() * 4
+        assert hub.roster.links["client-0"].lane.received_bytes == nbytes
 
 
 def test_a_child_dying_mid_payload_is_a_missing_reply_with_a_reason(server: str) -> None:
@@ -151,9 +165,13 @@ def test_a_child_dying_mid_payload_is_a_missing_reply_with_a_reason(server: str)
         dying.send(out.control_frames())
         lane = dying._stream.lane
         assert lane is not None
-        lane.sock.sendall(out.views[0][: out.payload_bytes // 2])
-        wait_until(lambda: hub.roster.links["client-0"].lane.received_bytes == out.payload_bytes // 2,
-                   "the first half to arrive")
+        chunks = list(out.lane_buffers())
+        half = chunks[: len(chunks) // 2]
+        for bufs in half:  # the first half of the chunk frames, as the lane's writer would write them
+            for b in bufs:
+                lane.sock.sendall(b)
+        sent = sum(len(b) if isinstance(b, bytes) else b.nbytes for bufs in half for b in bufs)
+        wait_until(lambda: hub.roster.links["client-0"].lane.received_bytes == sent, "the first half to arrive")
         lane.close()  # the peer dies: its lane ends mid-payload
         assert call0.done.wait(30)
         assert isinstance(call0.result, Failure) and "could not be decoded" in call0.result.reason
@@ -190,10 +208,10 @@ def mtls(pki: Path) -> dict[str, Security]:
 def test_a_tls_lane_carries_the_payloads(pki: Path) -> None:
     """With mutual TLS the lane is TLS too (same certificates), and carries both payloads."""
     with parent_with_children(make_spec(), SIZES, "asyncio", lane=True, security=mtls(pki)) as (hub, children, _):
-        reply = exchange(hub, children)
+        reply, nbytes = exchange(hub, children)
         assert torch.equal(reply.bundle["w"], weights() * 2)
         lane = hub.roster.links["client-0"].lane
-        assert lane is not None and lane.received_bytes == weights().numel() * 4
+        assert lane is not None and lane.received_bytes == nbytes
         assert isinstance(lane.sock, ssl.SSLSocket)
 
 

@@ -93,7 +93,7 @@ class ChildLink:
         lane = self.lane
         if lane is not None and isinstance(frames, BundleMessage) and lane.carries(frames.payload_bytes):
             yield from frames.control_frames()  # the payload follows on the lane, counted as its chunk frames
-            lane.send(frames.views)
+            lane.send(frames.lane_buffers())
             self.last_sent = time.monotonic()
             if on_sent is not None:
                 on_sent(frames.message_bytes)
