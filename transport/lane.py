@@ -1,10 +1,12 @@
 """The bulk lane: a second TCP (or TLS) connection per parent session that carries only bundle payloads.
 
 gRPC stays the control plane: every frame of a message (its Task / Result / Post frame and its bundle's header
-frame) still travels on the session stream, and only the payload that the chunk frames would have carried goes
-on the lane, as raw bytes written from the tensors' memory and received straight into the decode buffer (or the
-streamed fold's sink). gRPC's message copies and HTTP/2 flow control are what kept a 256 MB transfer at a fifth
-of a raw socket's speed (docs/benchmarks.md, issue 19).
+frame) still travels on the session stream, and only the chunk frames go on the lane: the very bytes the stream
+would have carried (each frame's few head bytes, then its data), written from the tensors' memory (``sendmsg`` of
+views, never joined) and received straight into the decode buffer (or the streamed fold's sink), each frame's
+head checked on the way (its call, its offset, its length: a lane out of step fails before a wrong byte lands).
+gRPC's message copies and HTTP/2 flow control are what kept a 256 MB transfer at a fifth of a raw socket's speed
+(docs/benchmarks.md, issue 19).
 
 Set-up (a session's, after its Hello): the parent's servicer offers a lane in the stream's initial metadata
 (:data:`LANE_METADATA`: the lane port, a one-time token, and the smallest payload the lane carries); the child,
@@ -24,9 +26,10 @@ chunk frames as before.
 The rule both ends apply to each bundle: it goes on the lane iff the session's lane is up and its payload is at
 least the offered ``min_bytes`` (``FEDHOP_BULK_LANE_MIN_BYTES`` at the parent, default 1 MiB: small bundles
 stay on the stream). Payloads go in the order of their header frames (one writer per lane, fed in the order the
-stream takes the messages). Counting does not change: the sender meters the bytes the chunk frames would have had
+stream takes the messages). Counting does not change: the sender meters the bytes of the message's frames
 (``BundleMessage.message_bytes``) and the receiver the same (``MessageAssembler``); the lane's TCP counters are
-the child's connection's too (the wire level). A lane that breaks (a peer that died mid-payload) fails the
+the child's connection's too (the wire level: the lane carries the chunk frames' bytes, so payload <= message <=
+wire still holds per link). A lane that breaks (a peer that died mid-payload) fails the
 message being read and ends its session, as a broken stream does: the reply is missing with a reason, the
 child re-joins, and the new session gets a new lane.
 

@@ -118,8 +118,8 @@ def error_frame(call_id: int, code: int, message: str) -> pb.Frame:
 class BundleMessage:
     """A message with a bundle, ready to send: iterating it yields ``head``, the bundle's header frame and its chunk
     frames (built lazily from the tensors' storage, once). A transport with a bulk lane (``transport/lane.py``)
-    sends only :meth:`control_frames` on the stream and writes :attr:`views` (the payload, uncut) on the lane;
-    :attr:`message_bytes` is what the chunk frames would have added, so the byte meter counts the same either way.
+    sends only :meth:`control_frames` on the stream and writes :meth:`lane_buffers` (the chunk frames) on the lane;
+    :attr:`message_bytes` counts all the frames, so the byte meter counts the same either way.
     """
 
     def __init__(self, head: pb.Frame, header: pb.BundleHeader, views: list[memoryview], chunk_bytes: int) -> None:
@@ -366,11 +366,12 @@ class MessageAssembler:
     None: decode it); asked once the header passed every check above, and the sink is aborted when the bundle
     fails or is abandoned.
 
-    ``lane`` (a :class:`BodyLane`, set once the session's lane is up): the payload of a bundle the lane carries is
-    read from it right after its header frame (into the decode buffer or the sink, every check above made first);
-    the message bytes counted are those of the chunk frames that would have carried it. A header refused for any
-    reason has its payload read and dropped (the lane stays in step); a lane that ends mid-payload fails the
-    message and the lane (its session ends, as with a broken stream).
+    ``lane`` (a :class:`BodyLane`, set once the session's lane is up): the chunk frames of a bundle the lane
+    carries are read from it right after its header frame (their data into the decode buffer or the sink, every
+    check above made first, each frame's head checked) and counted as if they had come on the stream. A header
+    refused for any reason has its chunk frames read and dropped (the lane stays in step); a lane that ends or
+    is out of step mid-payload fails the message and the lane (the session's reader then ends the session, as
+    with a broken stream).
     """
 
     DROPPED_KEPT = 4096  # dropped call ids remembered (their stray frames are ignored, not complained about)
