@@ -418,17 +418,28 @@ def _recv_exactly(conn: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+_UNREACHABLE: set[tuple[str, int]] = set()  # lane listeners this process could not connect to (not dialed again)
+
+
 def dial_lane(parent_addr: str, offer: LaneOffer | None, security: Security, node: str,
               on_broken: Callable[[str], None] | None = None) -> Lane | None:
     """A child's end of its session's lane (call it after the Welcome, before sending anything else on the
     session); None (logged) where there is no offer, the lane is switched off here, or it cannot be opened:
-    bundles then travel as chunk frames. ``parent_addr``: the ``host:port`` the session dialed."""
+    bundles then travel as chunk frames. ``parent_addr``: the ``host:port`` the session dialed. A listener that
+    could not be reached once (refused, or dropped by a firewall: a 5 s wait) is not dialed again by this
+    process (a client host's thousand sessions would each wait)."""
     if offer is None or not lane_enabled():
         return None
     host = parent_addr.rpartition(":")[0].strip("[]") or "127.0.0.1"
+    if (host, offer.port) in _UNREACHABLE:  # a firewall dropped it once: the sessions after that do not wait
+        return None
     sock: socket.socket | None = None
     try:
-        sock = socket.create_connection((host, offer.port), timeout=HANDSHAKE_S)
+        try:
+            sock = socket.create_connection((host, offer.port), timeout=HANDSHAKE_S)
+        except OSError:
+            _UNREACHABLE.add((host, offer.port))
+            raise
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not security.plaintext:
             sock = client_context(security).wrap_socket(sock, server_hostname=host)

@@ -125,10 +125,12 @@ def test_a_reply_refused_at_its_header_is_dropped_from_the_lane_which_stays_in_s
 
 
 def test_a_lane_that_cannot_be_opened_leaves_the_bundles_on_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The offer names a port where nothing listens: the child goes on without a lane, and so does the call."""
+    """The offer names a port where nothing listens: the child goes on without a lane, and so does the call; the
+    process does not dial that port again (a firewall that drops it would cost every session the timeout)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]  # closed again: connections there are refused
+    monkeypatch.setattr(lane_mod, "_UNREACHABLE", set())  # the port is remembered as unreachable: not for others
     real = lane_mod.LaneOffer.metadata
     monkeypatch.setattr(lane_mod.LaneOffer, "metadata",
                         lambda self: real(lane_mod.LaneOffer(dead, self.token, self.min_bytes)))
@@ -136,6 +138,7 @@ def test_a_lane_that_cannot_be_opened_leaves_the_bundles_on_the_stream(monkeypat
         reply, _ = exchange(hub, children)
         assert torch.equal(reply.bundle["w"], weights() * 2)
         assert children["client-0"]._stream.lane is None and hub.roster.links["client-0"].lane is None
+        assert sorted(lane_mod._UNREACHABLE) == [("127.0.0.1", dead)]  # remembered: client-1 did not wait again
 
 
 def test_an_impostor_on_the_lane_port_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
