@@ -5,7 +5,8 @@
 fedhop: this process is a parent (``ParentHub`` + ``NetComm`` on the PS's asyncio server); a separate ``fedhop
 client`` process joins it; one ``scatter`` pushes the bundle to the client, which decodes it into one buffer,
 validates it (finite values) and answers with an empty Result (scatter PS -> client); or one scatter sends an
-empty task and gets the bundle back as the client's reply (reply client -> PS). Timed: scatter start to reply,
+empty task and gets the bundle back as the client's reply (reply client -> PS); one untimed call first. Timed:
+scatter start to reply,
 i.e. snapshot, encode + checksum, transfer, decode, checksum, validation. The fedhop rows run with the bulk
 lane (transport/lane.py: payloads on a second connection of the session, written from the tensors' memory and
 received straight into the decode buffer) and, for comparison, without it (``FEDHOP_BULK_LANE=0``: chunk frames
@@ -177,18 +178,17 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffe
         NodeContext(node_id="ps", role="server", ws=Workspace(spec, "cpu"), comm=comm)  # binds comm to it
         bundle = {"w": payload}
         times = []
-        for rep in range(reps + upload):  # upload: one untimed call first, in which the client builds its tensor
+        for rep in range(reps + 1):  # one untimed call first (first-call costs; the client builds its tensor)
             t0 = time.perf_counter()
             if upload:
                 got = comm.scatter(["client-0"], "bench.source", {}, {"numel": payload.numel()})
                 assert got["client-0"].bundle["w"].numel() == payload.numel(), (got, missing.entries)
-                del got
-                if rep == 0:
-                    continue
             else:
                 got = comm.scatter(["client-0"], "bench.sink", bundle)
                 assert got["client-0"].scalars["bytes"] == payload.numel() * 4, (got, missing.entries)
-            times.append(time.perf_counter() - t0)
+            del got
+            if rep:
+                times.append(time.perf_counter() - t0)
         if lane:
             assert link.lane is not None and link.lane.sent_bytes + link.lane.received_bytes >= reps * payload.numel()
         hub.shutdown(10, finished=True)
