@@ -70,6 +70,7 @@ MAGIC = b"FHLANE1\n"
 TOKEN_CHARS = 32
 OK = b"\x01"
 HANDSHAKE_S = 5.0  # the lane's connect, TLS handshake and token exchange, each side
+MAX_HANDSHAKES = 64  # lane connections a parent checks at once (each holds a thread for up to HANDSHAKE_S)
 _DRAIN_PIECE = 1 << 20
 _BATCH_BYTES = 16 << 20  # one sendmsg writes up to this much (several chunk frames) ...
 _BATCH_BUFFERS = 512  # ... in at most this many buffers (IOV_MAX is 1024)
@@ -173,8 +174,8 @@ class Lane:
                 chunks = self._queue.popleft()
             try:
                 self._write_all(chunks)
-            except (OSError, ValueError) as e:
-                self.fail(f"writing a payload failed: {e}")
+            except Exception as e:  # never a writer that dies and leaves its queue waiting
+                self.fail(f"writing a payload failed: {type(e).__name__}: {e}")
 
     def _write_all(self, chunks: Iterable[Sequence[bytes | memoryview]]) -> None:
         """Write the buffers in order, several chunk frames per system call (``sendmsg``: no joined copy); a TLS
@@ -326,6 +327,7 @@ class LaneServer:
         self._pending: dict[str, _Pending] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         threading.Thread(target=self._accept, daemon=True, name=f"{node}-lanes").start()
 
     def offer(self, attach: Callable[[Lane], None], identity: str | None, name: str, peer: str = "") -> LaneOffer:
@@ -354,8 +356,17 @@ class LaneServer:
                 conn, addr = self._sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._handshake, args=(conn, addr), daemon=True,
+            if not self._handshakes.acquire(blocking=False):  # a flood of connections gets no thread each
+                self._refuse(conn, addr, f"more than {MAX_HANDSHAKES} lane handshakes at once")
+                continue
+            threading.Thread(target=self._handshake_once, args=(conn, addr), daemon=True,
                              name=f"{self.node}-lane-handshake").start()
+
+    def _handshake_once(self, conn: socket.socket, addr: object) -> None:
+        try:
+            self._handshake(conn, addr)
+        finally:
+            self._handshakes.release()
 
     def _refuse(self, conn: socket.socket, addr: object, why: str) -> None:
         log.warning("%s: refused a bulk-lane connection from %s: %s", self.node, addr, why)

@@ -6,10 +6,11 @@ fedhop: this process is a parent (``ParentHub`` + ``NetComm`` on the PS's asynci
 client`` process joins it; one ``scatter`` pushes the bundle to the client, which decodes it into one buffer,
 validates it (finite values) and answers with an empty Result (scatter PS -> client); or one scatter sends an
 empty task and gets the bundle back as the client's reply (reply client -> PS); one untimed call first. Timed:
-scatter start to reply, i.e. snapshot, encode + checksum, transfer, decode, checksum, validation. The fedhop rows run with the bulk
-lane (transport/lane.py: payloads on a second connection of the session, written from the tensors' memory and
-received straight into the decode buffer) and, for comparison, without it (``FEDHOP_BULK_LANE=0``: chunk frames
-on the gRPC stream); plaintext and mutual TLS (certificates from a throwaway CA).
+scatter start to reply, i.e. snapshot, encode + checksum, transfer, decode, checksum, validation. The fedhop
+rows run with the bulk lane (transport/lane.py: the chunk frames on a second connection of the session, written
+from the tensors' memory and received straight into the decode buffer) and, for comparison, without it
+(``FEDHOP_BULK_LANE=0``: chunk frames on the gRPC stream); plaintext and mutual TLS (certificates from a
+throwaway CA).
 
 Baselines, same run: raw TCP (the same bytes from the tensor's memory with ``sendall`` to a child process that
 ``recv_into``s a preallocated buffer and answers one byte), the same into a fresh bundle-size buffer per
