@@ -32,6 +32,7 @@ from tests.net.hubs import parent_with_children
 from tests.waiting import wait_until
 
 CHUNK = 256 << 10
+CALL_ID = 1 << 57
 SHAPE = (512, 1024)  # 2 MiB of float32: over the lane's default 1 MiB floor
 SIZES = {"client-0": 10, "client-1": 20}
 
@@ -228,3 +229,37 @@ def test_a_tls_lane_with_another_nodes_certificate_is_refused(pki: Path, caplog:
             got = lane_mod.dial_lane(f"127.0.0.1:{offer.port}", offer, sec["client-1"], "client-1")
         assert got is None
         assert "the certificate names 'client-1', the session is 'client-0'" in caplog.text
+
+
+def test_the_lane_carries_the_very_bytes_of_the_chunk_frames() -> None:
+    """``lane_buffers`` joined are the chunk frames the stream would have carried (tensors that cross chunk
+    boundaries, a last short chunk), and ``message_bytes`` counts exactly the frames iterating yields."""
+    g = torch.Generator().manual_seed(3)
+    bundle = {"a": torch.randn(1000, generator=g), "b": torch.randn(3, 777, generator=g),
+              "c": torch.arange(5, dtype=torch.int64)}
+    msg = message_frames(result_frame(CALL_ID, {"n": 1}, has_bundle=True), bundle, 1024)
+    frames = list(msg)
+    assert isinstance(frames[2], bytes) and len(frames) > 4
+    lane = b"".join(bytes(b) for bufs in msg.lane_buffers() for b in bufs)
+    assert lane == b"".join(frames[2:])
+    assert msg.message_bytes == frames[0].ByteSize() + frames[1].ByteSize() + len(lane)
+    assert msg.control_frames() == frames[:2]
+
+
+@pytest.mark.parametrize("value", ["", "80", "80 short 1", "0 " + "a" * 32 + " 1", "80 " + "a" * 32 + " 0",
+                                   "x " + "a" * 32 + " 1"])
+def test_an_unreadable_offer_is_no_offer(value: str) -> None:
+    assert lane_mod.LaneOffer.parse([(lane_mod.LANE_METADATA, value)]) is None
+    assert lane_mod.LaneOffer.parse([("other", "1 2 3")]) is None
+
+
+def test_an_offer_reads_back() -> None:
+    offer = lane_mod.LaneOffer(5000, "b" * 32, 1 << 20)
+    assert lane_mod.LaneOffer.parse(offer.metadata()) == offer
+
+
+@pytest.mark.parametrize(("stream", "lane", "same"), [
+    ("10.0.0.7", "10.0.0.7", True), ("127.0.0.1", "::1", True), ("::ffff:10.0.0.7", "10.0.0.7", True),
+    ("127.0.0.1", "10.0.0.7", False), ("10.0.0.8", "10.0.0.7", False), (None, "127.0.0.1", False)])
+def test_a_lane_must_come_from_its_sessions_host(stream: str | None, lane: str, same: bool) -> None:
+    assert lane_mod.same_host(stream, lane) is same
