@@ -215,9 +215,21 @@ class Lane:
 
     # -- in -------------------------------------------------------------------------------------------------
     def recv_into(self, view: memoryview) -> int:
-        n = self.sock.recv_into(view)
-        self.received_bytes += n
-        return n
+        """Receive into all of ``view`` (the caller asks only for bytes that are on their way: the rest of a chunk
+        frame, at most a decoder's piece), or less where the lane ends: one system call on a plain socket
+        (``MSG_WAITALL``), a tight loop over TLS records (16 KiB each) on a TLS one, so that the decoder's loop
+        (a checksum update per call) runs once per piece, not once per record."""
+        if isinstance(self.sock, ssl.SSLSocket):
+            got, want = 0, len(view)
+            while got < want:
+                n = self.sock.recv_into(view[got:], want - got)
+                if n == 0:
+                    break
+                got += n
+        else:
+            got = self.sock.recv_into(view, len(view), socket.MSG_WAITALL)
+        self.received_bytes += got
+        return got
 
     def drain(self, nbytes: int) -> None:
         """Read and drop the payload of a bundle that was refused at its header (the lane stays in step); a lane
