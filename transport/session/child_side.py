@@ -137,10 +137,12 @@ class ChildProtocol:
     def _work(self) -> None:
         while (item := self._tasks.get()) is not CLOSE:
             msg, received = item
-            if msg is POSTED:
+            item = None  # a task's bundle is not held while the worker waits for the next task (whose bundle
+            if msg is POSTED:  # then arrives into memory of its own: two models at once)
                 self._run_post(received)
             else:
                 self._run_task(msg, received)
+            msg = None
 
     def _wait_parent(self) -> bool:
         """Wait while the session to the parent is down (a posted task's reports must reach it, and a parent that
