@@ -42,13 +42,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
+import resource
 import secrets
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -74,6 +77,16 @@ MAX_HANDSHAKES = 64  # lane connections a parent checks at once (each holds a th
 _DRAIN_PIECE = 1 << 20
 _BATCH_BYTES = 16 << 20  # one sendmsg writes up to this much (several chunk frames) ...
 _BATCH_BUFFERS = 512  # ... in at most this many buffers (IOV_MAX is 1024)
+
+
+def max_lanes() -> int:
+    """How many lanes a parent keeps open or offered at once: a quarter of its file-descriptor limit (each lane is
+    one, beside its session's gRPC connection), so that lanes never starve the sessions themselves."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return 256
+    return 1 << 20 if soft == resource.RLIM_INFINITY else max(0, soft // 4)
 
 
 def lane_enabled() -> bool:
@@ -144,6 +157,8 @@ class Lane:
         self._lock = threading.Lock()
         self._queue: collections.deque[Iterable[Sequence[bytes | memoryview]]] = collections.deque()
         self._writing = False
+        self.on_closed: Callable[[], None] | None = None  # told once when the lane closes (its listener's count)
+        self._shut_once = False
 
     @property
     def up(self) -> bool:
@@ -266,10 +281,14 @@ class Lane:
         self._shut()
 
     def _shut(self) -> None:
+        with self._lock:
+            first, self._shut_once = not self._shut_once, True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
+        if first and self.on_closed is not None:
+            self.on_closed()
 
 
 def server_context(security: Security) -> ssl.SSLContext | None:
@@ -340,16 +359,26 @@ class LaneServer:
         self._lock = threading.Lock()
         self._closed = False
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        self.max_lanes = max_lanes()  # lanes open or offered at once: a file descriptor each, beside gRPC's
+        self._live = 0
         threading.Thread(target=self._accept, daemon=True, name=f"{node}-lanes").start()
 
-    def offer(self, attach: Callable[[Lane], None], identity: str | None, name: str, peer: str = "") -> LaneOffer:
+    def offer(self, attach: Callable[[Lane], None], identity: str | None, name: str,
+              peer: str = "") -> LaneOffer | None:
         """A token for one session (``peer``: its stream's remote address as gRPC gives it, ``ipv4:IP:PORT``);
-        ``attach(lane)`` runs once its child connects with it, from the same host."""
+        ``attach(lane)`` runs once its child connects with it, from the same host. None when :attr:`max_lanes`
+        lanes are open or offered already (the session keeps its bundles on the stream)."""
         token = secrets.token_hex(TOKEN_CHARS // 2)
         where = parse_grpc_peer(peer) if peer else None
         with self._lock:
+            if self._live + len(self._pending) >= self.max_lanes:
+                return None
             self._pending[token] = _Pending(attach, identity, name, where[0] if where is not None else None)
         return LaneOffer(self.port, token, self.min_bytes)
+
+    def _closed_one(self) -> None:
+        with self._lock:
+            self._live -= 1
 
     def withdraw(self, token: str) -> None:
         with self._lock:
@@ -366,8 +395,12 @@ class LaneServer:
         while not self._closed:
             try:
                 conn, addr = self._sock.accept()
-            except OSError:
-                return
+            except OSError as e:
+                if self._closed or e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return
+                log.warning("%s: cannot accept a bulk-lane connection: %s", self.node, e)
+                time.sleep(0.1)  # out of file descriptors for now: the child's handshake times out and falls back
+                continue
             if not self._handshakes.acquire(blocking=False):  # a flood of connections gets no thread each
                 self._refuse(conn, addr, f"more than {MAX_HANDSHAKES} lane handshakes at once")
                 continue
@@ -420,6 +453,9 @@ class LaneServer:
                 self._refuse(conn, addr, f"the certificate names {who!r}, the session is {pending.identity!r}")
                 return
         lane = Lane(conn, self.min_bytes, f"{self.node}<->{pending.name}")
+        with self._lock:
+            self._live += 1
+        lane.on_closed = self._closed_one
         pending.attach(lane)  # before the child hears OK: everything it sends after that may use the lane
         try:
             conn.sendall(OK)

@@ -142,6 +142,19 @@ def test_a_lane_that_cannot_be_opened_leaves_the_bundles_on_the_stream(monkeypat
         assert sorted(lane_mod._UNREACHABLE) == [("127.0.0.1", dead)]  # remembered: client-1 did not wait again
 
 
+def test_lanes_beyond_the_file_descriptor_budget_are_not_offered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parent offers as many lanes as a quarter of its file descriptors (here: one): the other session keeps
+    its bundles on the stream, and both calls work."""
+    monkeypatch.setattr(lane_mod, "max_lanes", lambda: 1)
+    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+        has = {n: hub.roster.links[n].lane is not None for n in SIZES}
+        assert sorted(has.values()) == [False, True]
+        for node in SIZES:
+            reply, _ = exchange(hub, children, node)
+            assert torch.equal(reply.bundle["w"], weights() * 2)
+            assert (children[node]._stream.lane is not None) == has[node]
+
+
 def test_an_impostor_on_the_lane_port_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     """A connection with a wrong token is refused with a log line; the sessions and their lanes go on."""
     with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):

@@ -250,6 +250,8 @@ def offer_lane(lanes: LaneServer, node: NodeId, link: ChildLink) -> tuple[tuple[
             lane.close()
 
     offer = lanes.offer(attach, link.identity, link.name, link.peer)
+    if offer is None:  # as many lanes as the node's file descriptors allow: this session stays on its stream
+        return ()
     link.lane_token = offer.token
     return offer.metadata()
 
