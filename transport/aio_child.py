@@ -25,9 +25,10 @@ from fedhop.common.engine.api import NodeContext
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
-from fedhop.common.wire.messages import MessageAssembler
+from fedhop.common.wire.messages import BundleMessage, MessageAssembler
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, make_aio_channel
 from fedhop.transport.child import _BYE, _END, _FRAME, _HEARD, _REJOIN, BYE_WAIT_S, ChildSession, _Stream
+from fedhop.transport.lane import Lane, LaneOffer, dial_lane
 from fedhop.transport.session import CLOSE
 from fedhop.transport.workers import DaemonPool
 from fedhop.v1 import fedhop_pb2 as pb
@@ -61,12 +62,19 @@ class _AioStream:
                                     response_deserializer=parse_frame_lenient)
         self.call: Any = rpc(self._outgoing())
         self._reader: asyncio.Task | None = None
+        self.lane: Lane | None = None  # the session's bulk lane (transport/lane.py), set before it is read
 
     async def _outgoing(self) -> AsyncIterator[pb.Frame | bytes]:
         while True:
             item = await self.out.q.get()
             if item is CLOSE:
                 return
+            lane = self.lane
+            if lane is not None and isinstance(item, BundleMessage) and lane.carries(item.payload_bytes):
+                for frame in item.control_frames():  # the payload follows on the lane (its own writer thread)
+                    yield frame
+                lane.send(item.lane_buffers())
+                continue
             try:
                 for frame in item:
                     yield frame
@@ -105,6 +113,8 @@ class _AioStream:
     def close(self) -> None:
         self.out.put(CLOSE)
         asyncio.run_coroutine_threadsafe(self.channel.close(), self.loop)
+        if self.lane is not None:
+            self.lane.close()
 
 
 class AioChildSession(ChildSession):
@@ -150,8 +160,27 @@ class AioChildSession(ChildSession):
             stream.close()
             raise self._call_failed(e) from None
         self._check_welcome(first, rejoin, stream.close)
+        stream.lane = await self._dial_lane(stream)
         self._adopt(stream, first.welcome)
         return first.welcome
+
+    async def _dial_lane(self, stream: _AioStream) -> Lane | None:
+        """The session's bulk lane, as :func:`~fedhop.transport.child.open_lane` dials it for a threaded session
+        (after the Welcome, before the stream is read): dialed on the loop's executor (the join worker that
+        awaits this attempt is busy); a lane that breaks ends the session (the id re-joins)."""
+        try:
+            offer = LaneOffer.parse(await stream.call.initial_metadata())
+        except grpc.RpcError:
+            return None
+        if offer is None:
+            return None
+        return await self.loop.run_in_executor(None, functools.partial(
+            dial_lane, self.parent_addr, offer, self.security, self.node, on_broken=lambda why: stream.close()))
+
+    def _end_stream(self, sid: int) -> None:
+        for s in self._streams:
+            if s.sid == sid:
+                s.close()
 
     async def in_pool(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` on a join worker (named after this node meanwhile), awaited on the loop."""
@@ -171,6 +200,10 @@ class AioChildSession(ChildSession):
                 if not self._silent_too_long(quiet):
                     continue
                 step, got = _REJOIN, False
+            elif self._stream is not None and self._stream.lane is not None:
+                # a payload on the lane is read inside the frame's handling: on the executor, where it blocks
+                # none of the host's other sessions
+                step, got = await self.loop.run_in_executor(None, self._on_event, proto, asms, *event)
             else:
                 step, got = self._on_event(proto, asms, *event)
             if step is _HEARD:

@@ -28,6 +28,7 @@ log = logging.getLogger("fedhop.channels")
 
 SESSION_WORKERS = 16  # threads that run the session protocol's work on frames, whatever the number of sessions
 SYNC_WORKERS = 32  # threads for handlers that are plain functions (health checks and their Watch streams)
+TRANSFER_WORKERS = 256  # threads that read bundle payloads from bulk lanes (one per payload in flight; lane.py)
 
 
 class _SyncInterceptor(grpc.aio.ServerInterceptor):
@@ -88,6 +89,9 @@ class LoopServer:
                  session_workers: int = SESSION_WORKERS, sync_workers: int = SYNC_WORKERS) -> None:
         self.loop = asyncio.new_event_loop()
         self.sessions = futures.ThreadPoolExecutor(session_workers, thread_name_prefix="session")
+        # a payload read from a bulk lane holds its thread for the whole transfer (seconds on a slow link): not
+        # one of the few session workers, which every session's frames need
+        self.transfers = futures.ThreadPoolExecutor(TRANSFER_WORKERS, thread_name_prefix="lane")
         self._sync = futures.ThreadPoolExecutor(sync_workers, thread_name_prefix="grpc")
         self._thread = threading.Thread(target=self.loop.run_forever, name="grpc-aio", daemon=True)
         self._thread.start()
@@ -136,6 +140,7 @@ class LoopServer:
         def done(_: Any) -> None:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.sessions.shutdown(wait=False, cancel_futures=True)
+            self.transfers.shutdown(wait=False, cancel_futures=True)
             self._sync.shutdown(wait=False, cancel_futures=True)
             self._stopped.set()
 

@@ -40,10 +40,19 @@ from fedhop.common.user_code import UserCodeError, check_parent_code
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
-from fedhop.common.wire.messages import POST_ID_BASE, MessageAssembler, message_frames, on_host, post_frame
+from fedhop.common.wire.messages import (
+    POST_ID_BASE,
+    BundleMessage,
+    MessageAssembler,
+    message_frames,
+    on_host,
+    post_frame,
+)
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, listening, make_channel
+from fedhop.transport.credentials import Security
+from fedhop.transport.lane import Lane, LaneOffer, dial_lane
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.session import CLOSE, ChildProtocol, TaskHooks, child_assembler, hello_frame
@@ -156,12 +165,18 @@ class _Stream:
         rpc = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
                                     response_deserializer=parse_frame_lenient)
         self.responses: Any = rpc(self._outgoing())
+        self.lane: Lane | None = None  # the session's bulk lane (transport/lane.py), set before anything is queued
 
     def _outgoing(self) -> Iterator[pb.Frame | bytes]:
         while True:
             item = self.out.get()
             if item is CLOSE:
                 return
+            lane = self.lane
+            if lane is not None and isinstance(item, BundleMessage) and lane.carries(item.payload_bytes):
+                yield from item.control_frames()  # the payload follows on the lane
+                lane.send(item.lane_buffers())
+                continue
             try:
                 yield from item
             except CodecError as e:
@@ -193,6 +208,20 @@ class _Stream:
     def close(self) -> None:
         self.out.put(CLOSE)
         self.channel.close()
+        if self.lane is not None:
+            self.lane.close()
+
+
+def open_lane(responses: Any, parent_addr: str, security: Security, node: str, channel: grpc.Channel) -> Lane | None:
+    """The bulk lane of a session whose first answer (the Welcome) came on ``responses`` (the ``Parent/Session``
+    call): dialed when the parent offered one in the call's initial metadata; a lane that breaks closes
+    ``channel`` (the session ends and the child re-joins). Call it after the Welcome and before anything else
+    is sent on the session (a client host's sessions can call it too). None: bundles stay on the stream."""
+    try:
+        offer = LaneOffer.parse(responses.initial_metadata())
+    except grpc.RpcError:
+        return None
+    return dial_lane(parent_addr, offer, security, node, on_broken=lambda why: channel.close())
 
 
 class ChildSession:
@@ -329,6 +358,7 @@ class ChildSession:
             stream.close()
             raise self._call_failed(e) from None
         self._check_welcome(first, rejoin, stream.close)
+        stream.lane = open_lane(stream.responses, self.parent_addr, self.security, self.node, channel)
         self._adopt(stream, first.welcome)
         return first.welcome
 
@@ -388,6 +418,8 @@ class ChildSession:
             old, self._stream = self._stream, stream
             if old is not None:
                 old.hand_over(stream)
+                if old.lane is not None:  # the old session is over: its lane carries nothing more
+                    old.lane.close()
         self._streams.append(stream)
         stream.read_into(self._events)
         self.welcome = welcome
@@ -566,10 +598,20 @@ class ChildSession:
             return _REJOIN, True
         if sid not in asms:
             asms[sid] = child_assembler(self.transport)
+            asms[sid].lane = next((s.lane for s in self._streams if s.sid == sid), None)
         bye = proto.on_frame(item, asms[sid])
+        lane = asms[sid].lane
+        if lane is not None and lane.broken:  # mid-payload (that task failed): the session ends, and re-joins
+            self._end_stream(sid)
         if bye is not None:
             return _BYE, bye
         return (_HEARD if current else _SKIP), None
+
+    def _end_stream(self, sid: int) -> None:
+        """End one session stream (its reader then reports the end, and the node re-joins if it was current)."""
+        for s in self._streams:
+            if s.sid == sid:
+                s.channel.close()
 
     def _give_up(self, proto: ChildProtocol, code: ExitCode, on_bye: Callable[[bool], None] | None) -> ExitCode:
         proto.stop()

@@ -71,6 +71,9 @@ class ParentServicer:
         if not link.alive:  # refused at once (not authenticated): only the refusal goes back
             yield from link.outgoing()
             return
+        offer = lane_offer(self.hub, link)
+        if offer:
+            context.send_initial_metadata(offer)
         reader = threading.Thread(target=self._read, args=(link, request_iterator),
                                   name=f"session-{link.peer}", daemon=True)
         reader.start()
@@ -96,14 +99,16 @@ class AsyncParentServicer:
 
     Each session is its handler (it streams what the protocol queues for the child, woken by
     ``ChildLink.on_queued``) and a reader task; the reader hands each frame to the protocol in the server's
-    session pool, one frame at a time per session, in order. A Result whose bundle must wait for the reply
-    gate (a folding scatter) waits in the loop, not in a thread: its session's frames are not read meanwhile,
+    session pool, one frame at a time per session, in order (a bundle header whose payload follows on the
+    session's bulk lane in a transfer thread: its read lasts the transfer). A Result whose bundle must wait for
+    the reply gate (a folding scatter) waits in the loop, not in a thread: its session's frames are not read meanwhile,
     as with the synchronous reader that blocked."""
 
     def __init__(self, hub: SessionHost, server: LoopServer) -> None:
         self.hub = hub
         self.loop = server.loop
         self.pool = server.sessions
+        self.transfers = server.transfers
 
     def register(self, server: LoopServer) -> None:
         handler = grpc.stream_stream_rpc_method_handler(
@@ -138,6 +143,9 @@ class AsyncParentServicer:
                 loop.call_soon_threadsafe(wake.set)
 
         link.on_queued = queued
+        offer = lane_offer(self.hub, link)
+        if offer:
+            await context.send_initial_metadata(offer)
         reader = asyncio.create_task(self._read(link, request_iterator)) if link.alive else None
         try:
             while True:
@@ -173,7 +181,10 @@ class AsyncParentServicer:
                         if not call.gate.try_enter(call.call_id, admit):
                             await admitted
                         call.admitted_at = time.monotonic()
-                if not await self._work(self.hub.on_frame, link, frame):
+                if _lane_payload(link, frame):  # read from the lane by a thread of its own (transport/lane.py)
+                    if not await self.loop.run_in_executor(self.transfers, self.hub.on_frame, link, frame):
+                        return
+                elif not await self._work(self.hub.on_frame, link, frame):
                     return
         except grpc.RpcError as e:
             why = f"stream broken ({e.code().name if hasattr(e, 'code') else e})"
@@ -187,6 +198,20 @@ class AsyncParentServicer:
                 self.pool.submit(self.hub.lost, link, why)
             except RuntimeError:  # the pool was shut down (the server stopped): nothing is waiting any more
                 self.hub.lost(link, why)
+
+
+def _lane_payload(link: ChildLink, frame: Any) -> bool:
+    """Whether ``frame`` is a bundle header whose payload follows on the session's bulk lane."""
+    lane = link.lane
+    return lane is not None and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "header" \
+        and lane.carries(int(frame.header.total_bytes))
+
+
+def lane_offer(hub: SessionHost, link: ChildLink) -> tuple[tuple[str, str], ...]:
+    """The initial metadata offering ``link``'s child a bulk lane (``ParentHub.lane_offer``); () for a host that
+    offers none (an edge's ``PendingHub``: those sessions keep their bundles on the stream)."""
+    offer = getattr(hub, "lane_offer", None)
+    return offer(link) if offer is not None else ()
 
 
 def serve_parent(hub: SessionHost, server: grpc.Server | LoopServer) -> ParentServicer | AsyncParentServicer:

@@ -205,6 +205,18 @@ def encode_views(
     a tensor boundary is the joined bytes of its pieces (a copy of at most ``chunk_bytes``).
     ``frames.chunk_frame_bytes`` serializes such a chunk with a single copy.
     """
+    header, views = encode_parts(bundle, chunk_bytes, checksum=checksum)
+    return header, _chunks(views, chunk_bytes)
+
+
+def encode_parts(
+    bundle: Mapping[str, torch.Tensor],
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    *,
+    checksum: str = DEFAULT_CHECKSUM,
+) -> tuple[pb.BundleHeader, list[memoryview]]:
+    """The header of :func:`encode_views` and the payload as flat byte views of the tensors' storage, in payload
+    order (empty tensors left out), uncut: what a byte-stream transport (the bulk lane) writes as it is."""
     _check_chunk_bytes(chunk_bytes)
     if checksum not in CHECKSUMS:
         raise CodecError(f"unknown checksum algorithm {checksum!r} (known: {', '.join(CHECKSUMS)})")
@@ -239,7 +251,7 @@ def encode_views(
     header.checksum = hasher.value()
     if timing.ENABLED:
         timing.add("encode_s", time.perf_counter() - started)
-    return header, _chunks(views, chunk_bytes)
+    return header, views
 
 
 def bundle_header(specs: Iterable[tuple[str, str, tuple[int, ...], int]], chunk_bytes: int, checksum: str,

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -29,13 +30,16 @@ from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.codec import (
     DEFAULT_CHECKSUM,
     DTYPES,
+    MAX_CHUNK_BYTES,
     BundleDecoder,
     CodecError,
     PayloadSink,
+    _chunks,
     bundle_header,
     chunk_spans,
+    encode_parts,
 )
-from fedhop.common.wire.framing import BadFrame, ChunkFrame, bundle_frames, chunk_frame_head, frame_size
+from fedhop.common.wire.framing import BadFrame, ChunkFrame, _frames, chunk_frame_head, frame_size
 from fedhop.common.wire.scalars import put_scalars
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -111,18 +115,72 @@ def error_frame(call_id: int, code: int, message: str) -> pb.Frame:
     return f
 
 
+class BundleMessage:
+    """A message with a bundle, ready to send: iterating it yields ``head``, the bundle's header frame and its chunk
+    frames (built lazily from the tensors' storage, once). A transport with a bulk lane (``transport/lane.py``)
+    sends only :meth:`control_frames` on the stream and writes :meth:`lane_buffers` (the chunk frames) on the lane;
+    :attr:`message_bytes` counts all the frames, so the byte meter counts the same either way.
+    """
+
+    def __init__(self, head: pb.Frame, header: pb.BundleHeader, views: list[memoryview], chunk_bytes: int) -> None:
+        self.head = head
+        self.header = header
+        self.views = views
+        self.chunk_bytes = chunk_bytes
+
+    def __iter__(self) -> Iterator[pb.Frame | bytes]:
+        yield self.head
+        yield from _frames(self.head.call_id, self.header, _chunks(self.views, self.chunk_bytes), True)
+
+    def lane_buffers(self) -> Iterator[list[bytes | memoryview]]:
+        """The chunk frames of the payload as buffers, one list per chunk: the frame's head (the bytes before its
+        data, :func:`chunk_frame_head`) and views of the tensors' memory: what a bulk lane writes, so that it
+        carries the very bytes the chunk frames would have (never joined into one buffer)."""
+        cid, cb = self.head.call_id, self.chunk_bytes
+        offset, room = 0, cb
+        parts: list[bytes | memoryview] = []
+        for view in self.views:
+            pos, n = 0, view.nbytes
+            while pos < n:
+                take = min(room, n - pos)
+                parts.append(view[pos:pos + take])
+                pos += take
+                room -= take
+                if room == 0:
+                    yield [chunk_frame_head(cid, offset, cb), *parts]
+                    offset, room, parts = offset + cb, cb, []
+        if parts:
+            yield [chunk_frame_head(cid, offset, cb - room), *parts]
+
+    def control_frames(self) -> list[pb.Frame]:
+        """What travels on the stream when the payload goes on a lane: ``head`` and the header frame."""
+        return [self.head, pb.Frame(call_id=self.head.call_id, header=self.header)]
+
+    @property
+    def payload_bytes(self) -> int:
+        return int(self.header.total_bytes)
+
+    @property
+    def message_bytes(self) -> int:
+        """The serialized bytes of all the message's frames (those :meth:`__iter__` yields), without building them."""
+        cid = self.head.call_id
+        return (self.head.ByteSize() + pb.Frame(call_id=cid, header=self.header).ByteSize()
+                + chunk_frames_bytes(cid, self.payload_bytes, self.chunk_bytes))
+
+
+def chunk_frames_bytes(call_id: int, total_bytes: int, chunk_bytes: int) -> int:
+    """Serialized size of the chunk frames of a ``total_bytes`` payload cut at ``chunk_bytes``."""
+    return sum(len(chunk_frame_head(call_id, offset, n)) + n for offset, n in chunk_spans(total_bytes, chunk_bytes))
+
+
 def message_frames(head: pb.Frame, bundle: Mapping[str, torch.Tensor], chunk_bytes: int,
-                   ) -> list[pb.Frame] | Iterator[pb.Frame | bytes]:
-    """``head`` (a Task or Result frame) then, when ``bundle`` is not empty, its frames (lazily)."""
+                   ) -> list[pb.Frame] | BundleMessage:
+    """``head`` (a Task or Result frame) then, when ``bundle`` is not empty, its frames (lazily): a
+    :class:`BundleMessage`, whose header is computed now (a bundle that cannot travel raises CodecError here)."""
     if not bundle:
         return [head]
-    tail = bundle_frames(head.call_id, bundle, chunk_bytes)  # header computed now: CodecError surfaces here
-
-    def gen() -> Iterator[pb.Frame | bytes]:
-        yield head
-        yield from tail
-
-    return gen()
+    header, views = encode_parts(bundle, chunk_bytes)
+    return BundleMessage(head, header, views, chunk_bytes)
 
 
 def bundle_frames_bytes(call_id: int, bundle: Mapping[str, torch.Tensor], chunk_bytes: int) -> int:
@@ -135,9 +193,7 @@ def bundle_frames_bytes(call_id: int, bundle: Mapping[str, torch.Tensor], chunk_
     # a stand-in checksum value: fixed64, so its encoded size does not depend on the value (unless 0)
     header = bundle_header(specs, chunk_bytes, DEFAULT_CHECKSUM, 1)
     size = pb.Frame(call_id=call_id, header=header).ByteSize()
-    for offset, n in chunk_spans(header.total_bytes, chunk_bytes):
-        size += len(chunk_frame_head(call_id, offset, n)) + n
-    return size
+    return size + chunk_frames_bytes(call_id, int(header.total_bytes), chunk_bytes)
 
 
 def message_bytes(kind: str, phase: str, bundle: Mapping[str, torch.Tensor], scalars: Mapping[str, object],
@@ -223,6 +279,63 @@ class Message:
         return self.head.WhichOneof("body") or ""
 
 
+class BodyLane(Protocol):
+    """Where the payloads of a session's bundles arrive when they do not come on the stream (the bulk lane,
+    ``transport/lane.py``): a byte stream carrying, in the order of their header frames, the chunk frames of every
+    bundle it :meth:`carries` (the bytes the stream would have carried, :meth:`BundleMessage.lane_buffers`)."""
+
+    def carries(self, total_bytes: int) -> bool: ...
+
+    def recv_into(self, view: memoryview) -> int: ...
+
+    def drain(self, nbytes: int) -> None: ...
+
+    def fail(self, why: str, *, notify: bool = True) -> None: ...
+
+
+def _drain(lane: BodyLane, cid: int, header: pb.BundleHeader) -> None:
+    """Drop the chunk frames of a bundle refused at its header from ``lane`` (it stays in step)."""
+    total, cb = int(header.total_bytes), int(header.chunk_bytes)
+    if total and not 1 <= cb <= MAX_CHUNK_BYTES:  # no sender of ours cuts so: the lane cannot be kept in step
+        lane.fail(f"a bundle header with chunk_bytes={cb} announced a payload on the lane", notify=False)
+        return
+    lane.drain(chunk_frames_bytes(cid, total, cb) if total else 0)
+
+
+class _ChunkReader:
+    """``recv_into`` for :meth:`BundleDecoder.fill` over a lane's chunk frames of one call: each frame's head is
+    read and checked (this call's id, the next offset, the expected length: a lane out of step fails here, before
+    a wrong byte lands), and only the data reaches the decode buffer."""
+
+    def __init__(self, lane: BodyLane, call_id: int, total: int, chunk_bytes: int) -> None:
+        self.lane = lane
+        self.call_id = call_id
+        self.total = total
+        self.chunk_bytes = chunk_bytes
+        self.pos = 0  # payload bytes read
+        self.left = 0  # data bytes left in the current chunk frame
+
+    def recv_into(self, view: memoryview) -> int:
+        if self.left == 0:
+            n = min(self.chunk_bytes, self.total - self.pos)
+            want = chunk_frame_head(self.call_id, self.pos, n)
+            got = bytearray(len(want))
+            at = 0
+            while at < len(want):
+                k = self.lane.recv_into(memoryview(got)[at:])
+                if k == 0:
+                    return 0  # the lane ended: the decoder reports the truncation
+                at += k
+            if bytes(got) != want:
+                raise OSError(f"the lane is out of step: expected the chunk frame of call {self.call_id} at "
+                              f"offset {self.pos}")
+            self.left = n
+        k = self.lane.recv_into(view[:min(len(view), self.left)])
+        self.pos += k
+        self.left -= k
+        return k
+
+
 class FrameError(ValueError):
     """A frame that belongs to no message (e.g. a chunk of an unknown call); the message names it."""
 
@@ -252,6 +365,13 @@ class MessageAssembler:
     :class:`~fedhop.common.wire.codec.PayloadSink`, e.g. a fold that adds it into an aggregate chunk by chunk;
     None: decode it); asked once the header passed every check above, and the sink is aborted when the bundle
     fails or is abandoned.
+
+    ``lane`` (a :class:`BodyLane`, set once the session's lane is up): the chunk frames of a bundle the lane
+    carries are read from it right after its header frame (their data into the decode buffer or the sink, every
+    check above made first, each frame's head checked) and counted as if they had come on the stream. A header
+    refused for any reason has its chunk frames read and dropped (the lane stays in step); a lane that ends or
+    is out of step mid-payload fails the message and the lane (the session's reader then ends the session, as
+    with a broken stream).
     """
 
     DROPPED_KEPT = 4096  # dropped call ids remembered (their stray frames are ignored, not complained about)
@@ -265,6 +385,7 @@ class MessageAssembler:
         self.accept = accept
         self.expect = expect
         self.sink = sink
+        self.lane: BodyLane | None = None
         self._open: dict[int, tuple[pb.Frame, int, BundleDecoder | None]] = {}
         self._reserved: dict[int, int] = {}
         self._dropped: OrderedDict[int, None] = OrderedDict()
@@ -309,41 +430,70 @@ class MessageAssembler:
             self._open[cid] = (frame, size, None)
             return None
         if body == "header":
-            why = self._refused.pop(cid, None)
-            if why is not None:  # refused at once, before any reservation; its chunks are dropped unread
-                raise FrameError(f"bundle header for call {cid} refused ({why}); its chunks are dropped unread", cid)
-            if cid in self._dropped:
-                return None
-            if cid not in self._open:  # a call never opened here, or closed: refused, its chunks dropped unread
-                self._drop(cid)
-                raise FrameError(f"bundle header for call {cid}, which announced no bundle", cid)
-            if self._open[cid][2] is not None:
-                raise FrameError(f"second bundle header for call {cid}", cid)
-            head, n, _ = self._open[cid]
-            shapes = self.expect(cid) if self.expect is not None else None
-            wrong = header_mismatch(frame.header, shapes) if shapes is not None else None
-            if wrong is not None:  # before any reservation or allocation; its chunks are dropped unread
-                return self._fail(cid, f"bundle refused at its header, before its bytes were read: {wrong}")
-            claimed = int(frame.header.total_bytes)
-            if self.max_bytes is not None and claimed > self.max_bytes:  # before any reservation or allocation
-                return self._fail(cid, f"bad bundle header: bundle of {claimed} bytes exceeds the limit "
-                                       f"max_bytes={self.max_bytes}")
-            if self.budget is not None:
-                why = self.budget.reserve(claimed)
-                if why is not None:
-                    return self._fail(cid, f"bundle refused: {why}")
-                self._reserved[cid] = claimed
+            lane = self.lane
+            if lane is None or not lane.carries(int(frame.header.total_bytes)):
+                return self._header(cid, frame, size)
             try:
-                BundleDecoder.check_header(frame.header, max_bytes=self.max_bytes)
-                sink = self.sink(head, frame.header) if self.sink is not None else None
-                dec = BundleDecoder(frame.header, max_bytes=self.max_bytes, sink=sink)
-            except CodecError as e:
-                return self._fail(cid, f"bad bundle header: {e}")
-            self._open[cid] = (head, n + size, dec)
-            return self._maybe_done(cid) if dec.total_bytes == 0 else None
+                msg = self._header(cid, frame, size)
+            except FrameError:
+                _drain(lane, cid, frame.header)
+                raise
+            opened = self._open.get(cid)
+            if msg is not None or opened is None or opened[2] is None:  # refused or failed: its payload is dropped
+                _drain(lane, cid, frame.header)
+                return msg
+            return self._from_lane(cid, lane, int(frame.header.chunk_bytes))
         if body == "chunk":
             return self._chunk(cid, frame.chunk, size)
         raise FrameError(f"unexpected {body or 'empty'} frame", cid)
+
+    def _from_lane(self, cid: int, lane: BodyLane, chunk_bytes: int) -> Message:
+        """Read call ``cid``'s payload from ``lane`` into its decoder; the message is complete (or failed) after."""
+        head, n, dec = self._open[cid]
+        assert dec is not None
+        self._open[cid] = (head, n + chunk_frames_bytes(cid, dec.total_bytes, chunk_bytes), dec)
+        try:
+            dec.fill(_ChunkReader(lane, cid, dec.total_bytes, chunk_bytes).recv_into)
+        except CodecError as e:
+            if dec.received_bytes < dec.total_bytes:  # the lane ended or broke mid-payload: it is out of step
+                lane.fail(str(e), notify=False)  # the session's reader ends the session once this message is handled
+            return self._fail(cid, f"bad bundle: {e}")
+        return self._maybe_done(cid)
+
+    def _header(self, cid: int, frame: pb.Frame, size: int) -> Message | None:
+        """A header frame (its payload comes as chunk frames or, read by the caller, on the lane)."""
+        why = self._refused.pop(cid, None)
+        if why is not None:  # refused at once, before any reservation; its chunks are dropped unread
+            raise FrameError(f"bundle header for call {cid} refused ({why}); its chunks are dropped unread", cid)
+        if cid in self._dropped:
+            return None
+        if cid not in self._open:  # a call never opened here, or closed: refused, its chunks dropped unread
+            self._drop(cid)
+            raise FrameError(f"bundle header for call {cid}, which announced no bundle", cid)
+        if self._open[cid][2] is not None:
+            raise FrameError(f"second bundle header for call {cid}", cid)
+        head, n, _ = self._open[cid]
+        shapes = self.expect(cid) if self.expect is not None else None
+        wrong = header_mismatch(frame.header, shapes) if shapes is not None else None
+        if wrong is not None:  # before any reservation or allocation; its chunks are dropped unread
+            return self._fail(cid, f"bundle refused at its header, before its bytes were read: {wrong}")
+        claimed = int(frame.header.total_bytes)
+        if self.max_bytes is not None and claimed > self.max_bytes:  # before any reservation or allocation
+            return self._fail(cid, f"bad bundle header: bundle of {claimed} bytes exceeds the limit "
+                                   f"max_bytes={self.max_bytes}")
+        if self.budget is not None:
+            why = self.budget.reserve(claimed)
+            if why is not None:
+                return self._fail(cid, f"bundle refused: {why}")
+            self._reserved[cid] = claimed
+        try:
+            BundleDecoder.check_header(frame.header, max_bytes=self.max_bytes)
+            sink = self.sink(head, frame.header) if self.sink is not None else None
+            dec = BundleDecoder(frame.header, max_bytes=self.max_bytes, sink=sink)
+        except CodecError as e:
+            return self._fail(cid, f"bad bundle header: {e}")
+        self._open[cid] = (head, n + size, dec)
+        return self._maybe_done(cid) if dec.total_bytes == 0 else None
 
     def _chunk(self, cid: int, chunk: object, size: int) -> Message | None:
         if cid in self._dropped:

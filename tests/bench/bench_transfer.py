@@ -1,22 +1,25 @@
-"""Loopback throughput of one big bundle between two fedhop processes, beside a raw TCP socket.
+"""Loopback throughput of one big bundle between two fedhop processes, beside a raw TCP (or TLS) socket.
 
-    python tests/bench/bench_transfer.py [--mb 256] [--reps 3] [--chunk-mib 1 4]
+    python tests/bench/bench_transfer.py [--mb 256] [--reps 3] [--chunk-mib 1] [--no-lane] [--no-grpc] [--no-tls]
 
-fedhop: this process is a parent (``ParentHub`` + ``NetComm``, as in the PS); a separate ``fedhop client``
-process joins it over gRPC; one ``scatter`` pushes the bundle to the client, which decodes it into one buffer,
-validates it (finite values) and answers with an empty Result. Timed: scatter start to reply, i.e. snapshot,
-encode + checksum, chunked gRPC stream, decode, checksum, validation. Raw TCP: the same bytes from the
-tensor's memory with ``sendall`` to a child process that ``recv_into``s a preallocated buffer and answers
-one byte. Both on 127.0.0.1, same run. Prints MB/s (1 MB = 10^6 bytes) and the ratio.
+fedhop: this process is a parent (``ParentHub`` + ``NetComm`` on the PS's asyncio server); a separate ``fedhop
+client`` process joins it; one ``scatter`` pushes the bundle to the client, which decodes it into one buffer,
+validates it (finite values) and answers with an empty Result (scatter PS -> client); or one scatter sends an
+empty task and gets the bundle back as the client's reply (reply client -> PS); one untimed call first. Timed:
+scatter start to reply, i.e. snapshot, encode + checksum, transfer, decode, checksum, validation. The fedhop
+rows run with the bulk lane (transport/lane.py: the chunk frames on a second connection of the session, written
+from the tensors' memory and received straight into the decode buffer) and, for comparison, without it
+(``FEDHOP_BULK_LANE=0``: chunk frames on the gRPC stream); plaintext and mutual TLS (certificates from a
+throwaway CA).
 
-Two more rows put the ratio in context: raw TCP into a fresh buffer of the bundle's size per transfer (as a
-receiver that keeps the model must have; its page faults are part of the cost), and fedhop with the codec's
-huge-page decode buffers switched off (``--plain-buffers`` ablation: every 4 KiB page of the decode buffer
-faults on first write). And a prototype of a bulk byte lane (``--no-lane`` skips it): the header travels
-length-prefixed on a plain TCP socket, the payload follows as the tensors' bytes (``sendall`` from their
-memory), the receiver decodes with ``BundleDecoder.fill(sock.recv_into)`` (straight into its decode buffer,
-xxh3 on both sides, the same finiteness check as the client) and answers one byte: what fedhop's transfer
-would cost if bundles bypassed gRPC's message copies.
+Baselines, same run: raw TCP (the same bytes from the tensor's memory with ``sendall`` to a child process that
+``recv_into``s a preallocated buffer and answers one byte), the same into a fresh bundle-size buffer per
+transfer (as a receiver that keeps the model must have; its page faults are part of the cost: the issue's
+target is >= 0.9x of this row), and a TLS socket (Python's ``ssl``, the lane's own contexts) into a fresh
+buffer, the TLS rows' reference. Each fedhop row's reference is measured again right before it (the load of a
+shared machine moves between rows) and its ratio is to that. ``--ablation`` adds fedhop (gRPC) with the codec's
+huge-page decode buffers switched off. Prints the median of ``--reps`` in seconds and MB/s (1 MB = 10^6 bytes),
+the ratio to its reference, and the load average.
 """
 
 from __future__ import annotations
@@ -24,16 +27,26 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import struct
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
+NODES = ("ps", "client-0")
 
-def _sink_child(addr: str, plain_buffers: bool = False) -> int:
-    """A client process that knows one extra task: take the bundle, say how many bytes it got."""
+
+def _security(node: str, tls_dir: str | None):  # noqa: ANN202 (fedhop imported lazily: the children import it late)
+    from fedhop.transport.credentials import PLAINTEXT, Security
+
+    return PLAINTEXT if tls_dir is None else Security.load(node, tls_dir)
+
+
+def _sink_child(addr: str, plain_buffers: bool = False, tls_dir: str | None = None) -> int:
+    """A client process that knows two extra tasks: take the bundle and say how many bytes it got; send one."""
     from fedhop.client.main import run_client
     from fedhop.common.wire import codec
     from fedhop.transport.node_config import NodeConfig
@@ -56,82 +69,48 @@ def _sink_child(addr: str, plain_buffers: bool = False) -> int:
             source.update(n=n, w=torch.randn(n, generator=torch.Generator().manual_seed(0)))
         return Reply({"w": source["w"]}, {})
 
-    return run_client(NodeConfig("client-0", addr, device="cpu"))
+    return run_client(NodeConfig("client-0", addr, device="cpu", security=_security("client-0", tls_dir)))
 
 
-def _tcp_child(port: int, nbytes: int, reps: int, fresh: bool) -> int:
+def _receive(s: socket.socket, nbytes: int, reps: int, fresh: bool) -> int:
     buf = bytearray(1 << 22)
     view = memoryview(buf)
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(reps):
-            if fresh:  # a new buffer of the whole bundle each time, as a decoder allocates
-                fresh_buf = torch.empty(nbytes, dtype=torch.uint8)
-                view = memoryview(fresh_buf.numpy())
-                pos = 0
-                while pos < nbytes:
-                    n = s.recv_into(view[pos:])
-                    if n == 0:
-                        return 1
-                    pos += n
-                s.sendall(b"k")
-                del view, fresh_buf
-                continue
-            left = nbytes
-            while left:
-                n = s.recv_into(view[:min(left, len(buf))])
+    for _ in range(reps):
+        if fresh:  # a new buffer of the whole bundle each time, as a decoder allocates
+            fresh_buf = torch.empty(nbytes, dtype=torch.uint8)
+            view = memoryview(fresh_buf.numpy())
+            pos = 0
+            while pos < nbytes:
+                n = s.recv_into(view[pos:])
                 if n == 0:
                     return 1
-                left -= n
+                pos += n
             s.sendall(b"k")
+            del view, fresh_buf
+            continue
+        left = nbytes
+        while left:
+            n = s.recv_into(view[:min(left, len(buf))])
+            if n == 0:
+                return 1
+            left -= n
+        s.sendall(b"k")
     return 0
 
 
-def _lane_child(port: int, reps: int) -> int:
-    from fedhop.common.wire.bundle import non_finite
-    from fedhop.common.wire.codec import BundleDecoder
-    from fedhop.v1 import fedhop_pb2 as pb
+def _tcp_child(port: int, nbytes: int, reps: int, fresh: bool, tls_dir: str | None) -> int:
+    with socket.create_connection(("127.0.0.1", port)) as raw:
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if tls_dir is None:
+            return _receive(raw, nbytes, reps, fresh)
+        from fedhop.transport.lane import client_context
 
-    with socket.create_connection(("127.0.0.1", port)) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for _ in range(reps):
-            (n,) = struct.unpack("<I", s.recv(4, socket.MSG_WAITALL))
-            header = pb.BundleHeader.FromString(s.recv(n, socket.MSG_WAITALL))
-            decoder = BundleDecoder(header)
-            decoder.fill(s.recv_into)
-            bundle = decoder.finish()
-            assert not non_finite(bundle)
-            s.sendall(b"k")
-            del bundle
-    return 0
+        with client_context(_security("client-0", tls_dir)).wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            return _receive(s, nbytes, reps, fresh)
 
 
-def bench_lane(payload: torch.Tensor, reps: int) -> list[float]:
-    from fedhop.common.wire.codec import encode_views
-
-    with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
-        srv.listen(1)
-        port = srv.getsockname()[1]
-        child = subprocess.Popen([sys.executable, __file__, "--lane-child", str(port), str(reps)])
-        conn, _ = srv.accept()
-        times = []
-        with conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                header, chunks = encode_views({"w": payload}, 64 << 20)
-                head = header.SerializeToString()
-                conn.sendall(struct.pack("<I", len(head)) + head)
-                for c in chunks:
-                    conn.sendall(c.data)
-                assert conn.recv(1) == b"k"
-                times.append(time.perf_counter() - t0)
-        child.wait(30)
-    return times
-
-
-def bench_tcp(payload: torch.Tensor, reps: int, fresh: bool = False) -> list[float]:
+def bench_tcp(payload: torch.Tensor, reps: int, fresh: bool = False, tls_dir: str | None = None) -> list[float]:
+    """Seconds per transfer of ``payload``'s bytes over a plain (or, with ``tls_dir``, a TLS) socket."""
     nbytes = payload.numel() * payload.element_size()
     data = memoryview(payload.view(torch.uint8).numpy())
     with socket.socket() as srv:
@@ -139,8 +118,14 @@ def bench_tcp(payload: torch.Tensor, reps: int, fresh: bool = False) -> list[flo
         srv.listen(1)
         port = srv.getsockname()[1]
         child = subprocess.Popen([sys.executable, __file__, "--tcp-child", str(port), str(nbytes), str(reps),
-                                  str(int(fresh))])
+                                  str(int(fresh)), tls_dir or "-"])
         conn, _ = srv.accept()
+        if tls_dir is not None:
+            from fedhop.transport.lane import server_context
+
+            ctx = server_context(_security("ps", tls_dir))
+            assert ctx is not None
+            conn = ctx.wrap_socket(conn, server_side=True)
         times = []
         with conn:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -154,51 +139,59 @@ def bench_tcp(payload: torch.Tensor, reps: int, fresh: bool = False) -> list[flo
 
 
 def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffers: bool = False,
-                 upload: bool = False) -> list[float]:
-    """Best-of times of a scatter that pushes ``payload`` to the client, or (``upload``) of one that sends an
-    empty task and gets ``payload``'s size back as the client's reply (the client -> parent direction, whose
-    flow-control windows the parent's gRPC server sets)."""
+                 upload: bool = False, lane: bool = True, tls_dir: str | None = None) -> list[float]:
+    """Times of a scatter that pushes ``payload`` to the client, or (``upload``) of one that sends an empty task
+    and gets ``payload``'s size back as the client's reply (the client -> parent direction). ``lane``: the
+    sessions' bulk lane on (else ``FEDHOP_BULK_LANE=0``: chunk frames on the gRPC stream)."""
     from fedhop.common.engine.api import NodeContext
     from fedhop.common.engine.base import MissingLog
     from fedhop.common.engine.workspace import Workspace
     from fedhop.common.spec import RunSpec
     from fedhop.common.topology import build_topology
     from fedhop.common.wire.meter import ByteMeter
-    from fedhop.transport.channels import add_port, make_server
+    from fedhop.transport.aio_server import make_loop_server
+    from fedhop.transport.channels import add_port
+    from fedhop.transport.lane import ENV_SWITCH
     from fedhop.transport.netcomm import NetComm
     from fedhop.transport.parent import serve_parent
     from fedhop.transport.session import HubConfig, ParentHub
 
+    os.environ[ENV_SWITCH] = "1" if lane else "0"  # this process (the parent) and the client it starts
+    sec = _security("ps", tls_dir)
     spec = RunSpec.parse({"name": "bench", "device": "cpu", "topology": {"clients": 1},
                           "data": {"dataset": "digits"}, "model": {"name": "mlp", "hidden": [8]},
                           "transport": {"chunk_bytes": chunk_bytes, "round_deadline_s": 300}})
     topo = build_topology(spec.topology, spec.seed)
-    hub = ParentHub(HubConfig("ps", spec, topo, "bench"), ByteMeter())
-    server = make_server(8)
+    hub = ParentHub(HubConfig("ps", spec, topo, "bench", security=sec), ByteMeter())
+    server = make_loop_server(sec)
     serve_parent(hub, server)
-    port = add_port(server, "127.0.0.1:0")
+    port = add_port(server, "127.0.0.1:0", sec)
     server.start()
     child = subprocess.Popen([sys.executable, __file__, "--sink-child", f"127.0.0.1:{port}",
-                              *(["--plain-buffers"] if plain_buffers else [])], stderr=subprocess.DEVNULL)
+                              *(["--plain-buffers"] if plain_buffers else []),
+                              *(["--tls", tls_dir] if tls_dir else [])], stderr=subprocess.DEVNULL)
     try:
         assert hub.wait_ready(120) == [], "the client did not join"
+        link = hub.roster.links["client-0"]
+        assert (link.lane is not None) == lane, f"lane wanted: {lane}, lane open: {link.lane is not None}"
         missing = MissingLog()
         comm = NetComm("ps", topo, missing, hub, spec)
         NodeContext(node_id="ps", role="server", ws=Workspace(spec, "cpu"), comm=comm)  # binds comm to it
         bundle = {"w": payload}
         times = []
-        for rep in range(reps + upload):  # upload: one untimed call first, in which the client builds its tensor
+        for rep in range(reps + 1):  # one untimed call first (first-call costs; the client builds its tensor)
             t0 = time.perf_counter()
             if upload:
                 got = comm.scatter(["client-0"], "bench.source", {}, {"numel": payload.numel()})
                 assert got["client-0"].bundle["w"].numel() == payload.numel(), (got, missing.entries)
-                del got
-                if rep == 0:
-                    continue
             else:
                 got = comm.scatter(["client-0"], "bench.sink", bundle)
                 assert got["client-0"].scalars["bytes"] == payload.numel() * 4, (got, missing.entries)
-            times.append(time.perf_counter() - t0)
+            del got
+            if rep:
+                times.append(time.perf_counter() - t0)
+        if lane:
+            assert link.lane is not None and link.lane.sent_bytes + link.lane.received_bytes >= reps * payload.numel()
         hub.shutdown(10, finished=True)
         return times
     finally:
@@ -208,43 +201,69 @@ def bench_fedhop(payload: torch.Tensor, reps: int, chunk_bytes: int, plain_buffe
         server.stop(0)
 
 
+def _child_main(argv: list[str]) -> int | None:
+    if argv[:1] == ["--sink-child"]:
+        tls = argv[argv.index("--tls") + 1] if "--tls" in argv else None
+        return _sink_child(argv[1], "--plain-buffers" in argv[2:], tls)
+    if argv[:1] == ["--tcp-child"]:
+        return _tcp_child(int(argv[1]), int(argv[2]), int(argv[3]), argv[4] == "1", None if argv[5] == "-" else argv[5])
+    return None
+
+
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--sink-child":
-        return _sink_child(sys.argv[2], "--plain-buffers" in sys.argv[3:])
-    if len(sys.argv) > 1 and sys.argv[1] == "--lane-child":
-        return _lane_child(int(sys.argv[2]), int(sys.argv[3]))
-    if len(sys.argv) > 1 and sys.argv[1] == "--tcp-child":
-        return _tcp_child(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "1")
+    code = _child_main(sys.argv[1:])
+    if code is not None:
+        return code
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, default=256, help="bundle size in MiB")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--chunk-mib", type=float, nargs="+", default=[1.0, 4.0])
-    p.add_argument("--no-lane", action="store_true", help="skip the bulk-lane prototype row")
-    p.add_argument("--no-ablation", action="store_true", help="skip the 4 KiB-page decode buffer row")
+    p.add_argument("--chunk-mib", type=float, default=1.0, help="transport.chunk_bytes in MiB")
+    p.add_argument("--no-lane", action="store_true", help="skip the fedhop rows with the bulk lane")
+    p.add_argument("--no-grpc", action="store_true", help="skip the fedhop rows without it (chunk frames on gRPC)")
+    p.add_argument("--no-tls", action="store_true", help="skip the TLS rows")
+    p.add_argument("--ablation", action="store_true", help="add fedhop (gRPC) with 4 KiB-page decode buffers")
     a = p.parse_args()
     torch.set_num_threads(1)
     payload = torch.randn((a.mb << 20) // 4, generator=torch.Generator().manual_seed(0))
     nbytes = payload.numel() * 4
-    rows = []
-    tcp = bench_tcp(payload, a.reps)
-    rows.append(("raw TCP socket (sendall / recv_into)", "-", min(tcp)))
-    rows.append(("raw TCP into a fresh bundle-size buffer", "-", min(bench_tcp(payload, a.reps, fresh=True))))
-    for c in a.chunk_mib:
-        t = bench_fedhop(payload, a.reps, int(c * (1 << 20)))
-        rows.append(("fedhop scatter PS -> client (gRPC)", f"{c:g} MiB", min(t)))
-    for c in a.chunk_mib:
-        t = bench_fedhop(payload, a.reps, int(c * (1 << 20)), upload=True)
-        rows.append(("fedhop reply client -> PS (gRPC)", f"{c:g} MiB", min(t)))
-    if not a.no_lane:
-        rows.append(("prototype bulk lane: TCP + codec fill()", "-", min(bench_lane(payload, a.reps))))
-    if not a.no_ablation:
-        t = bench_fedhop(payload, a.reps, int(a.chunk_mib[0] * (1 << 20)), plain_buffers=True)
-        rows.append(("  same, 4 KiB-page decode buffer", f"{a.chunk_mib[0]:g} MiB", min(t)))
-    print(f"\nloopback transfer of one {nbytes / 1e6:.0f} MB bundle ({nbytes:,} B), best of {a.reps}; load "
-          f"average {' '.join(f'{v:.1f}' for v in os.getloadavg())}, {os.cpu_count()} CPUs")
-    print(f"{'path':40s} {'chunk':>8s} {'seconds':>8s} {'MB/s':>9s} {'vs TCP':>7s}")
-    for name, chunk, s in rows:
-        print(f"{name:40s} {chunk:>8s} {s:8.3f} {nbytes / 1e6 / s:9.1f} {min(tcp) / s:7.2f}")
+    chunk = int(a.chunk_mib * (1 << 20))
+    load_before = os.getloadavg()
+    rows: list[tuple[str, str, float, float]] = []  # (path, security, median seconds, its reference's seconds)
+    fresh = statistics.median(bench_tcp(payload, a.reps, fresh=True))
+    rows.append(("raw TCP (sendall / recv_into)", "plain", statistics.median(bench_tcp(payload, a.reps)), fresh))
+    rows.append(("raw TCP into a fresh buffer", "plain", fresh, fresh))
+    lanes = ([True] if not a.no_lane else []) + ([False] if not a.no_grpc else [])
+    with tempfile.TemporaryDirectory() as d:
+        tls_dirs: list[str | None] = [None]
+        if not a.no_tls:
+            from fedhop.transport.certs import init_folder
+
+            init_folder(Path(d), list(NODES))
+            tls_dirs.append(d)
+            tls_fresh = statistics.median(bench_tcp(payload, a.reps, fresh=True, tls_dir=d))
+            rows.append(("TLS socket into a fresh buffer", "mTLS", tls_fresh, tls_fresh))
+        for tls in tls_dirs:
+            for lane in lanes:
+                how = "lane" if lane else "gRPC"
+                for upload, what in ((False, "scatter PS -> client"), (True, "reply client -> PS")):
+                    # its reference again, right before it: the machine's load moves between rows
+                    ref = statistics.median(bench_tcp(payload, a.reps, fresh=True, tls_dir=tls))
+                    t = bench_fedhop(payload, a.reps, chunk, upload=upload, lane=lane, tls_dir=tls)
+                    rows.append((f"fedhop {what} ({how})", "plain" if tls is None else "mTLS", statistics.median(t),
+                                 ref))
+    if a.ablation:
+        ref = statistics.median(bench_tcp(payload, a.reps, fresh=True))
+        t = bench_fedhop(payload, a.reps, chunk, plain_buffers=True, lane=False)
+        rows.append(("  fedhop scatter (gRPC), 4 KiB-page buffer", "plain", statistics.median(t), ref))
+    print(f"\nloopback transfer of one {nbytes / 1e6:.0f} MB bundle ({nbytes:,} B), median of {a.reps}, chunk "
+          f"{a.chunk_mib:g} MiB; load average {' '.join(f'{v:.2f}' for v in load_before)} before, "
+          f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} after; {os.cpu_count()} CPUs")
+    print(f"| {'path':44s} | {'security':8s} | {'seconds':>7s} | {'MB/s':>7s} | {'reference s':>11s} | "
+          f"{'vs reference':>12s} |")
+    print(f"|{'-' * 46}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 13}|{'-' * 14}|")
+    for name, security, sec_, ref in rows:
+        print(f"| {name:44s} | {security:8s} | {sec_:7.3f} | {nbytes / 1e6 / sec_:7.1f} | {ref:11.3f} | "
+              f"{ref / sec_:12.2f} |")
     return 0
 
 

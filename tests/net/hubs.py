@@ -1,11 +1,16 @@
 """A parent hub on a real gRPC server on loopback with fake children (ChildSession) that said Ready: what the
-net tests of the reply gate, the streamed fold and posts start from."""
+net tests of the reply gate, the streamed fold, posts and the bulk lane start from.
+
+The fake children send hand-made chunk frames, so the bulk lane (transport/lane.py) is off unless a test asks
+for it (``lane=True``)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Mapping
+from unittest import mock
 
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.spec import RunSpec
@@ -14,6 +19,8 @@ from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.aio_server import make_loop_server
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession
+from fedhop.transport.credentials import PLAINTEXT, Security
+from fedhop.transport.lane import ENV_SWITCH
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.session import HubConfig, ParentHub
@@ -23,21 +30,33 @@ from tests.waiting import wait_until
 
 @contextlib.contextmanager
 def parent_with_children(spec: RunSpec, sizes: Mapping[str, int], server: str = "threads", *,
-                         child_transport: bool = False) -> Iterator[tuple[ParentHub, dict[str, ChildSession],
-                                                                           Topology]]:
+                         child_transport: bool = False, lane: bool = False,
+                         security: Mapping[str, Security] | None = None,
+                         ) -> Iterator[tuple[ParentHub, dict[str, ChildSession], Topology]]:
     """The started hub of ``spec``'s PS on a ``server`` ("threads": an edge's, "asyncio": the PS's) and one
     connected ChildSession per client, each Ready with its size from ``sizes``; everything closed afterwards.
-    ``child_transport``: the children take the spec's transport options (chunk sizes of their own posts)."""
+    ``child_transport``: the children take the spec's transport options (chunk sizes of their own posts);
+    ``lane``: the sessions open bulk lanes; ``security``: each node's credentials (default plaintext)."""
+    sec = dict(security or {})
+    with mock.patch.dict(os.environ, {ENV_SWITCH: "1" if lane else "0"}):
+        yield from _parent_with_children(spec, sizes, server, child_transport, sec)
+
+
+def _parent_with_children(spec: RunSpec, sizes: Mapping[str, int], server: str, child_transport: bool,
+                          sec: Mapping[str, Security]) -> Iterator[tuple[ParentHub, dict[str, ChildSession], Topology]]:
     topo = build_topology(spec.topology, spec.seed)
-    hub = ParentHub(HubConfig(topo.server, spec, topo, f"{spec.name}-run"), ByteMeter(), MissingLog())
-    srv = make_server(len(hub.children) + 16) if server == "threads" else make_loop_server()
+    ps_sec = sec.get(topo.server, PLAINTEXT)
+    hub = ParentHub(HubConfig(topo.server, spec, topo, f"{spec.name}-run", security=ps_sec), ByteMeter(),
+                    MissingLog())
+    srv = make_server(len(hub.children) + 16, ps_sec) if server == "threads" else make_loop_server(ps_sec)
     serve_parent(hub, srv)
-    addr = f"127.0.0.1:{add_port(srv, '127.0.0.1:0')}"
+    addr = f"127.0.0.1:{add_port(srv, '127.0.0.1:0', ps_sec)}"
     srv.start()
     children: dict[str, ChildSession] = {}
     try:
         for node in topo.clients:
-            s = children[node] = ChildSession(NodeConfig(node, addr, connect_timeout_s=10), "client")
+            cfg = NodeConfig(node, addr, connect_timeout_s=10, security=sec.get(node, PLAINTEXT))
+            s = children[node] = ChildSession(cfg, "client")
             s.connect()
             if child_transport:
                 s.transport = spec.transport

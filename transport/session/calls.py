@@ -206,9 +206,11 @@ class CallTable:
     def assembler(self, link: ChildLink) -> MessageAssembler:
         """A child's frames become messages only for calls sent to it and pending, within its caps."""
         t = self.config.transport
-        return MessageAssembler(t.max_bundle_bytes, budget=InflightBudget(t.max_open_bundles, t.inflight_bytes()),
-                                accept=lambda head: self._unexpected_reply(link, head), expect=self._expected,
-                                sink=self._sink)
+        asm = MessageAssembler(t.max_bundle_bytes, budget=InflightBudget(t.max_open_bundles, t.inflight_bytes()),
+                               accept=lambda head: self._unexpected_reply(link, head), expect=self._expected,
+                               sink=self._sink)
+        asm.lane = link.lane  # a bulk lane opened already (transport/lane.py); else set when it opens
+        return asm
 
     def _sink(self, head: pb.Frame, header: pb.BundleHeader) -> PayloadSink | None:
         """Where a reply's bundle goes instead of a decode buffer: its gate's fold, chunk by chunk (reply_gate.py)."""

@@ -146,6 +146,8 @@ class ChildProtocol:
     def _work(self) -> None:
         while (item := self._tasks.get()) is not CLOSE:
             self._handle(item)
+            item = None  # a task's bundle is not held while the worker waits for the next task (whose bundle
+            # then arrives into memory of its own: two models at once)
 
     def _handle(self, item: tuple[Any, Any]) -> None:
         msg, received = item

@@ -13,6 +13,7 @@ server is up, serves a :class:`~fedhop.transport.session.pending.PendingHub` unt
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.control import SESSION_KINDS
 from fedhop.common.wire.messages import FrameError
 from fedhop.common.wire.meter import ByteMeter
+from fedhop.transport.lane import Lane, LaneServer, lane_enabled
 from fedhop.transport.reply_gate import ReplyGate
 from fedhop.transport.session.admission import Admission
 from fedhop.transport.session.calls import Call, CallTable
@@ -61,13 +63,17 @@ class ParentHub:
         self.mailbox = Mailbox(self.node, meter, self.missing)  # the children's posts (Comm.receive takes them)
         # the wire level: each child's connection is read here, by its parent (transport/tcp_counters.py)
         self.wire = WireProbe(self.node, meter, self._child_addresses, counters)
+        self._lanes: LaneServer | None = None  # the bulk lanes' listener, opened at the first offer
+        self._lanes_lock = threading.Lock()
         self.liveness.start()
 
     def _child_addresses(self) -> dict[Address, NodeId]:
         """Each child's address as gRPC saw it (the remote end of its connection) -> its node id."""
         with self.roster.lock:
             links = list(self.roster.links.values())
-        return {a: link.name for link in links if (a := parse_grpc_peer(link.peer)) is not None}
+        out = {a: link.name for link in links if (a := parse_grpc_peer(link.peer)) is not None}
+        out.update({link.lane.remote: link.name for link in links if link.lane is not None and link.lane.remote})
+        return out
 
     @property
     def security(self) -> Security:
@@ -89,6 +95,24 @@ class ParentHub:
         link = self.liveness.open(peer, identity, unauthenticated, cancel)
         link.on_control = self._sent_control
         return link
+
+    def lane_offer(self, link: ChildLink) -> tuple[tuple[str, str], ...]:
+        """The initial metadata that offers ``link``'s child a bulk lane (transport/lane.py); () where this node
+        offers none (``FEDHOP_BULK_LANE=0``, a refused session, no listener)."""
+        if not link.alive or not lane_enabled():
+            return ()
+        with self._lanes_lock:
+            if self._lanes is None:
+                self._lanes = open_lanes(self.node, self.config.security)
+            lanes = self._lanes
+        return offer_lane(lanes, self.node, link) if lanes is not None else ()
+
+    def adopt_lanes(self, lanes: LaneServer | None) -> None:
+        """Take over the lane listener that offered lanes to this node's sessions before the hub existed (an
+        edge's :class:`~fedhop.transport.session.pending.PendingHub`)."""
+        with self._lanes_lock:
+            if self._lanes is None:
+                self._lanes = lanes
 
     def _sent_control(self, link: ChildLink, frame: pb.Frame) -> None:
         if link.node_id is not None:  # refusals before a Hello are no child's traffic
@@ -134,17 +158,23 @@ class ParentHub:
             msg = link.asm.feed(frame)
         except FrameError as e:
             complain(self.node, link, e.call_id, pb.ERROR_CODE_BAD_REQUEST, f"{link.name}: {e}")
-            return True
+            msg = None
         if msg is not None:
             if msg.kind == "post":
                 self.mailbox.arrived(link, msg)
             else:
                 self.calls.result(link, msg)
+        if link.lane is not None and link.lane.broken:  # mid-payload: the message failed above with the reason
+            end_for_lane(self.node, link, link.lane.broken)
         return True
 
     def lost(self, link: ChildLink, why: str) -> None:
         """The session ended (:meth:`Liveness.lost <fedhop.transport.session.liveness.Liveness.lost>`)."""
         self.liveness.lost(link, why)
+        self._close_lane(link)
+
+    def _close_lane(self, link: ChildLink) -> None:
+        close_lane(self._lanes, link)
 
     # -- the run ------------------------------------------------------------------------------------------------
     def wait_ready(self, timeout_s: float, give_up: Callable[[], str | None] | None = None) -> list[NodeId]:
@@ -173,6 +203,8 @@ class ParentHub:
         self.reports.collect(self.roster.alive(), timeout_s, finished=finished, reason=reason)
         self.wire.flush()  # the Byes (with the children's last meter and timeline rows), on connections still open
         self.liveness.stop()
+        if self._lanes is not None:
+            self._lanes.close()
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def call(self, target: NodeId, task: str, bundle: Bundle, args: Mapping[str, Scalar], round_idx: int,
@@ -192,3 +224,48 @@ class ParentHub:
     def missed(self, node: NodeId, round_idx: int, why: str) -> bool:
         """A task got no reply at all; True when this drops the child (``Liveness.missed``)."""
         return self.liveness.missed(node, round_idx, why)
+
+
+# -- bulk lanes (transport/lane.py) of a parent's sessions ------------------------------------------------------
+
+
+def open_lanes(node: NodeId, security: Security) -> LaneServer | None:
+    """``node``'s lane listener; None (logged) where it cannot listen: bundles then travel on the streams."""
+    try:
+        return LaneServer(node, security)
+    except (OSError, ValueError) as e:
+        log.warning("%s: no bulk-lane listener (%s); bundles travel on the gRPC streams", node, e)
+        return None
+
+
+def offer_lane(lanes: LaneServer, node: NodeId, link: ChildLink) -> tuple[tuple[str, str], ...]:
+    """A one-time token of ``lanes`` for ``link``'s session, as the servicer's initial metadata; the lane its
+    child opens with it becomes the session's (its assembler reads the payloads from it)."""
+    def attach(lane: Lane) -> None:
+        lane.name = f"{node}<->{link.name}"
+        lane.on_broken = lambda why: end_for_lane(node, link, why)
+        link.lane = lane
+        link.asm.lane = lane
+        if not link.alive:  # the session ended meanwhile
+            lane.close()
+
+    offer = lanes.offer(attach, link.identity, link.name, link.peer)
+    if offer is None:  # as many lanes as the node's file descriptors allow: this session stays on its stream
+        return ()
+    link.lane_token = offer.token
+    return offer.metadata()
+
+
+def end_for_lane(node: NodeId, link: ChildLink, why: str) -> None:
+    """A session's lane failed: the session ends as with a broken stream (its calls fail, the child re-joins)."""
+    log.warning("%s: ending the session of %s: %s", node, link.name, why)
+    if link.cancel is not None:
+        link.cancel()
+
+
+def close_lane(lanes: LaneServer | None, link: ChildLink) -> None:
+    """A session ended: its lane token is withdrawn and its lane closed."""
+    if lanes is not None and link.lane_token:
+        lanes.withdraw(link.lane_token)
+    if link.lane is not None:
+        link.lane.close()

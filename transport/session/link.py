@@ -7,14 +7,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhop.common.engine.api import NodeId
 from fedhop.common.wire.codec import CodecError
 from fedhop.common.wire.control import SESSION_KINDS
 from fedhop.common.wire.framing import BadFrame, ChunkFrame, frame_size
-from fedhop.common.wire.messages import MessageAssembler, error_frame
+from fedhop.common.wire.messages import BundleMessage, MessageAssembler, error_frame
 from fedhop.v1 import fedhop_pb2 as pb
+
+if TYPE_CHECKING:
+    from fedhop.transport.lane import Lane
 
 log = logging.getLogger("fedhop.session")
 
@@ -51,6 +54,8 @@ class ChildLink:
         self.dropped = ""  # why the parent closed this session for silence ("" while it did not)
         self.on_control: Callable[[ChildLink, pb.Frame], None] | None = None  # meters the control frames sent
         self.on_queued: Callable[[], None] | None = None  # told of every put (an asyncio servicer's wake-up)
+        self.lane: Lane | None = None  # the session's bulk lane, once the child opened it (transport/lane.py)
+        self.lane_token = ""  # the token offered for it (withdrawn when the session ends)
 
     @property
     def name(self) -> str:
@@ -85,6 +90,14 @@ class ChildLink:
         """One queued message's frames, as :meth:`outgoing` yields them (the send is metered once they are all
         taken)."""
         frames, on_sent = item
+        lane = self.lane
+        if lane is not None and isinstance(frames, BundleMessage) and lane.carries(frames.payload_bytes):
+            yield from frames.control_frames()  # the payload follows on the lane, counted as its chunk frames
+            lane.send(frames.lane_buffers())
+            self.last_sent = time.monotonic()
+            if on_sent is not None:
+                on_sent(frames.message_bytes)
+            return
         n = 0
         try:
             for f in frames:

@@ -14,8 +14,9 @@ from fedhop.common import timing
 from fedhop.common.engine.api import NodeId
 from fedhop.common.spec import TransportSpec
 from fedhop.transport.credentials import PLAINTEXT, Security
+from fedhop.transport.lane import LaneServer, lane_enabled
 from fedhop.transport.session.checks import Refusal, first_frame_refusal, reject
-from fedhop.transport.session.hub import ParentHub
+from fedhop.transport.session.hub import ParentHub, close_lane, offer_lane, open_lanes
 from fedhop.transport.session.link import ChildLink, Frame
 from fedhop.transport.session.liveness import HelloWaits, close_session, open_session
 from fedhop.v1 import fedhop_pb2 as pb
@@ -34,6 +35,8 @@ class PendingHub:
         self._hub: ParentHub | None = None
         self._served = threading.Event()
         self.waits = HelloWaits()  # the sessions waiting for their Hello before the hub exists
+        self._lanes: LaneServer | None = None  # the bulk lanes offered before the hub exists (then the hub's)
+        self._lanes_lock = threading.Lock()
 
     @property
     def hub(self) -> ParentHub | None:
@@ -44,7 +47,9 @@ class PendingHub:
         """The run is known: ``hub`` takes every session, including the Hellos waiting for it."""
         if hub.node != self.node:
             raise ValueError(f"the hub of {hub.node} cannot serve {self.node}'s sessions")
-        self._hub = hub
+        with self._lanes_lock:
+            hub.adopt_lanes(self._lanes)
+            self._hub = hub
         self._served.set()
 
     def open(self, peer: str, identity: str | None = None, unauthenticated: str = "",
@@ -55,6 +60,20 @@ class PendingHub:
             return self._hub.open(peer, identity, unauthenticated, cancel)
         return open_session(self.node, self.security, TransportSpec().handshake_timeout_s, None, peer, identity,
                             unauthenticated, cancel, self.waits)
+
+    def lane_offer(self, link: ChildLink) -> tuple[tuple[str, str], ...]:
+        """A bulk lane for a session (``ParentHub.lane_offer``): one opened before the hub exists is the hub's
+        later, as its session is."""
+        lanes: LaneServer | None = None
+        with self._lanes_lock:
+            hub = self._hub
+            if hub is None and link.alive and lane_enabled():
+                if self._lanes is None:
+                    self._lanes = open_lanes(self.node, self.security)
+                lanes = self._lanes
+        if hub is not None:
+            return hub.lane_offer(link)
+        return offer_lane(lanes, self.node, link) if lanes is not None else ()
 
     def on_frame(self, link: ChildLink, frame: Frame) -> bool:
         """A frame of a session; a Hello that comes before the hub waits for it (``run_wait_s``)."""
@@ -77,3 +96,4 @@ class PendingHub:
             self._hub.lost(link, why)
         else:  # never welcomed: nothing of the run to clean up
             close_session(link)
+            close_lane(self._lanes, link)
