@@ -25,6 +25,7 @@ from fedhop.transport.credentials import (
     server_credentials,
     server_interceptors,
 )
+from fedhop.transport.lane import note_listen_address
 
 MESSAGE_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
@@ -88,7 +89,8 @@ def make_server(max_workers: int, security: Security = PLAINTEXT,
 
 def add_port(server: grpc.Server, listen: str, security: Security = PLAINTEXT) -> int:
     """Bind ``listen`` (HOST:PORT) in plaintext or with ``security``'s TLS credentials; returns the port, 0
-    when it cannot be bound."""
+    when it cannot be bound. The process's bulk lanes (transport/lane.py) listen on the same host."""
+    note_listen_address(listen)
     if security.plaintext:
         return server.add_insecure_port(listen)
     return server.add_secure_port(listen, server_credentials(security))

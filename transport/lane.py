@@ -17,9 +17,9 @@ mutual TLS the lane is TLS with the same certificates and the client certificate
 session's; a connection without a good token (or with another node's certificate) is refused and logged, and
 changes nothing. A lane from another address than its stream's (a delay proxy in front of the parent's gRPC port,
 ``deploy/delay_proxy.py``, whose emulated link the lane would skip) is refused too, and that session keeps its
-bundles on the stream. The listener binds every interface (``FEDHOP_BULK_LANE_HOST`` to choose one) on a port of
-the system's choosing: a firewall or a container that publishes only the gRPC port refuses the lane, and the
-sessions fall back. A child that cannot open the lane (port
+bundles on the stream. The listener binds the host of the node's gRPC port (every interface for a wildcard ``--listen``;
+``FEDHOP_BULK_LANE_HOST`` to choose) on a port of the system's choosing: a firewall or a container that
+publishes only the gRPC port refuses the lane, and the sessions fall back. A child that cannot open the lane (port
 refused, a firewall, a refusal, ``FEDHOP_BULK_LANE=0`` on either side) sends and receives its bundles as
 chunk frames as before.
 
@@ -67,7 +67,7 @@ log = logging.getLogger("fedhop.lane")
 LANE_METADATA = "fedhop-lane"  # the servicer's initial metadata: "<port> <token> <min_bytes>"
 ENV_SWITCH = "FEDHOP_BULK_LANE"  # "0" (or off/false/no): no lane offered or dialed by this process
 ENV_MIN_BYTES = "FEDHOP_BULK_LANE_MIN_BYTES"  # the smallest payload a parent's lanes carry
-ENV_HOST = "FEDHOP_BULK_LANE_HOST"  # where a parent's lane listener binds (default: every interface)
+ENV_HOST = "FEDHOP_BULK_LANE_HOST"  # where a parent's lane listener binds (default: where its gRPC port does)
 DEFAULT_MIN_BYTES = 1 << 20
 MAGIC = b"FHLANE1\n"
 TOKEN_CHARS = 32
@@ -77,6 +77,25 @@ MAX_HANDSHAKES = 64  # lane connections a parent checks at once (each holds a th
 _DRAIN_PIECE = 1 << 20
 _BATCH_BYTES = 16 << 20  # one sendmsg writes up to this much (several chunk frames) ...
 _BATCH_BUFFERS = 512  # ... in at most this many buffers (IOV_MAX is 1024)
+
+
+_listen_host: str | None = None  # the host of this process's gRPC port (note_listen_address), "" = every interface
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]", "*")
+
+
+def note_listen_address(listen: str) -> None:
+    """This process serves gRPC on ``listen`` (HOST:PORT; ``transport.channels.add_port`` calls this): its lane
+    listener binds the same host, so a PS on 127.0.0.1 opens no lane port on the machine's other interfaces
+    (a wildcard host: every interface). ``FEDHOP_BULK_LANE_HOST`` overrides."""
+    global _listen_host
+    host = listen.rpartition(":")[0]
+    _listen_host = "" if host in WILDCARD_HOSTS else host.strip("[]")
+
+
+def lane_host() -> str:
+    """Where this process's lane listener binds: ``FEDHOP_BULK_LANE_HOST``, else the host of its gRPC port, else
+    every interface ("")."""
+    return os.environ.get(ENV_HOST) or _listen_host or ""
 
 
 def max_lanes() -> int:
@@ -349,7 +368,7 @@ class LaneServer:
         self.security = security
         self.min_bytes = lane_min_bytes() if min_bytes is None else min_bytes
         self._tls = server_context(security)
-        host = os.environ.get(ENV_HOST, "") if host is None else host
+        host = lane_host() if host is None else host
         if not host and socket.has_dualstack_ipv6():
             self._sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
         else:

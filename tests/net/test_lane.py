@@ -24,8 +24,9 @@ from fedhop.common.wire.messages import Message, chunk_frames_bytes, message_fra
 from fedhop.common.wire.meter import WIRE_KIND
 from fedhop.transport import lane as lane_mod
 from fedhop.transport.certs import init_folder
+from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession
-from fedhop.transport.credentials import Security
+from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.session import ParentHub, child_assembler
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.net.hubs import parent_with_children
@@ -276,3 +277,23 @@ def test_an_offer_reads_back() -> None:
     ("127.0.0.1", "10.0.0.7", False), ("10.0.0.8", "10.0.0.7", False), (None, "127.0.0.1", False)])
 def test_a_lane_must_come_from_its_sessions_host(stream: str | None, lane: str, same: bool) -> None:
     assert lane_mod.same_host(stream, lane) is same
+
+
+@pytest.mark.parametrize(("listen", "bound"), [("127.0.0.1:0", "127.0.0.1"), ("0.0.0.0:0", None)])
+def test_the_lane_listener_binds_the_host_of_the_grpc_port(listen: str, bound: str | None,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PS listening on loopback opens no lane port on the machine's other interfaces; a wildcard --listen
+    gives a wildcard lane listener (dual-stack where the machine has IPv6, else 0.0.0.0)."""
+    monkeypatch.delenv(lane_mod.ENV_HOST, raising=False)
+    monkeypatch.setattr(lane_mod, "_listen_host", None)
+    server = make_server(2)
+    try:
+        add_port(server, listen)
+        lanes = lane_mod.LaneServer("ps", PLAINTEXT)
+        try:
+            wildcard = "::" if socket.has_dualstack_ipv6() else "0.0.0.0"
+            assert lanes._sock.getsockname()[0] == (bound or wildcard)
+        finally:
+            lanes.close()
+    finally:
+        server.stop(None)
