@@ -206,17 +206,19 @@ class Liveness:
 
     # -- keep-alives --------------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start sending keep-alives (again, after :meth:`stop`)."""
         t = self.config.transport
-        threading.Thread(target=self._keepalive, args=(keepalive_interval(t), t.keepalive_s / 2), daemon=True,
-                         name=f"{self.node}-keepalive").start()
+        self._stop = threading.Event()
+        threading.Thread(target=self._keepalive, args=(keepalive_interval(t), t.keepalive_s / 2, self._stop),
+                         daemon=True, name=f"{self.node}-keepalive").start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _keepalive(self, quiet_s: float, tick_s: float) -> None:
-        """Every ``tick_s``, :meth:`keepalive_tick`: a child that hears nothing for
+    def _keepalive(self, quiet_s: float, tick_s: float, stop: threading.Event) -> None:
+        """Every ``tick_s``, :meth:`keepalive_tick` until ``stop``: a child that hears nothing for
         transport.keepalive_timeout_s takes its parent for stalled or gone and re-joins."""
-        while not self._stop.wait(tick_s):
+        while not stop.wait(tick_s):
             self.keepalive_tick(time.monotonic(), quiet_s)
 
     def keepalive_tick(self, now: float, quiet_s: float) -> int:
