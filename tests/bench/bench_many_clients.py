@@ -32,6 +32,11 @@ a host needs ``ulimit -n`` above its ids: a socket each); ``--keepalive-s`` sets
 
     .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --by-hand
 
+``--profile DIR`` (with ``--by-hand``) runs the PS and the hosts under cProfile in every thread, counting CPU
+time (``tests/bench/profile_process.py``; ``DIR/ps-N.prof``, ``DIR/host-N-LO.prof``, read with ``pstats``):
+
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand --profile /tmp/prof
+
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
 """
