@@ -171,8 +171,9 @@ class TransportSpec(Strict):
     late_join: Literal["admit", "refuse"] = Field(
         "admit", description="a node that joins after the run started: admitted at the next round boundary, "
                              f"or refused (it exits with code {ExitCode.LATE_JOIN_REFUSED:d})")
-    keepalive_s: float = Field(5.0, gt=0, description="a parent sends a keep-alive frame on a quiet session this "
-                                                      "often")
+    keepalive_s: float = Field(5.0, gt=0, description="a parent sends a keep-alive frame to a session it sent "
+                                                      "nothing for keepalive_timeout_s / 3, or this long if longer "
+                                                      "(it looks every keepalive_s / 2)")
     keepalive_timeout_s: float = Field(30.0, gt=0, description="a child that hears nothing from its parent this "
                                                                "long dials it again and re-joins")
     reconnect_s: float = Field(120.0, ge=0, description="a child whose parent is lost tries to re-join this long "

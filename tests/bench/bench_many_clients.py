@@ -32,6 +32,11 @@ a host needs ``ulimit -n`` above its ids: a socket each); ``--keepalive-s`` sets
 
     .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --by-hand
 
+``--profile DIR`` (with ``--by-hand``) runs the PS and the hosts under cProfile in every thread, counting CPU
+time (``tests/bench/profile_process.py``; ``DIR/ps-N.prof``, ``DIR/host-N-LO.prof``, read with ``pstats``):
+
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand --profile /tmp/prof
+
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
 """
@@ -55,6 +60,15 @@ import psutil
 from fedhop.common.spec import RunSpec
 
 KEEPALIVE_S: list[float] = []  # --keepalive-s: the runs' transport.keepalive_s (default: the spec's)
+PROFILE: list[Path] = []  # --profile DIR: the by-hand processes run under tests/bench/profile_process.py
+
+
+def _fedhop(role: str, name: str) -> list[str]:
+    """The command line that starts ``python -m fedhop ROLE`` (under cProfile, into --profile's folder)."""
+    if not PROFILE:
+        return [sys.executable, "-m", "fedhop", role]
+    wrapper = Path(__file__).with_name("profile_process.py")
+    return [sys.executable, str(wrapper), str(PROFILE[0] / f"{name}.prof"), role]
 
 
 def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
@@ -143,12 +157,12 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
         if edges:
             raise SystemExit("--by-hand starts a PS and client hosts: no edges")
         addr = f"127.0.0.1:{_free_port()}"
-        proc = subprocess.Popen([sys.executable, "-m", "fedhop", "server", str(spec_file), "--out", str(out),
+        proc = subprocess.Popen([*_fedhop("server", f"ps-{clients}"), str(spec_file), "--out", str(out),
                                  "--listen", addr, "--device", "cpu", "--log-level", "warning"],
                                 stdout=subprocess.DEVNULL, stderr=err)
         for lo in range(0, clients, per_process):
             ids = f"client-{lo}..client-{min(clients, lo + per_process) - 1}"
-            hosts.append(subprocess.Popen([sys.executable, "-m", "fedhop", "clients", "--ids", ids, "--connect", addr,
+            hosts.append(subprocess.Popen([*_fedhop("clients", f"host-{clients}-{lo}"), "--ids", ids, "--connect", addr,
                                            "--device", "cpu", "--log-level", "warning"],
                                           stdout=subprocess.DEVNULL, stderr=err))
     else:
@@ -358,7 +372,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="runs per case; the table gives the medians")
     ap.add_argument("--keepalive-s", type=float, default=None,
                     help="transport.keepalive_s of the runs (a parent's keep-alive on each quiet session; default 5)")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="with --by-hand: run the PS and the hosts under cProfile (every thread), the profiles "
+                         "into this folder (ps-N.prof, host-N-LO.prof; tests/bench/profile_process.py)")
     a = ap.parse_args()
+    if a.profile is not None:
+        if not a.by_hand:
+            raise SystemExit("--profile profiles the processes started --by-hand")
+        a.profile.mkdir(parents=True, exist_ok=True)
+        PROFILE.append(a.profile.resolve())
     if a.keepalive_s is not None:
         KEEPALIVE_S.append(a.keepalive_s)
     from fedhop.client_ids import resolve_per_process

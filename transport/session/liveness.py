@@ -1,7 +1,8 @@
 """Liveness: a parent hub's watch over its children's sessions.
 
 A session must say Hello within ``transport.handshake_timeout_s`` (sooner where many wait: :class:`HelloWaits`);
-a quiet stream gets a keep-alive every ``transport.keepalive_s``; a session that ends fails its pending calls
+a stream quiet for a third of ``transport.keepalive_timeout_s`` (at least ``transport.keepalive_s``) gets a
+keep-alive (:func:`keepalive_interval`); a session that ends fails its pending calls
 (unless the node re-joined); a child that leaves the tasks of ``transport.drop_after_missed`` consecutive rounds
 without any reply is dropped."""
 
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedhop.common.engine.api import NodeId
 from fedhop.common.engine.base import Failure
+from fedhop.common.spec import TransportSpec
 from fedhop.common.testhooks import mark
 from fedhop.transport.session.calls import CallTable
 from fedhop.transport.session.config import HubConfig, HubListener
@@ -28,6 +30,23 @@ if TYPE_CHECKING:
     from fedhop.transport.credentials import Security
 
 log = logging.getLogger("fedhop.session")
+
+
+KEEPALIVES_PER_TIMEOUT = 3  # a quiet session hears from its parent at least this often within keepalive_timeout_s
+
+
+def keepalive_interval(transport: TransportSpec) -> float:
+    """How long a session may be quiet (nothing sent to it) before its parent sends it a keep-alive frame:
+    ``keepalive_timeout_s / KEEPALIVES_PER_TIMEOUT``, at least ``transport.keepalive_s``.
+
+    A child that hears nothing for ``keepalive_timeout_s`` takes its parent for stalled and re-joins
+    (``transport/child.py``); a frame every third of that keeps a live parent's child joined with room for a
+    late tick (the watch looks every ``keepalive_s / 2``) and a busy loop, and any frame sent (a task, its
+    chunks, a Bye) does as well. A keep-alive every ``keepalive_s`` (5 s) to each quiet session was, at 10,000
+    clients and rounds of ~50 s, ~10 frames per client and round (~2,000 frames/s through the PS's loop and the
+    hosts', growing with clients x round time; issue 19); at the defaults (30 s / 3 = 10 s) it is half that, and
+    a session that was sent anything within the interval gets none."""
+    return max(transport.keepalive_s, transport.keepalive_timeout_s / KEEPALIVES_PER_TIMEOUT)
 
 
 CROWD = 8  # sessions of one node that may wait for their Hello at once for the whole handshake timeout
@@ -187,21 +206,31 @@ class Liveness:
 
     # -- keep-alives --------------------------------------------------------------------------------------------
     def start(self) -> None:
-        threading.Thread(target=self._keepalive, args=(self.config.transport.keepalive_s,), daemon=True,
-                         name=f"{self.node}-keepalive").start()
+        """Start sending keep-alives (again, after :meth:`stop`)."""
+        t = self.config.transport
+        self._stop = threading.Event()
+        threading.Thread(target=self._keepalive, args=(keepalive_interval(t), t.keepalive_s / 2, self._stop),
+                         daemon=True, name=f"{self.node}-keepalive").start()
 
     def stop(self) -> None:
         self._stop.set()
 
-    def _keepalive(self, every_s: float) -> None:
-        """An empty frame to every child whose stream was quiet for ``every_s``: a child that hears nothing
-        for transport.keepalive_timeout_s takes its parent for stalled or gone and re-joins."""
-        while not self._stop.wait(every_s / 2):
-            now = time.monotonic()
-            for link in self.roster.alive():
-                if link.idle() and now - link.last_sent >= every_s:
-                    link.last_sent = now
-                    link.send([pb.Frame()])
+    def _keepalive(self, quiet_s: float, tick_s: float, stop: threading.Event) -> None:
+        """Every ``tick_s``, :meth:`keepalive_tick` until ``stop``: a child that hears nothing for
+        transport.keepalive_timeout_s takes its parent for stalled or gone and re-joins."""
+        while not stop.wait(tick_s):
+            self.keepalive_tick(time.monotonic(), quiet_s)
+
+    def keepalive_tick(self, now: float, quiet_s: float) -> int:
+        """An empty frame to every child that was sent nothing for ``quiet_s`` (:func:`keepalive_interval`) and
+        has nothing queued; returns how many were sent."""
+        sent = 0
+        for link in self.roster.alive():
+            if now - link.last_sent >= quiet_s and link.idle():
+                link.last_sent = now
+                link.send([pb.Frame()])
+                sent += 1
+        return sent
 
     # -- sessions that end ----------------------------------------------------------------------------------
     def lost(self, link: ChildLink, why: str) -> None:
