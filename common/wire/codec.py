@@ -297,7 +297,9 @@ def _header_template(layout: tuple[tuple[str, str, tuple[int, ...]], ...]) -> pb
     return template
 
 
-def _chunks(views: list[memoryview], chunk_bytes: int) -> Iterator[RawChunk]:
+def chunk_parts(views: list[memoryview], chunk_bytes: int) -> Iterator[tuple[int, list[memoryview]]]:
+    """The payload stream of ``views`` cut at ``chunk_bytes``: (offset, the slices of the views that make the
+    chunk), never joined (a bulk lane writes them as they are; :func:`_chunks` joins them)."""
     offset = 0
     parts: list[memoryview] = []
     room = chunk_bytes
@@ -309,10 +311,15 @@ def _chunks(views: list[memoryview], chunk_bytes: int) -> Iterator[RawChunk]:
             pos += take
             room -= take
             if room == 0:
-                yield RawChunk(offset, parts[0] if len(parts) == 1 else b"".join(parts))
+                yield offset, parts
                 offset += chunk_bytes
                 parts, room = [], chunk_bytes
     if parts:
+        yield offset, parts
+
+
+def _chunks(views: list[memoryview], chunk_bytes: int) -> Iterator[RawChunk]:
+    for offset, parts in chunk_parts(views, chunk_bytes):
         yield RawChunk(offset, parts[0] if len(parts) == 1 else b"".join(parts))
 
 

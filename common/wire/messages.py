@@ -36,6 +36,7 @@ from fedhop.common.wire.codec import (
     PayloadSink,
     _chunks,
     bundle_header,
+    chunk_parts,
     chunk_spans,
     encode_parts,
 )
@@ -136,21 +137,9 @@ class BundleMessage:
         """The chunk frames of the payload as buffers, one list per chunk: the frame's head (the bytes before its
         data, :func:`chunk_frame_head`) and views of the tensors' memory: what a bulk lane writes, so that it
         carries the very bytes the chunk frames would have (never joined into one buffer)."""
-        cid, cb = self.head.call_id, self.chunk_bytes
-        offset, room = 0, cb
-        parts: list[bytes | memoryview] = []
-        for view in self.views:
-            pos, n = 0, view.nbytes
-            while pos < n:
-                take = min(room, n - pos)
-                parts.append(view[pos:pos + take])
-                pos += take
-                room -= take
-                if room == 0:
-                    yield [chunk_frame_head(cid, offset, cb), *parts]
-                    offset, room, parts = offset + cb, cb, []
-        if parts:
-            yield [chunk_frame_head(cid, offset, cb - room), *parts]
+        cid = self.head.call_id
+        for offset, parts in chunk_parts(self.views, self.chunk_bytes):
+            yield [chunk_frame_head(cid, offset, sum(v.nbytes for v in parts)), *parts]
 
     def control_frames(self) -> list[pb.Frame]:
         """What travels on the stream when the payload goes on a lane: ``head`` and the header frame."""
