@@ -1,7 +1,7 @@
 """The child side of ``Parent.Session`` on an asyncio loop: the sessions of a client host's ids (``fedhop clients``,
 ``client/host.py``), all on one event loop, with ``grpc.aio`` streams, instead of a session thread, a stream
 reader thread and gRPC's request-consumer thread per id (and a task worker: the ids' tasks run in
-:class:`~fedhop.transport.workers.Lane` s on the host's shared workers).
+:class:`~fedhop.transport.workers.SerialWork` s on the host's shared workers).
 
 :class:`AioChildSession` is a :class:`~fedhop.transport.child.ChildSession`: the same joining (dialing with
 backoff, the checks of the Welcome), re-joining, state (keep_state / restore / rolled-back posts), posts and

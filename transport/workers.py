@@ -1,7 +1,7 @@
-"""A fixed set of worker threads for many nodes of one process (a client host's ids), and :class:`Lane`: one
+"""A fixed set of worker threads for many nodes of one process (a client host's ids), and :class:`SerialWork`: one
 node's work, run in order and one item at a time, on those shared threads. A client host of 10,000 ids ran a task
 worker thread per id (and as many session threads, stream readers, ...: 50,000 threads, past this machine's
-``pid_max``); with lanes its ids cost no thread of their own."""
+``pid_max``); with SerialWork its ids cost no thread of their own."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class DaemonPool:
                 self._work.put(_STOP)
 
 
-class Lane(Generic[T]):
+class SerialWork(Generic[T]):
     """One node's work items, handled by ``handle`` in the order put, one at a time, on ``pool``'s threads (the
     thread is named ``name`` while it handles them). What a node's own worker thread did, without the thread."""
 

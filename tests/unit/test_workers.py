@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from fedhop.transport.workers import DaemonPool, Lane
+from fedhop.transport.workers import DaemonPool, SerialWork
 from tests.waiting import wait_until
 
 
@@ -27,7 +27,7 @@ def test_a_lane_runs_its_items_in_order_one_at_a_time_on_shared_threads() -> Non
                 running[node] -= 1
         return handle
 
-    lanes = {n: Lane(pool, handler(n), f"{n}-tasks") for n in seen}
+    lanes = {n: SerialWork(pool, handler(n), f"{n}-tasks") for n in seen}
     for i in range(200):
         for lane in lanes.values():
             lane.put(i)
@@ -49,7 +49,7 @@ def test_a_failing_item_is_logged_and_the_lane_goes_on() -> None:
             raise ValueError("boom")
         done.append(i)
 
-    lane = Lane(pool, handle, "x-tasks")
+    lane = SerialWork(pool, handle, "x-tasks")
     for i in range(3):
         lane.put(i)
     assert lane.close(timeout=30)

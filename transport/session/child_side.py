@@ -36,7 +36,7 @@ from fedhop.common.wire.messages import (
 from fedhop.common.wire.scalars import put_scalars
 from fedhop.transport.inbound import Rejection, accept_request
 from fedhop.transport.session.link import CLOSE, ROLES, Frame
-from fedhop.transport.workers import DaemonPool, Lane
+from fedhop.transport.workers import DaemonPool, SerialWork
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.session")
@@ -68,7 +68,7 @@ class ChildProtocol:
                  chunk_bytes: int, hooks: TaskHooks = NO_HOOKS, peers: dict[NodeId, str] | None = None,
                  task_lock: AbstractContextManager | None = None, workers: DaemonPool | None = None) -> None:
         """``workers``: threads shared with other nodes of the process (a client host's ids) that run this node's
-        tasks in turn (a :class:`~fedhop.transport.workers.Lane`), instead of a worker thread of its own."""
+        tasks in turn (a :class:`~fedhop.transport.workers.SerialWork`), instead of a worker thread of its own."""
         self.node = node
         timing.set_node(node)
         self.ctx = ctx
@@ -84,7 +84,8 @@ class ChildProtocol:
         self._worker: threading.Thread | None = None
         self._worker_lock = threading.Lock()
         self._stopping = threading.Event()
-        self._lane: Lane | None = Lane(workers, self._handle, f"{node}-tasks") if workers is not None else None
+        self._serial: SerialWork | None = (SerialWork(workers, self._handle, f"{node}-tasks") if workers is not None
+                                           else None)
         # the node's compute speed from the run's [network] profile (1.0: as fast as this host)
         self.compute = compute_speed(ctx.spec.network_profile(), node)  # a trace's compute column: over time
 
@@ -131,8 +132,8 @@ class ChildProtocol:
         self._enqueue((POSTED, key))
 
     def _enqueue(self, item: tuple[Any, Any]) -> None:
-        if self._lane is not None:
-            self._lane.put(item)
+        if self._serial is not None:
+            self._serial.put(item)
             return
         self._start_worker()
         self._tasks.put(item)
@@ -278,7 +279,7 @@ class ChildProtocol:
 
     def _waiting(self) -> AbstractContextManager:
         """Around a wait of the task worker: on shared workers, the others' tasks go on meanwhile."""
-        return self._lane.pool.blocking() if self._lane is not None else contextlib.nullcontext()
+        return self._serial.pool.blocking() if self._serial is not None else contextlib.nullcontext()
 
     def _unreported(self) -> tuple[list[dict], list[dict]]:
         if self.hooks.report is None:
@@ -302,8 +303,8 @@ class ChildProtocol:
     def stop(self) -> None:
         """Let the task in progress finish (it may still answer), then stop the worker."""
         self._stopping.set()
-        if self._lane is not None:
-            self._lane.close(timeout=5)
+        if self._serial is not None:
+            self._serial.close(timeout=5)
         elif self._worker is not None:
             self._tasks.put(CLOSE)
             self._worker.join(timeout=5)
