@@ -2,8 +2,9 @@
 
 Off unless the environment names a folder in ``FEDHOP_TIMERS``; then each process appends what it measured
 to ``<folder>/<node>-<pid>.jsonl`` when it exits: events with a ``time.monotonic()`` stamp (one clock for
-every process of a machine on Linux, so a parent's and a child's events line up) and the seconds it spent in
-the codec, summed over its threads. When off, every hook is one boolean test.
+every process of a machine on Linux, so a parent's and a child's events line up) and the process's CPU seconds
+so far (``cpu``: ``time.process_time()``, all its threads), and the seconds it spent in the codec, summed over its
+threads. When off, every hook is one boolean test.
 
 Events: ``call`` (a parent sent a Task: call id, child, task), ``reply`` (the parent holds the whole Result),
 ``task_in`` (a child holds the whole Task), ``run`` / ``ran`` (the child's handler started / returned),
@@ -39,7 +40,7 @@ def set_node(node: str) -> None:
 def event(kind: str, **data: Any) -> None:
     if ENABLED:
         with _lock:
-            _events.append({"kind": kind, "t": time.monotonic(), **data})
+            _events.append({"kind": kind, "t": time.monotonic(), "cpu": time.process_time(), **data})
 
 
 def add(category: str, seconds: float) -> None:
