@@ -74,12 +74,13 @@ class _AioStream:
                 for frame in item.control_frames():  # the payload follows on the lane (its own writer thread)
                     yield frame
                 lane.send(item.lane_buffers())
-                continue
-            try:
-                for frame in item:
-                    yield frame
-            except CodecError as e:
-                log.error("cannot send a message: %s", e)
+            else:
+                try:
+                    for frame in item:
+                        yield frame
+                except CodecError as e:
+                    log.error("cannot send a message: %s", e)
+            item = frame = None  # not held while waiting for the next message (transport/child.py _Stream._outgoing)
 
     async def first(self) -> Any:
         """The parent's first answer; None when it closed the stream without one."""

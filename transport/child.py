@@ -176,11 +176,14 @@ class _Stream:
             if lane is not None and isinstance(item, BundleMessage) and lane.carries(item.payload_bytes):
                 yield from item.control_frames()  # the payload follows on the lane
                 lane.send(item.lane_buffers())
-                continue
-            try:
-                yield from item
-            except CodecError as e:
-                log.error("cannot send a message: %s", e)
+            else:
+                try:
+                    yield from item
+                except CodecError as e:
+                    log.error("cannot send a message: %s", e)
+            # not held while waiting for the next message: a sent reply's tensors (a model) are freed once written,
+            # not when the next round's message is queued, after the next model has arrived into memory of its own
+            item = None
 
     def read_into(self, events: queue.Queue) -> None:
         def run() -> None:
