@@ -119,3 +119,29 @@ def test_single_edge_model_is_the_mean_whatever_its_weight() -> None:
     for k in got:
         assert torch.equal(got[k], b[0][k]), k
     assert fold({"edge-0": 100}, {"edge-0": (0, b[0])})[0] is None
+
+
+def test_cloud_round_hands_the_edges_replies_to_a_streaming_fold() -> None:
+    """The PS asks its scatter to fold (the networked engine then streams each edge's reply chunk by chunk into
+    the fold's sink: ``StreamingFold``) and keeps no edge's reply: the scatter returns them without bundles."""
+    from fedhop.common.wire.fold import StreamingFold
+
+    b = models(5, 2)
+    seen: dict[str, Any] = {}
+
+    class Comm:
+        def scatter(self, to, task, bundle, args, *, expect=None, fold=None):
+            seen.update(to=tuple(to), task=task, fold=fold)
+            assert fold is not None
+            for e, m in zip(to, b, strict=True):
+                fold(e, Reply({k: v.clone() for k, v in m.items()}, {"n": 10}))
+            return {e: Reply({}, {"n": 10}) for e in to}
+
+    edges = ("edge-0", "edge-1")
+    ctx = SimpleNamespace(children=edges, sizes={"edge-0": 10, "edge-1": 10}, comm=Comm())
+    params = {k: torch.zeros_like(v) for k, v in b[0].items()}
+    got = fedavg.cloud_round(ctx, params)  # type: ignore[arg-type]
+    assert seen["to"] == edges and seen["task"] == "hier.edge_round"
+    assert isinstance(seen["fold"], StreamingFold)
+    for k in got:
+        assert torch.equal(got[k], (b[0][k] * 0.5).add_(b[1][k], alpha=0.5)), k
