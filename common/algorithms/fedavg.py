@@ -47,7 +47,9 @@ def sample_participants(ctx: NodeContext, pool: tuple[str, ...], fraction: float
 
 
 def average_replies(ctx: NodeContext, replies: dict[str, Reply], weighting: str) -> tuple[Bundle, int]:
-    """Weighted average of the replies' bundles, in canonical order; returns it and its total weight."""
+    """Weighted average of the replies' bundles, in canonical order; returns it and its total weight: the whole-reply
+    average that the streamed folds (:func:`streaming_mean`, :func:`edge_mean`) reproduce bit for bit when every
+    target reports its known size (their reference in tests)."""
     weights = {n: int(r.scalars["n"]) if "n" in r.scalars else ctx.data_size(n) for n, r in replies.items()}
     avg = weighted_mean(((weights[n] if weighting == "data_size" else 1.0), r.bundle) for n, r in replies.items())
     return avg, sum(weights.values())
