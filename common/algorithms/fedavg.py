@@ -47,7 +47,9 @@ def sample_participants(ctx: NodeContext, pool: tuple[str, ...], fraction: float
 
 
 def average_replies(ctx: NodeContext, replies: dict[str, Reply], weighting: str) -> tuple[Bundle, int]:
-    """Weighted average of the replies' bundles, in canonical order; returns it and its total weight."""
+    """Weighted average of the replies' bundles, in canonical order; returns it and its total weight: the whole-reply
+    average that the streamed folds (:func:`streaming_mean`, :func:`edge_mean`) reproduce bit for bit when every
+    target reports its known size (their reference in tests)."""
     weights = {n: int(r.scalars["n"]) if "n" in r.scalars else ctx.data_size(n) for n, r in replies.items()}
     avg = weighted_mean(((weights[n] if weighting == "data_size" else 1.0), r.bundle) for n, r in replies.items())
     return avg, sum(weights.values())
@@ -95,6 +97,31 @@ def streaming_mean(ctx: NodeContext, targets: list[str] | tuple[str, ...], weigh
     return WeightedMean(lambda n, r: _weight(ctx, n, r), expected if expected > 0 else 1)
 
 
+def edge_mean(ctx: NodeContext, edges: list[str] | tuple[str, ...]) -> WeightedMean:
+    """The cloud's fold of its edges' models (HierFAVG: w <- sum_l (n_l / n) w_l), taken chunk by chunk while the
+    replies arrive (issue 19: the PS holds the aggregate and a chunk, not every edge's model).
+
+    An edge's weight is the ``n`` it reports (the samples of its clients that trained); an edge reporting 0 (none
+    of its clients trained) is not folded: no reply, as before. The weights are normalised while folding by the
+    edges' subtree sizes (``ctx.sizes``), which is their total when every client of every edge trained: then the
+    result is :func:`average_replies`'s bit for bit. When an edge reports less (a client missing, participation
+    below 1) or an edge is missing, :class:`WeightedMean` rescales the sum by expected / actual total at the end:
+    the same weighted mean to rounding, and the same bits in every engine (the rescale is deterministic). A single
+    edge is weighted 1 (its model is the mean, ``w * 1.0``, whatever weight it reports), so FedAvg through one
+    edge stays FedCluster with M = 1 bit for bit under any participation."""
+    if len(edges) == 1:
+        return WeightedMean(lambda n, r: 1.0 if _weight(ctx, n, r) > 0 else 0.0, 1.0)
+    return streaming_mean(ctx, edges, "data_size")
+
+
+def cloud_round(ctx: NodeContext, params: Bundle) -> Bundle:
+    """The cloud's step of a round through edges: every edge runs ``hier.edge_round`` from ``params`` and its
+    reply is folded into :func:`edge_mean` as it arrives; ``params`` unchanged when no edge's clients trained."""
+    mean = edge_mean(ctx, ctx.children)
+    ctx.comm.scatter(ctx.children, "hier.edge_round", params, {}, expect=params, fold=mean)
+    return params if mean.empty else mean.result()
+
+
 @task("fedavg.train_qsgd")
 def train_qsgd(ctx: NodeContext, params: Bundle, args: dict[str, Scalar]) -> Reply:
     """Client: the local training of ``local.train`` (same RNG stream), then uploads Q_s(w_k - w)."""
@@ -129,10 +156,7 @@ def server_round(ctx: NodeContext, s: ServerState) -> ServerState:
     o: FedAvgOptions = ctx.opts
     w = s.model
     if ctx.topology.edges:
-        replies = ctx.comm.scatter(ctx.children, "hier.edge_round", w, {}, expect=w)
-        replies = {e: r for e, r in replies.items() if int(r.scalars["n"]) > 0}
-        if replies:
-            w, _ = average_replies(ctx, replies, "data_size")
+        w = cloud_round(ctx, w)
     else:
         w, _ = cluster_rounds(ctx, w, o.syncs_per_round, s.participation)
     if ctx.should_eval():

@@ -33,6 +33,9 @@ TRACE = "TRACE"  # replaced by a rounds x clients 0/1 table written into the tes
 CASES: dict[str, dict[str, Any]] = {
     "fedavg-flat": dict(algorithm="fedavg", clients=3, edges=0),
     "fedavg-edges": dict(algorithm="fedavg", clients=4, edges=2),
+    # each edge trains 2 of its 3 clients: it reports fewer samples than its subtree holds, and the PS's fold
+    # of the edges' models rescales its sum at the end (fedavg.edge_mean), the same in both engines
+    "fedavg-edges-sampled": dict(algorithm="fedavg", clients=6, edges=2, options={"participation": 0.5}),
     # Fed-CHS spec sec. 5: reading A (one local step, syncs_per_round averages a round), Markov participation
     "fedavg-reading-a-markov": dict(algorithm="fedavg", clients=3, edges=0, rounds=2, options={
         "local_steps": 1, "syncs_per_round": 2, "lr_schedule_K": 2, "participation": MARKOV}),
