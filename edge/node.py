@@ -67,7 +67,10 @@ def edge_server(node_id: str, listen: str, security: Security) -> EdgeServer:
     add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`)
     serve_parent(pending, server)
     service.register(server)
-    port = add_port(server, listen, security)
+    try:
+        port = add_port(server, listen, security)
+    except RuntimeError:  # grpcio raises where the address cannot be bound (older versions returned 0)
+        port = 0
     if port == 0:
         server.stop(0).wait(5.0)
         return EdgeServer(server, pending, service, 0)

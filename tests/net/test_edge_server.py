@@ -7,6 +7,7 @@ words on that server (mutual TLS: who calls is its certificate)."""
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,3 +127,12 @@ def test_the_edge_service_refuses_with_its_codes_and_takes_a_neighbours_hand_off
         friend.close()
         stranger.close()
         served.server.stop(0).wait(10)
+
+
+def test_an_edge_that_cannot_listen_says_so_and_stops_its_server() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        served = edge_server("edge-0", f"127.0.0.1:{busy.getsockname()[1]}", PLAINTEXT)
+    assert served.port == 0  # run_edge: "cannot listen on ...", ExitCode.USAGE
+    assert served.server.wait_for_termination(10)
