@@ -14,6 +14,7 @@ from fedhop.common.topology import build_topology
 from fedhop.common.wire.messages import PROTOCOL_VERSION
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.session import HubConfig, HubListener, ParentHub, PendingHub, hello_frame
+from fedhop.transport.session.pending import HELD_FRAMES
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.unit.hostile import RUN_ID, configured_hub, drain, errors, join, spec_for
 from tests.waiting import wait_until
@@ -80,6 +81,23 @@ def test_a_held_hello_holds_no_thread_and_its_sessions_later_frames_follow_it_to
         assert hub.data_sizes() == {"client-0": 7}  # its Ready came after its Hello, as sent
         assert set(hub.roster.links) == {"client-0", "client-1"}
         assert pending.on_frame(links[1], pb.Frame())  # the hub's from now on (a keep-alive)
+    finally:
+        hub.shutdown(0.0, finished=True)
+
+
+def test_a_session_that_floods_before_its_welcome_is_refused_not_held() -> None:
+    pending = PendingHub("ps")
+    link = pending.open("ipv4:10.0.0.4:4")
+    assert pending.on_frame(link, hello_frame("client-0", "client", "", {}, ""))
+    for _ in range(HELD_FRAMES - 1):  # the Hello and what follows it, up to the cap: held
+        assert pending.on_frame(link, pb.Frame())
+    assert not pending.on_frame(link, pb.Frame())
+    frames, closed = drain(link)
+    assert errors(frames) == [f"more than {HELD_FRAMES} frames before the Welcome"] and closed and not link.alive
+    hub = hub_for(spec_for(clients=1))
+    try:
+        pending.serve(hub)  # nothing of it is handed to the hub
+        assert hub.roster.links == {}
     finally:
         hub.shutdown(0.0, finished=True)
 

@@ -28,6 +28,7 @@ from fedhop.transport.session.liveness import HANDSHAKE_TIMERS, HelloWaits, clos
 from fedhop.v1 import fedhop_pb2 as pb
 
 RUN_WAIT_S = 600.0  # how long an early Hello waits for its parent to learn the run, unless told otherwise
+HELD_FRAMES = 16  # frames of a session held before its Welcome, its Hello included (a child sends only the Hello)
 
 
 class PendingHub:
@@ -123,20 +124,24 @@ class PendingHub:
         refusal: Refusal | None = None
         with self._held_lock:
             hub = self._hub
-            if link in self._held:  # its Hello is held (or being handed over): this frame follows it
-                self._held[link].append(frame)
-                return True
-            if hub is None:  # no session has said Hello to a hub yet: this is a first frame
+            held = self._held.get(link)
+            if held is not None:  # its Hello is held (or being handed over): this frame follows it
+                if len(held) < HELD_FRAMES:
+                    held.append(frame)
+                    return True
+                del self._held[link]  # a session that floods before its Welcome is not held any longer
+                refusal = Refusal(pb.ERROR_CODE_BAD_REQUEST, f"more than {HELD_FRAMES} frames before the Welcome")
+            elif hub is None:  # no session has said Hello to a hub yet: this is a first frame
                 if not link.alive:
                     return False
                 link.hello_seen.set()
                 refusal = first_frame_refusal(frame)
                 if refusal is None:
                     self._held[link] = [frame]
-        if hub is not None:
-            return hub.on_frame(link, frame)
         if refusal is not None:
             return reject(self.node, link, refusal)
+        if hub is not None:
+            return hub.on_frame(link, frame)
         HANDSHAKE_TIMERS.call_later(self.run_wait_s, self._run_overdue, link)
         return True
 
@@ -149,10 +154,12 @@ class PendingHub:
             reject(self.node, link, Refusal(pb.ERROR_CODE_INTERNAL, f"{self.node} has not joined a run yet"))
 
     def lost(self, link: ChildLink, why: str) -> None:
-        if self._hub is not None:
-            self._hub.lost(link, why)
-        else:  # never welcomed: nothing of the run to clean up
-            with self._held_lock:
+        with self._held_lock:  # decided against serve(): a session lost before the hub is never handed to it
+            hub = self._hub
+            if hub is None:
                 self._held.pop(link, None)
+        if hub is not None:
+            hub.lost(link, why)
+        else:  # never welcomed: nothing of the run to clean up
             close_session(link)
             close_lane(self._lanes, link)
