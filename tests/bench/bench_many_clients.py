@@ -123,6 +123,7 @@ class Row:
     hosts_cpu_s: float = float("nan")
     edges_peak_mb: float = 0.0  # the edges' RSS and threads (the peak of their sums), counted apart from the hosts
     edges_threads: int = 0
+    edges_cpu_s: float = 0.0  # CPU seconds of the edges (included in hosts_cpu_s)
 
 
 def _is_edge(p: psutil.Process) -> bool:
@@ -234,7 +235,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
                proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
                ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads, cpu.get(proc.pid, float("nan")),
-               sum(v for pid, v in cpu.items() if pid != proc.pid), edges_peak / 2**20, edges_threads)
+               sum(v for pid, v in cpu.items() if pid != proc.pid), edges_peak / 2**20, edges_threads,
+               sum(v for pid, v in cpu.items() if edge_pids.get(pid)))
 
 
 def median_row(rows: list[Row]) -> Row:
@@ -249,7 +251,7 @@ def median_row(rows: list[Row]) -> Row:
                int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)),
                int(med([r.hosts_threads for r in rows])), med([r.ps_cpu_s for r in rows]),
                med([r.hosts_cpu_s for r in rows]), med([r.edges_peak_mb for r in rows]),
-               int(med([r.edges_threads for r in rows])))
+               int(med([r.edges_threads for r in rows])), med([r.edges_cpu_s for r in rows]))
 
 
 # -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
@@ -441,7 +443,7 @@ def main() -> None:
     print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "
           "| mean round | in-process round | per client above in-process | PS peak RSS | PS threads (peak) "
           "| hosts' RSS (sum, peak) | hosts' threads (sum, peak) | edges' RSS (sum, peak) | edges' threads (sum, peak) "
-          "| CPU s: PS / client processes and edges | load (1 min) before / after | ok |")
+          "| CPU s: PS / hosts / edges | load (1 min) before / after | ok |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         floor = floors[(r.clients, r.edges)]
@@ -449,7 +451,7 @@ def main() -> None:
               f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
               f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | {r.hosts_threads} | "
               f"{r.edges_peak_mb:.0f} MB | {r.edges_threads} | "
-              f"{r.ps_cpu_s:.0f} / {r.hosts_cpu_s:.0f} | "
+              f"{r.ps_cpu_s:.0f} / {r.hosts_cpu_s - r.edges_cpu_s:.0f} / {r.edges_cpu_s:.0f} | "
               f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 
