@@ -16,18 +16,25 @@ import grpc
 import pytest
 import torch
 
-from fedhop.common.engine.api import NodeContext
+from fedhop.common.algorithms.aggregate import WeightedMean
+from fedhop.common.engine.api import NodeContext, Reply
 from fedhop.common.engine.base import HandOffError, MissingLog
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.topology import build_topology
-from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.bundle import clone
+from fedhop.common.wire.framing import bundle_frames, parse_frame_lenient, serialize_frame
+from fedhop.common.wire.messages import result_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.edge.node import EdgeServer, edge_server
 from fedhop.transport.aio_server import SESSION_WORKERS, SYNC_WORKERS
 from fedhop.transport.certs import init_folder
+from fedhop.transport.child import ChildSession
 from fedhop.transport.credentials import PLAINTEXT, Security
+from fedhop.transport.netcomm import NetComm
+from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import PeerClient
 from fedhop.transport.session import HubConfig, ParentHub, hello_frame
+from tests.net.hubs import next_task
 from tests.specs import DIGITS, run_spec
 from tests.waiting import wait_until
 
@@ -136,3 +143,58 @@ def test_an_edge_that_cannot_listen_says_so_and_stops_its_server() -> None:
         served = edge_server("edge-0", f"127.0.0.1:{busy.getsockname()[1]}", PLAINTEXT)
     assert served.port == 0  # run_edge: "cannot listen on ...", ExitCode.USAGE
     assert served.server.wait_for_termination(10)
+
+
+def test_an_edges_folding_scatter_waits_for_its_reply_gate_without_holding_the_session_workers() -> None:
+    # the edge's sessions are PendingHub's (opened before the run was known): the servicer must see the hub's
+    # call table through it, or each Result ahead of the canonical order waits for the gate in a session worker
+    # and SESSION_WORKERS of them hold every worker while the reply the gate waits for cannot be read
+    n = SESSION_WORKERS + 4
+    chunk = 1 << 10
+    spec = run_spec("fedavg", {}, clients=n, edges=1, name="edge-gate", rounds=1, data=DIGITS,
+                    model={"name": "mlp", "hidden": [4]}, transport={"chunk_bytes": chunk})
+    topo = build_topology(spec.topology, spec.seed)
+    edge = topo.edges[0]
+    order = list(topo.cluster(edge))
+    served = edge_server(edge, "127.0.0.1:0", PLAINTEXT)
+    hub = ParentHub(HubConfig(edge, spec, topo, "edge-gate-run"), ByteMeter(), MissingLog())
+    served.pending.serve(hub)
+    children: dict[str, ChildSession] = {}
+    try:
+        for node in order:
+            s = children[node] = ChildSession(NodeConfig(node, f"127.0.0.1:{served.port}", connect_timeout_s=10),
+                                              "client")
+            s.connect()
+            s.send_ready({node: 10})
+        wait_until(lambda: len(hub.data_sizes()) == n, "the children to be ready", timeout=30)
+        hub.start()
+        comm = NetComm(edge, topo, missing := MissingLog(), hub, spec)
+        bundle = {"w": torch.arange(600, dtype=torch.float32)}  # three chunks: read only once the gate admits it
+        first_sent = threading.Event()
+
+        def answer(node: str) -> None:
+            cid = next_task(children[node])
+            if node == order[0]:  # the reply the gate admits first comes last
+                wait_until(lambda: all(hub.calls._calls[c].answered.is_set() for c in hub.calls._calls
+                                       if hub.calls._calls[c].node != order[0]), "the other Results", timeout=30)
+            children[node].send([result_frame(cid, {"n": 10}, has_bundle=True), *bundle_frames(cid, bundle, chunk)])
+            if node == order[0]:
+                first_sent.set()
+
+        helpers = [threading.Thread(target=answer, args=(node,), daemon=True) for node in order]
+        for h in helpers:
+            h.start()
+        mean = WeightedMean(lambda node, r: r.scalars["n"], 10 * n)
+        out = comm.scatter(order, "fedavg.train", {}, {}, expect={"w": torch.zeros(600)}, deadline_s=20.0, fold=mean)
+        assert first_sent.is_set() and sorted(out) == sorted(order) and missing.entries == []
+        plain = WeightedMean(lambda node, r: r.scalars["n"], 10 * n)  # the in-process fold, in canonical order
+        for node in order:
+            plain(node, Reply(clone(bundle), {"n": 10}))
+        assert torch.equal(mean.result()["w"], plain.result()["w"])
+        for h in helpers:
+            h.join(10)
+    finally:
+        for s in children.values():
+            s.close()
+        hub.shutdown(0.0, finished=True)
+        served.server.stop(0).wait(10)
