@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import grpc
 import torch
 
 from fedhop.common.engine.api import NodeContext
@@ -20,7 +19,8 @@ from fedhop.common.engine.node_store import NodeStore
 from fedhop.common.exit_codes import ExitCode, describe
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.aio_server import LoopServer, make_loop_server
+from fedhop.transport.channels import add_port
 from fedhop.transport.child import ChildSession, JoinError, LeafComm
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import EdgeService, PeerClient, advertised
@@ -87,14 +87,14 @@ class PeerServer:
     ``topology.peer_graph``): started before the client joins, so that its Hello carries the address its peers
     dial (``config.advertise``, else the listen address)."""
 
-    def __init__(self, server: grpc.Server, service: EdgeService, address: str | None) -> None:
+    def __init__(self, server: LoopServer, service: EdgeService, address: str | None) -> None:
         self.server, self.service, self.address = server, service, address
 
     @classmethod
     def open(cls, config: NodeConfig) -> PeerServer:
         assert config.listen is not None
         service = EdgeService(config.node_id, config.security)
-        server = make_server(64, config.security)
+        server = make_loop_server(config.security)  # the Edge service's handlers are coroutines (transport/peer.py)
         service.register(server)
         port = add_port(server, config.listen, config.security)
         if port == 0:

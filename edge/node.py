@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -21,8 +22,10 @@ from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.user_code import CODE_DIGEST
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
-from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.aio_server import LoopServer, make_loop_server
+from fedhop.transport.channels import add_port
 from fedhop.transport.child import ChildSession, JoinError
+from fedhop.transport.credentials import Security
 from fedhop.transport.health import add_health
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.node_config import NodeConfig
@@ -43,6 +46,38 @@ class _TellParent(HubListener):
         self.session.send_ready(self.sizes())
 
 
+@dataclass(frozen=True)
+class EdgeServer:
+    """What an edge serves before it knows its run: its children's sessions (held by ``pending`` until the
+    hub exists), its neighbours' hand-offs and posts (``service``) and health, all on one asyncio server."""
+
+    server: LoopServer
+    pending: PendingHub
+    service: EdgeService
+    port: int  # 0: the listen address could not be bound (nothing is started then)
+
+
+def edge_server(node_id: str, listen: str, security: Security) -> EdgeServer:
+    """The started server of edge ``node_id`` on ``listen``. One event loop and fixed pools
+    (``transport/aio_server.py``): the edge's threads do not grow with its children (a synchronous server held
+    two threads per child session: at most ~1,000 per edge; issue 19)."""
+    pending = PendingHub(node_id, security)  # clients may dial before the PS's Welcome tells this edge the run
+    service = EdgeService(node_id, security)
+    server = make_loop_server(security)
+    add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`)
+    serve_parent(pending, server)
+    service.register(server)
+    try:
+        port = add_port(server, listen, security)
+    except RuntimeError:  # grpcio raises where the address cannot be bound (older versions returned 0)
+        port = 0
+    if port == 0:
+        server.stop(0).wait(5.0)
+        return EdgeServer(server, pending, service, 0)
+    server.start()
+    return EdgeServer(server, pending, service, port)
+
+
 def run_edge(config: NodeConfig) -> int:
     """Serve clients and neighbour edges on ``config.listen``, join the run at ``config.connect`` (the PS),
     serve until Bye; returns the exit code (:class:`~fedhop.common.exit_codes.ExitCode`).
@@ -55,18 +90,12 @@ def run_edge(config: NodeConfig) -> int:
     torch.set_num_threads(1)
     fix_mmap_threshold()  # freed chunk buffers go back to the OS (common/malloc_tuning.py)
     meter, missing = ByteMeter(), MissingLog()
-    pending = PendingHub(node_id, security)  # clients may dial before the PS's Welcome tells this edge the run
-    service = EdgeService(node_id, security)
-    server = make_server(1024, security)
-    add_health(server)  # grpc.health.v1 (compose healthchecks, `fedhop health`)
-    serve_parent(pending, server)
-    service.register(server)
-    port = add_port(server, listen, security)
-    if port == 0:
+    served = edge_server(node_id, listen, security)
+    if served.port == 0:
         log.error("%s: cannot listen on %s", node_id, listen)
         return ExitCode.USAGE
-    server.start()
-    address = advertised(listen, port, config.advertise)
+    pending, service, server = served.pending, served.service, served.server
+    address = advertised(listen, served.port, config.advertise)
     store = NodeStore(node_id, config.state_dir)
     session = ChildSession(config, "edge", address=address,
                            info={"state_round": store.newest_tag() if store.newest_tag() is not None else -1})

@@ -5,7 +5,9 @@ A synchronous ``grpc.server`` holds a worker thread for every open stream, and `
 thread: a PS with 1,000 children ran 2,015 threads, and 10,000 children would need 20,000 (issue 19). Here a
 session is two coroutines (``transport/parent.py``'s :class:`~fedhop.transport.parent.AsyncParentServicer`);
 the protocol's work on a frame runs in a small pool of its own (:data:`SESSION_WORKERS` threads). Handlers
-that are plain functions (health, a token refusal) run in ``migration_thread_pool`` as before.
+that are plain functions (health, a token refusal) run in ``migration_thread_pool`` as before. The PS
+(``server/main.py``) and every edge (``edge/node.py``: its children's sessions and its ``Edge`` service, whose
+handlers are coroutines, ``transport/peer.py``) serve on it.
 """
 
 from __future__ import annotations

@@ -14,12 +14,14 @@ counted message bytes do not depend on node ids. Byte meter: the caller counts b
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
@@ -48,6 +50,10 @@ from fedhop.transport.credentials import PLAINTEXT, Security, Unauthenticated, p
 from fedhop.transport.inbound import Rejection, accept_request
 from fedhop.v1 import fedhop_pb2 as pb
 
+if TYPE_CHECKING:
+    from fedhop.transport.aio_server import LoopServer
+
+T = TypeVar("T")
 log = logging.getLogger("fedhop.peer")
 
 NODE_HEADER = "fedhop-node"  # gRPC metadata: who calls (Edge.HandOff, Edge.Describe)
@@ -169,7 +175,13 @@ def advertised(listen: str, port: int, advertise: str | None) -> str:
 
 
 class EdgeService:
-    """``Edge.HandOff`` and ``Edge.Describe`` of one edge; refuses calls until the edge is in a run."""
+    """``Edge.HandOff`` and ``Edge.Describe`` of one edge; refuses calls until the edge is in a run.
+
+    Served on the edge's asyncio server (:class:`~fedhop.transport.aio_server.LoopServer`, with its children's
+    sessions): the handlers are coroutines, so a hand-off holds no thread while its frames arrive, and refusals
+    abort the call where the synchronous handlers did (``Describe``: ``UNAVAILABLE`` before the run,
+    ``PERMISSION_DENIED`` for a stranger under TLS or tokens); the work on each frame, the checks of the whole
+    message and the state saved before an Ack run in the server's session pool."""
 
     def __init__(self, node_id: NodeId, security: Security = PLAINTEXT) -> None:
         self.node = node_id
@@ -182,6 +194,7 @@ class EdgeService:
         # a validated post, its epoch and its sender's round: keep it and queue it for the node's task loop
         self.on_post: Callable[[Post, int, int], None] | None = None
         self._seen: dict[str, OrderedDict[str, None]] = {}  # per sender: the ids of the posts it delivered
+        self._pool: Executor | None = None  # where the handlers' work runs: the server's session pool (register)
 
     def serve(self, ctx: NodeContext, on_received: Callable[[NodeContext, int], None] | None = None,
               on_post: Callable[[Post, int, int], None] | None = None) -> None:
@@ -194,7 +207,10 @@ class EdgeService:
         self.on_post = on_post
         self.ctx = ctx  # last: a call that sees the run sees its cap and its saver
 
-    def register(self, server: grpc.Server) -> None:
+    def register(self, server: LoopServer) -> None:
+        """Serve ``Edge.HandOff`` and ``Edge.Describe`` on ``server`` (the edge's asyncio server: the handlers are
+        coroutines; what they do that takes time runs in its session pool)."""
+        self._pool = server.sessions
         handlers = {
             "HandOff": grpc.stream_unary_rpc_method_handler(
                 self.HandOff, request_deserializer=parse_frame_lenient, response_serializer=pb.Ack.SerializeToString),
@@ -204,15 +220,19 @@ class EdgeService:
         }
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fedhop.v1.Edge", handlers),))
 
-    def _caller(self, context: grpc.ServicerContext) -> tuple[str, str]:
+    async def _work(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in the server's session pool (the loop's default executor before :meth:`register`)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> tuple[str, str]:
         """(who calls, the hand-off's slot); who calls is "" when it cannot be established. With TLS or
         tokens it comes from the certificate or token, never from the ``fedhop-node`` entry the caller writes."""
-        md = dict(context.invocation_metadata())
+        md = dict(context.invocation_metadata() or ())
         slot = str(md.get(SLOT_HEADER, ""))
         if self.security.plaintext:
             return str(md.get(NODE_HEADER, "")), slot
         try:
-            return str(peer_identity(context, self.security)), slot
+            return str(peer_identity(context, self.security)), slot  # type: ignore[arg-type]
         except Unauthenticated as e:
             log.warning("%s: unauthenticated caller %s: %s", self.node, context.peer(), e)
             return "", slot
@@ -227,17 +247,14 @@ class EdgeService:
         log.warning("%s: hand-off refused: %s", self.node, message)
         return pb.Ack(ok=False, error=pb.Error(code=code, message=f"{self.node}: {message}"))
 
-    def HandOff(self, frames: Iterator[Any], context: grpc.ServicerContext) -> pb.Ack:  # noqa: N802
-        sender, slot = self._caller(context)
-        ctx = self.ctx
+    def _unread_refusal(self, ctx: NodeContext | None, sender: str, slot: str, pid: str, peer: str) -> pb.Ack | None:
+        """The refusal of a hand-off or post that is decided before a byte of it is read (None: read it)."""
         if ctx is None:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, "not in a run yet")
         why = self._stranger(sender, ctx)
         if why is not None:
-            log.warning("%s: hand-off from %s refused: %s", self.node, context.peer(), why)
+            log.warning("%s: hand-off from %s refused: %s", self.node, peer, why)
             return pb.Ack(ok=False, error=pb.Error(code=pb.ERROR_CODE_BAD_REQUEST, message=f"{self.node}: {why}"))
-        md = dict(context.invocation_metadata())
-        pid = str(md.get(POST_HEADER, ""))
         if pid:
             if self.on_post is None:
                 return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"post from {sender}: this node takes no posts")
@@ -247,30 +264,53 @@ class EdgeService:
             # checked before a byte is read: nothing is kept for a slot nobody takes from
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} into slot {slot!r}, which "
                                 f"{ctx.spec.algorithm.name} does not use")
+        return None
+
+    async def HandOff(self, frames: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> pb.Ack:  # noqa: N802
+        """One hand-off or post: its frames are assembled in the session pool as they come (one at a time), then
+        validated and kept (or queued) there; the Ack says whether it was taken. A sender that stops half-way
+        holds no thread, and its call is cancelled (``CANCELLED``) at ``transport.rpc_timeout_s``."""
+        sender, slot = self._caller(context)
+        md = dict(context.invocation_metadata() or ())
+        pid = str(md.get(POST_HEADER, ""))
+        ctx = self.ctx
+        refused = self._unread_refusal(ctx, sender, slot, pid, context.peer())
+        if refused is not None:
+            return refused
+        assert ctx is not None
         transport = ctx.spec.transport
         asm = MessageAssembler(max_bytes=self.max_bytes, budget=self._budget(sender, transport),
                                accept=lambda head: None if head.WhichOneof("body") == "task" else "not a Task")
-        # a sender that stops half-way must not hold this thread: the stream is cancelled at the deadline
-        timer = threading.Timer(transport.rpc_timeout_s, context.cancel)
-        timer.daemon = True
-        timer.start()
+        feeding = threading.Lock()  # the assembler is closed only once the frame being fed (in the pool) is in
+
+        def feed(frame: Any) -> Message | None:
+            with feeding:
+                return asm.feed(frame)
+
         msg = None
         try:
-            for f in frames:
-                msg = asm.feed(f)
-                if msg is not None:
-                    break
+            async with asyncio.timeout(transport.rpc_timeout_s):
+                async for f in frames:
+                    msg = await self._work(feed, f)
+                    if msg is not None:
+                        break
         except FrameError as e:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender}: {e}")
-        except grpc.RpcError:
+        except TimeoutError:
             log.warning("%s: hand-off from %s (%s) cancelled: not complete within transport.rpc_timeout_s = %gs",
                         self.node, sender, context.peer(), transport.rpc_timeout_s)
-            return pb.Ack(ok=False)
+            await context.abort(grpc.StatusCode.CANCELLED, f"{self.node}: the hand-off was not complete within "
+                                f"transport.rpc_timeout_s = {transport.rpc_timeout_s:g}s")
         finally:
-            timer.cancel()
-            asm.close()
+            with feeding:
+                asm.close()
         if msg is None:
             return self._refuse(pb.ERROR_CODE_BAD_REQUEST, f"hand-off from {sender} ended before its bundle")
+        return await self._work(self._accepted, msg, sender, slot, pid, md, ctx)
+
+    def _accepted(self, msg: Message, sender: str, slot: str, pid: str, md: Mapping[str, Any],
+                  ctx: NodeContext) -> pb.Ack:
+        """A whole hand-off (or post): validated, kept in the inbox (saved before it is acknowledged)."""
         if pid:
             return self._posted(msg, sender, pid, md, ctx)
         req = accept_request(msg, self.node, sender, ctx.device, expect_name=HANDOFF)
@@ -315,15 +355,16 @@ class EdgeService:
                 self._budgets[sender] = InflightBudget(transport.max_open_bundles, transport.inflight_bytes())
             return self._budgets[sender]
 
-    def Describe(self, request: pb.DescribeRequest, context: grpc.ServicerContext) -> pb.DescribeReply:  # noqa: N802
+    async def Describe(self, request: pb.DescribeRequest,  # noqa: N802
+                       context: grpc.aio.ServicerContext) -> pb.DescribeReply:
         ctx = self.ctx
         if ctx is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.node} is not in a run yet")
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.node} is not in a run yet")
         assert ctx is not None
         if not self.security.plaintext:
             sender, _ = self._caller(context)
             why = self._stranger(sender, ctx)
             if why is not None:
                 log.warning("%s: describe from %s refused: %s", self.node, context.peer(), why)
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         return describe_reply({"data_size": ctx.sizes.get(self.node, 0), **ctx.public})

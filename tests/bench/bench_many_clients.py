@@ -9,7 +9,8 @@ started by this script, as a user would by hand. Prints a table:
 * PS peak RSS, PS threads (peak) and CPU seconds (of the PS and of the client processes, whole run): the
   launcher process (which is the PS) or ``fedhop server``, sampled with psutil every 50 ms;
 * per client above in-process: (mean round - in-process round) / clients, in ms (issue 19's target: <= 1 ms);
-* hosts: the client processes, the sum of their RSS and the sum of their threads at their sampled peaks;
+* hosts: the client hosts, the sum of their RSS and the sum of their threads at their sampled peaks; the edges
+  (``--edges``) the same in columns of their own;
 * in-process round: the in-process engine's mean round on the same spec in this process (the compute floor:
   the same local training and aggregation with no transport).
 
@@ -20,6 +21,7 @@ client, as before client hosts).
     .venv/bin/python tests/bench/bench_many_clients.py --clients 10 100 --baseline 10 30 --per-process auto 64
     .venv/bin/python tests/bench/bench_many_clients.py --clients 100 1000 3000 --baseline --edges 0 2 --repeat 3
     .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand --edges 2  # + 2 edges
 
 ``--fleet`` measures the PS alone at 1,000 - 10,000 clients: ``fedhop server`` and, in this process, one
 asyncio gRPC client per id that says Hello and Ready and answers every Task at once with the model it received
@@ -119,6 +121,17 @@ class Row:
     hosts_threads: int = 0  # the client processes' threads (the peak of their sum)
     ps_cpu_s: float = float("nan")  # CPU seconds (user + system) of the PS / of the client processes, whole run
     hosts_cpu_s: float = float("nan")
+    edges_peak_mb: float = 0.0  # the edges' RSS and threads (the peak of their sums), counted apart from the hosts
+    edges_threads: int = 0
+    edges_cpu_s: float = 0.0  # CPU seconds of the edges (included in hosts_cpu_s)
+
+
+def _is_edge(p: psutil.Process) -> bool:
+    """Whether a child process is an edge (``fedhop edge``), not a client host."""
+    try:
+        return " edge " in f" {' '.join(p.cmdline())} "
+    except psutil.Error:
+        return False
 
 
 def _cpu(p: psutil.Process) -> float:
@@ -143,36 +156,50 @@ def _free_port() -> int:
 
 
 def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0, by_hand: bool = False) -> Row:
-    """One run: ``fedhop launch`` (the launcher is the PS), or (``by_hand``, no edges) ``fedhop server`` and one
-    ``fedhop clients`` process per ``per_process`` ids, started here."""
+    """One run: ``fedhop launch`` (the launcher is the PS), or (``by_hand``) ``fedhop server``, a ``fedhop edge``
+    per edge and one ``fedhop clients`` process per ``per_process`` ids of an edge (of the PS without edges),
+    started here."""
     folder = Path(tempfile.mkdtemp(prefix=f"c{clients}-k{per_process}-e{edges}-", dir=work))
     spec_file = folder / "spec.toml"
-    spec_file.write_text(spec_for(clients, rounds, edges).to_toml())
+    spec = spec_for(clients, rounds, edges)
+    spec_file.write_text(spec.to_toml())
     out = folder / "run"
     load0 = psutil.getloadavg()[0]
     t0 = time.monotonic()
     err = (folder / "launch.err").open("wb")
     hosts: list[subprocess.Popen] = []
     if by_hand:
-        if edges:
-            raise SystemExit("--by-hand starts a PS and client hosts: no edges")
+        from fedhop.common.topology import build_topology
+
         addr = f"127.0.0.1:{_free_port()}"
         proc = subprocess.Popen([*_fedhop("server", f"ps-{clients}"), str(spec_file), "--out", str(out),
                                  "--listen", addr, "--device", "cpu", "--log-level", "warning"],
                                 stdout=subprocess.DEVNULL, stderr=err)
-        for lo in range(0, clients, per_process):
-            ids = f"client-{lo}..client-{min(clients, lo + per_process) - 1}"
-            hosts.append(subprocess.Popen([*_fedhop("clients", f"host-{clients}-{lo}"), "--ids", ids, "--connect", addr,
-                                           "--device", "cpu", "--log-level", "warning"],
-                                          stdout=subprocess.DEVNULL, stderr=err))
+        topo = build_topology(spec.topology, spec.seed)
+        groups: list[tuple[tuple[str, ...], str]] = [(topo.clients, addr)]  # (ids, their parent's address)
+        if edges:
+            groups = []
+            for edge in topo.edges:  # each edge's clients are a contiguous range of ids (common/topology.py)
+                edge_addr = f"127.0.0.1:{_free_port()}"
+                hosts.append(subprocess.Popen([*_fedhop("edge", f"{edge}-{clients}"), "--id", edge, "--connect", addr,
+                                               "--listen", edge_addr, "--device", "cpu", "--log-level", "warning"],
+                                              stdout=subprocess.DEVNULL, stderr=err))
+                groups.append((topo.cluster(edge), edge_addr))
+        for ids, parent in groups:
+            for lo in range(0, len(ids), per_process):
+                some = f"{ids[lo]}..{ids[min(len(ids), lo + per_process) - 1]}"
+                hosts.append(subprocess.Popen([*_fedhop("clients", f"host-{clients}-{ids[lo]}"), "--ids", some,
+                                               "--connect", parent, "--device", "cpu", "--log-level", "warning"],
+                                              stdout=subprocess.DEVNULL, stderr=err))
     else:
         proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
                                  "--device", "cpu", "--quiet", "--clients-per-process", str(per_process)],
                                 stdout=subprocess.DEVNULL, stderr=err)
     ps = psutil.Process(proc.pid)
     journal = out / "rounds.jsonl"
-    ps_peak = hosts_peak = 0.0
-    ps_threads = hosts_threads = 0
+    ps_peak = hosts_peak = edges_peak = 0.0
+    ps_threads = hosts_threads = edges_threads = 0
+    edge_pids: dict[int, bool] = {}  # pid -> whether it is an edge
     first_end: float | None = None
     children: set[int] = set()
     cpu: dict[int, float] = {}  # pid -> its last sampled CPU seconds
@@ -187,8 +214,15 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
         except psutil.Error:
             kids = []
         children.update(k.pid for k in kids)
-        hosts_peak = max(hosts_peak, sum(_rss(k) for k in kids))
-        hosts_threads = max(hosts_threads, sum(_threads(k) for k in kids))
+        for k in kids:
+            if k.pid not in edge_pids:
+                edge_pids[k.pid] = _is_edge(k)
+        edge_kids = [k for k in kids if edge_pids[k.pid]]
+        host_kids = [k for k in kids if not edge_pids[k.pid]]
+        hosts_peak = max(hosts_peak, sum(_rss(k) for k in host_kids))
+        hosts_threads = max(hosts_threads, sum(_threads(k) for k in host_kids))
+        edges_peak = max(edges_peak, sum(_rss(k) for k in edge_kids))
+        edges_threads = max(edges_threads, sum(_threads(k) for k in edge_kids))
         for k in kids:
             cpu[k.pid] = _cpu(k) or cpu.get(k.pid, 0.0)
         if first_end is None and journal.is_file() and journal.read_text().strip():
@@ -201,7 +235,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
                proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
                ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads, cpu.get(proc.pid, float("nan")),
-               sum(v for pid, v in cpu.items() if pid != proc.pid))
+               sum(v for pid, v in cpu.items() if pid != proc.pid), edges_peak / 2**20, edges_threads,
+               sum(v for pid, v in cpu.items() if edge_pids.get(pid)))
 
 
 def median_row(rows: list[Row]) -> Row:
@@ -215,7 +250,8 @@ def median_row(rows: list[Row]) -> Row:
                med([r.hosts_peak_mb for r in rows]), all(r.ok for r in rows), first.edges, first.how,
                int(med([r.ps_threads for r in rows])), (min(r.load[0] for r in rows), max(r.load[1] for r in rows)),
                int(med([r.hosts_threads for r in rows])), med([r.ps_cpu_s for r in rows]),
-               med([r.hosts_cpu_s for r in rows]))
+               med([r.hosts_cpu_s for r in rows]), med([r.edges_peak_mb for r in rows]),
+               int(med([r.edges_threads for r in rows])), med([r.edges_cpu_s for r in rows]))
 
 
 # -- the PS alone, with a fleet of instant clients --------------------------------------------------------------
@@ -365,7 +401,8 @@ def main() -> None:
                     help="--clients-per-process values for the host runs (each a number or auto; default: auto)")
     ap.add_argument("--edges", type=int, nargs="+", default=[0], help="edge counts (default: 0, a flat run)")
     ap.add_argument("--by-hand", action="store_true",
-                    help="start fedhop server and fedhop clients here instead of fedhop launch (no edges)")
+                    help="start fedhop server, fedhop edge (with --edges) and fedhop clients here instead of "
+                         "fedhop launch")
     ap.add_argument("--fleet", action="store_true",
                     help="the PS alone with instant clients of this process (no training, no client hosts)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -405,15 +442,16 @@ def main() -> None:
           f"at the end {psutil.getloadavg()[0]:.1f}")
     print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "
           "| mean round | in-process round | per client above in-process | PS peak RSS | PS threads (peak) "
-          "| client processes' RSS (sum, peak) | client processes' threads (sum, peak) "
-          "| CPU s: PS / client processes | load (1 min) before / after | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| hosts' RSS (sum, peak) | hosts' threads (sum, peak) | edges' RSS (sum, peak) | edges' threads (sum, peak) "
+          "| CPU s: PS / hosts / edges | load (1 min) before / after | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         floor = floors[(r.clients, r.edges)]
         print(f"| {r.clients:,} | {r.edges} | {r.how} | {r.per_process} | {r.processes} | {r.join_s:.1f} s | "
               f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
               f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | {r.hosts_threads} | "
-              f"{r.ps_cpu_s:.0f} / {r.hosts_cpu_s:.0f} | "
+              f"{r.edges_peak_mb:.0f} MB | {r.edges_threads} | "
+              f"{r.ps_cpu_s:.0f} / {r.hosts_cpu_s - r.edges_cpu_s:.0f} / {r.edges_cpu_s:.0f} | "
               f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 

@@ -15,7 +15,8 @@ from fedhop.common.engine.base import MissingLog, PostError
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.wire.messages import message_bytes, post_bytes, post_frame
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.aio_server import make_loop_server
+from fedhop.transport.channels import add_port
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.peer import EdgeService, PeerClient
@@ -81,7 +82,7 @@ def test_a_post_to_a_neighbour_runs_in_its_task_loop_and_is_counted_by_the_sende
     got: list[Post] = []
     ctx = NodeContext(node_id="edge-1", role="edge", ws=ws, comm=None)  # type: ignore[arg-type]
     svc.serve(ctx, on_post=lambda post, epoch, sent: got.append(post))
-    server = make_server(8)
+    server = make_loop_server()  # the edge's server (edge/node.py)
     svc.register(server)
     addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
     server.start()

@@ -5,8 +5,10 @@ client that never answers."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+from collections.abc import AsyncIterator, Iterable
 from types import SimpleNamespace
 
 import grpc
@@ -174,11 +176,11 @@ def test_refusals_do_not_tell_a_stranger_the_topology(caplog) -> None:
 
 
 class FakeContext:
-    """The part of a grpc.ServicerContext that EdgeService uses."""
+    """The part of a grpc.aio.ServicerContext that EdgeService uses."""
 
     def __init__(self, sender: str, slot: str) -> None:
         self.md = ((NODE_HEADER, sender), (SLOT_HEADER, slot))
-        self.cancelled = threading.Event()
+        self.aborted: tuple[grpc.StatusCode, str] | None = None
 
     def invocation_metadata(self):
         return self.md
@@ -186,12 +188,22 @@ class FakeContext:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:7777"
 
-    def cancel(self) -> None:
-        self.cancelled.set()
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = (code, details)
+        raise Aborted(details)  # as grpc.aio's abort: the handler ends here
 
 
-class Cancelled(grpc.RpcError):
+class Aborted(Exception):
     pass
+
+
+def hand_off(svc: EdgeService, frames: AsyncIterator | Iterable, context: FakeContext) -> pb.Ack:
+    """``Edge.HandOff`` (a coroutine, as the edge's asyncio server runs it) on an event loop of its own."""
+    async def stream() -> AsyncIterator:
+        for f in frames:
+            yield f
+
+    return asyncio.run(svc.HandOff(frames if isinstance(frames, AsyncIterator) else stream(), context))
 
 
 def edge_service(**transport) -> tuple[EdgeService, NodeContext]:
@@ -217,10 +229,10 @@ def test_a_hand_off_into_a_slot_the_algorithm_does_not_use_is_refused_unread() -
         read.append(1)
         yield from handoff_frames({"w": torch.ones(1000)})
 
-    ack = svc.HandOff(frames(), FakeContext(sender, "junk-slot-17"))
+    ack = hand_off(svc, frames(), FakeContext(sender, "junk-slot-17"))
     assert not ack.ok and "into slot 'junk-slot-17', which fedchs does not use" in ack.error.message
     assert read == [] and ctx.inbox == {}
-    ack = svc.HandOff(iter(handoff_frames({"w": torch.ones(3)})), FakeContext(sender, "model"))
+    ack = hand_off(svc, handoff_frames({"w": torch.ones(3)}), FakeContext(sender, "model"))
     assert ack.ok and torch.equal(ctx.inbox["model"][0]["w"], torch.ones(3))
 
 
@@ -230,13 +242,15 @@ def test_a_half_sent_hand_off_is_cancelled_at_the_servers_deadline() -> None:
     context = FakeContext(sender, "model")
     frames = handoff_frames({"w": torch.ones(100_000)})
 
-    def half():
-        yield from frames[:3]  # the head, the header and one chunk; then nothing (as gRPC: until cancelled)
-        assert context.cancelled.wait(10.0)
-        raise Cancelled()
+    async def half() -> AsyncIterator:
+        for f in frames[:3]:  # the head, the header and one chunk; then nothing (as gRPC: until the call ends)
+            yield f
+        await asyncio.Event().wait()
 
-    ack = svc.HandOff(half(), context)
-    assert not ack.ok and context.cancelled.is_set()
+    with pytest.raises(Aborted):
+        hand_off(svc, half(), context)
+    assert context.aborted is not None and context.aborted[0] == grpc.StatusCode.CANCELLED
+    assert "not complete within transport.rpc_timeout_s = 0.2s" in context.aborted[1]
     assert ctx.inbox == {}
     assert svc._budgets[sender].in_flight == (0, 0)  # the bundle it held is released
 

@@ -3,6 +3,9 @@ the receiver's context, the byte meter (a post is counted like the networked eng
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ from fedhop.common.engine.workspace import Workspace
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.messages import CALL_ID_BASE, message_bytes, post_bytes, task_frame
 from fedhop.transport.peer import NODE_HEADER, POST_HEADER, ROUND_HEADER, EdgeService
+from fedhop.v1 import fedhop_pb2 as pb
 from tests.specs import run_spec
 
 DATA = {"dataset": "synthetic", "partition": "dirichlet", "train_limit": 120, "test_limit": 40}
@@ -168,8 +172,15 @@ class _PostContext:
     def peer(self) -> str:
         return "ipv4:127.0.0.1:1"
 
-    def cancel(self) -> None:
-        return None
+
+
+def _hand_off(svc: EdgeService, frames: Iterable[object], context: _PostContext) -> pb.Ack:
+    """``Edge.HandOff`` (a coroutine, as the edge's asyncio server runs it) on an event loop of its own."""
+    async def stream() -> AsyncIterator[object]:
+        for f in frames:
+            yield f
+
+    return asyncio.run(svc.HandOff(stream(), context))  # type: ignore[arg-type]
 
 
 def test_the_peer_service_runs_a_retried_post_once_and_refuses_strangers_and_unknown_tasks() -> None:
@@ -183,12 +194,12 @@ def test_the_peer_service_runs_a_retried_post_once_and_refuses_strangers_and_unk
     def frames(name: str = "test.post.note") -> object:
         return iter([task_frame(CALL_ID_BASE, name, {"n": 1}, deadline_s=5.0, has_bundle=False)])
 
-    assert svc.HandOff(frames(), _PostContext("edge-0/1")).ok
-    assert svc.HandOff(frames(), _PostContext("edge-0/1")).ok
-    assert svc.HandOff(frames(), _PostContext("edge-0/2")).ok
+    assert _hand_off(svc, frames(), _PostContext("edge-0/1")).ok
+    assert _hand_off(svc, frames(), _PostContext("edge-0/1")).ok
+    assert _hand_off(svc, frames(), _PostContext("edge-0/2")).ok
     assert [(p.sender, p.task, p.round, p.scalars) for p in got] == [("edge-0", "test.post.note", 4, {"n": 1})] * 2
-    ack = svc.HandOff(frames("test.post.nope"), _PostContext("edge-0/3"))
+    ack = _hand_off(svc, frames("test.post.nope"), _PostContext("edge-0/3"))
     assert not ack.ok and "unknown task 'test.post.nope'" in ack.error.message
-    ack = svc.HandOff(frames(), _PostContext("x/1", sender="client-0"))
+    ack = _hand_off(svc, frames(), _PostContext("x/1", sender="client-0"))
     assert not ack.ok and "client-0 is not a neighbour of edge-1" in ack.error.message
     assert len(got) == 2

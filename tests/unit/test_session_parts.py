@@ -14,8 +14,10 @@ from fedhop.common.topology import build_topology
 from fedhop.common.wire.messages import PROTOCOL_VERSION
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.session import HubConfig, HubListener, ParentHub, PendingHub, hello_frame
+from fedhop.transport.session.pending import HELD_FRAMES
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.unit.hostile import RUN_ID, configured_hub, drain, errors, join, spec_for
+from tests.waiting import wait_until
 
 
 def hub_for(spec: RunSpec) -> ParentHub:
@@ -49,10 +51,55 @@ def test_a_hello_waits_for_the_run_no_longer_than_run_wait_s(caplog) -> None:
     caplog.set_level(logging.WARNING, "fedhop.session")
     pending = PendingHub("ps", run_wait_s=0.05)
     link = pending.open("ipv4:10.0.0.1:1")
-    assert not pending.on_frame(link, hello_frame("client-0", "client", "", {}, ""))
+    assert pending.on_frame(link, hello_frame("client-0", "client", "", {}, ""))  # held, not waited for
+    wait_until(lambda: not link.alive, "the held Hello to be refused at run_wait_s", timeout=10)
     frames, closed = drain(link)
     assert errors(frames) == ["ps has not joined a run yet"] and closed and not link.alive
     assert "ps: rejected ipv4:10.0.0.1:1: ps has not joined a run yet" in caplog.text
+
+
+def test_a_held_hello_holds_no_thread_and_its_sessions_later_frames_follow_it_to_the_hub() -> None:
+    # the edge's servicer hands frames to PendingHub.on_frame in a small pool: a Hello that waited there for the
+    # run would hold a pool thread; it is kept instead, with what its session sends after it, in order
+    spec = spec_for(clients=3)
+    pending = PendingHub("ps")  # the default wait (10 minutes): on_frame must not wait for it
+    links = [pending.open(f"ipv4:127.0.0.1:{i}") for i in range(3)]
+    for i, link in enumerate(links):
+        assert pending.on_frame(link, hello_frame(f"client-{i}", "client", "", {}, ""))
+        assert drain(link) == ([], False)  # nothing said yet: no Welcome, no refusal
+    ready = pb.Frame()
+    ready.ready.data_sizes["client-0"] = 7
+    assert pending.on_frame(links[0], ready)  # before its Welcome: held behind its Hello
+    pending.lost(links[2], "the child closed its stream")  # gone before the run: never welcomed
+    hub = hub_for(spec)
+    try:
+        assert pending.calls.arrived(links[0], pb.Frame(call_id=5)) is None  # no call pending before the hub
+        pending.serve(hub)
+        for link in links[:2]:
+            frames, closed = drain(link)
+            assert [f.WhichOneof("body") for f in frames] == ["welcome"] and not closed
+        assert hub.data_sizes() == {"client-0": 7}  # its Ready came after its Hello, as sent
+        assert set(hub.roster.links) == {"client-0", "client-1"}
+        assert pending.on_frame(links[1], pb.Frame())  # the hub's from now on (a keep-alive)
+    finally:
+        hub.shutdown(0.0, finished=True)
+
+
+def test_a_session_that_floods_before_its_welcome_is_refused_not_held() -> None:
+    pending = PendingHub("ps")
+    link = pending.open("ipv4:10.0.0.4:4")
+    assert pending.on_frame(link, hello_frame("client-0", "client", "", {}, ""))
+    for _ in range(HELD_FRAMES - 1):  # the Hello and what follows it, up to the cap: held
+        assert pending.on_frame(link, pb.Frame())
+    assert not pending.on_frame(link, pb.Frame())
+    frames, closed = drain(link)
+    assert errors(frames) == [f"more than {HELD_FRAMES} frames before the Welcome"] and closed and not link.alive
+    hub = hub_for(spec_for(clients=1))
+    try:
+        pending.serve(hub)  # nothing of it is handed to the hub
+        assert hub.roster.links == {}
+    finally:
+        hub.shutdown(0.0, finished=True)
 
 
 @pytest.mark.parametrize("first, refusal", [
