@@ -16,6 +16,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
@@ -24,7 +25,7 @@ import grpc
 from fedhop.common.wire.framing import BadFrame, ChunkFrame, frame_size, parse_frame_lenient, serialize_frame
 from fedhop.transport.aio_server import LoopServer
 from fedhop.transport.credentials import Security, Unauthenticated, peer_identity
-from fedhop.transport.session import CLOSE, Call, CallTable, ChildLink, Frame
+from fedhop.transport.session import CLOSE, CallTable, ChildLink, Frame
 from fedhop.v1 import fedhop_pb2 as pb
 
 T = TypeVar("T")
@@ -185,9 +186,15 @@ class AsyncParentServicer:
     async def _read(self, link: ChildLink, frames: AsyncIterator[Any]) -> None:
         why = "the child closed its stream"
         feed = _Feed(self, link, asyncio.current_task())
+        calls: CallTable | None = getattr(self.hub, "calls", None)  # a ParentHub's (a PendingHub has none)
         try:
             async for frame in frames:
-                if feed.add(frame):  # a Result that may wait for the gate, a lane's payload, or enough read ahead
+                if calls is not None and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "result" \
+                        and frame.result.has_bundle:
+                    await feed.idle.wait()  # the frames before it are handled (its Hello, surely, by now)
+                    if link.node_id is not None:
+                        await self._admitted(calls, link, frame)
+                if feed.add(frame):  # a lane's payload follows, or enough was read ahead of the protocol's work
                     await feed.idle.wait()
             await feed.idle.wait()  # every frame read is handled before the session is lost
         except grpc.RpcError as e:
@@ -203,120 +210,87 @@ class AsyncParentServicer:
             except RuntimeError:  # the pool was shut down (the server stopped): nothing is waiting any more
                 self.hub.lost(link, why)
 
+    async def _admitted(self, calls: CallTable, link: ChildLink, frame: pb.Frame) -> None:
+        """A Result with a bundle: its call is marked answered, and a reply of a folding scatter waits here, in the
+        loop, until the reply gate admits it (no thread waits; the session's next frames are not read meanwhile,
+        so the held reply's bytes stay with the child)."""
+        call = calls.arrived(link, frame)  # (never waits: the roster's lock, briefly)
+        if call is None or call.gate is None:
+            return
+        admitted = self.loop.create_future()
+
+        def admit(f: asyncio.Future = admitted) -> None:
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody reads this session any more
+                self.loop.call_soon_threadsafe(lambda: f.done() or f.set_result(None))
+
+        if not call.gate.try_enter(call.call_id, admit):
+            await admitted
+        call.admitted_at = time.monotonic()
+
 
 READ_AHEAD_BYTES = 64 << 10  # a session's frames read ahead of the protocol's work (then its reader waits) ...
 READ_AHEAD_FRAMES = 256  # ... or as many frames
 
 
-class _Hold:
-    """A Result whose bundle waits for the reply gate (``ReplyGate.try_enter`` said not yet): its admission,
-    which may come (from the thread that settles a reply) before or after the loop parks the session's frames."""
-
-    def __init__(self, feed: _Feed, call: Call) -> None:
-        self.feed = feed
-        self.call = call
-        self._lock = threading.Lock()
-        self._admitted = False
-        self._parked: list[Any] | None = None
-
-    def admit(self) -> None:
-        """The gate's ``on_admit`` (any thread; never blocks)."""
-        with self._lock:
-            self._admitted = True
-            rest = self._parked
-        if rest is not None:
-            with contextlib.suppress(RuntimeError):  # the server stopped: nobody reads this session any more
-                self.feed.loop.call_soon_threadsafe(self.feed.resume, self.call, rest)
-
-    def park(self, rest: list[Any]) -> None:
-        """In the loop: the frames from the held Result on wait here until :meth:`admit` (at once if it came)."""
-        with self._lock:
-            self._parked = rest
-            admitted = self._admitted
-        if admitted:
-            self.feed.resume(self.call, rest)
-
-
 class _Feed:
     """One session's frames on their way to the protocol (issue 19: a thread hand-off per frame was most of the
-    PS's loop). The reader adds each frame it reads; one job in the session pool at a time handles, in order,
-    every frame that has arrived (``hub.on_frame``; False ends the session), and the frames read meanwhile go in
-    the next job. A Result whose bundle must wait for the reply gate parks the session's frames in the loop (no
-    thread waits) until the gate admits it; a bundle header whose payload follows on the bulk lane is handled in
-    the transfer pool (its read lasts the transfer), the frames after it once it is done. The reader reads no
-    further than such a frame (a held reply's bytes stay with the child), nor more than ``READ_AHEAD_BYTES`` or
-    ``READ_AHEAD_FRAMES`` ahead of the protocol's work."""
+    PS's loop). The reader adds each frame it reads; one job at a time in the session pool drains them, in order
+    (``hub.on_frame``; False ends the session), taking also the frames that arrive while it runs (a job waiting
+    for a pool thread behind other sessions' finds them all). A bundle header whose payload follows on the bulk
+    lane is handled in the transfer pool (its read lasts the transfer), the frames after it once it is done. The
+    reader reads no further than such a header, nor more than ``READ_AHEAD_BYTES`` or ``READ_AHEAD_FRAMES``
+    ahead of the protocol's work; a Result that waits for the reply gate waits before it is added
+    (:meth:`AsyncParentServicer._admitted`)."""
 
     def __init__(self, servicer: AsyncParentServicer, link: ChildLink, reader: asyncio.Task | None) -> None:
         self.servicer = servicer
         self.loop = servicer.loop
-        self.pool = servicer.pool
-        self.transfers = servicer.transfers
-        self.hub = servicer.hub
-        self.calls: CallTable | None = getattr(servicer.hub, "calls", None)  # a ParentHub's (a PendingHub: none)
         self.link = link
         self.reader = reader
-        self.pending: list[Any] = []  # read, not handed to a job yet
+        self.pending: deque[Any] = deque()  # read, not handled yet (appended by the loop, taken by the job)
         self.ahead = 0  # bytes read since the feed was last idle
         self.ahead_frames = 0  # ... and frames
-        self.busy = False  # a job runs, or the frames wait for the gate or for a lane's payload
-        self.idle = asyncio.Event()  # nothing pending or busy
+        self.scheduled = False  # a job runs or is queued, or a lane's payload is being read
+        self.idle = asyncio.Event()  # nothing pending or scheduled
         self.idle.set()
         self.stopped = ""  # why the frames stopped being handled ("" while they are not)
 
     def add(self, frame: Any) -> bool:
-        """Queue ``frame`` (a job starts when none runs); whether the reader must wait for :attr:`idle` before it
-        reads on."""
+        """Queue ``frame`` (a job starts when none is scheduled); whether the reader must wait for :attr:`idle`
+        before it reads on."""
         self.servicer.frames_read += 1
-        wait = False
-        if isinstance(frame, pb.Frame):
-            body = frame.WhichOneof("body")
-            wait = (body == "result" and frame.result.has_bundle) or _lane_payload(self.link, frame)
         self.ahead += frame.size if isinstance(frame, ChunkFrame | BadFrame) else frame_size(frame)
         self.ahead_frames += 1
         self.pending.append(frame)
         self.idle.clear()
-        if not self.busy:
-            self._start([], False)
-        return wait or self.ahead >= READ_AHEAD_BYTES or self.ahead_frames >= READ_AHEAD_FRAMES
+        if not self.scheduled:
+            self._schedule()
+        return _lane_payload(self.link, frame) or self.ahead >= READ_AHEAD_BYTES \
+            or self.ahead_frames >= READ_AHEAD_FRAMES
 
-    def _start(self, first: list[Any], admitted: bool) -> None:
-        """A job for ``first`` (frames taken before) and everything pending; ``admitted``: ``first`` begins with
-        a Result the gate admitted (its ``arrived`` was done)."""
-        batch = first + self.pending if first else self.pending
-        self.pending = []
-        if not batch:
-            self.busy = False
-            self.ahead = self.ahead_frames = 0
-            self.idle.set()
-            return
-        self.busy = True
+    def _schedule(self) -> None:
+        self.scheduled = True
         self.servicer.jobs += 1
-        job = self.loop.run_in_executor(self.pool, self._handle, batch, admitted)
-        job.add_done_callback(lambda done: self._handled(done, batch))
+        job = self.loop.run_in_executor(self.servicer.pool, self._drain)
+        job.add_done_callback(self._drained)
 
-    def _handle(self, batch: list[Any], admitted: bool) -> tuple[str, int, _Hold | None]:
-        """In the session pool: the protocol's work on ``batch`` in order, up to the first frame that must wait or
-        go elsewhere: ("done", n), ("ended", i: on_frame said False), ("held", i, its hold), ("lane", i)."""
-        hub, link, calls = self.hub, self.link, self.calls
-        for i, frame in enumerate(batch):
-            if i > 0 or not admitted:
-                if calls is not None and link.node_id is not None and isinstance(frame, pb.Frame) \
-                        and frame.WhichOneof("body") == "result":
-                    call = calls.arrived(link, frame)
-                    if call is not None and call.gate is not None:
-                        hold = _Hold(self, call)
-                        if not call.gate.try_enter(call.call_id, hold.admit):
-                            return "held", i, hold
-                        call.admitted_at = time.monotonic()
-                if _lane_payload(link, frame):  # read from the lane by a thread of its own (transport/lane.py)
-                    return "lane", i, None
+    def _drain(self) -> tuple[str, Any]:
+        """In the session pool: the protocol's work on the frames pending, in order, until none is left (the
+        loop then schedules the next job for any added meanwhile), a lane's payload must be read (the loop hands
+        that header to the transfer pool) or the session ends: ("done" | "lane" | "ended", the frame)."""
+        hub, link, pending = self.servicer.hub, self.link, self.pending
+        while pending:
+            frame = pending.popleft()
+            if _lane_payload(link, frame):  # read from the lane by a thread of its own (transport/lane.py)
+                return "lane", frame
             if not hub.on_frame(link, frame):
-                return "ended", i, None
-        return "done", len(batch), None
+                return "ended", frame
+        return "done", None
 
-    def _handled(self, job: asyncio.Future, batch: list[Any]) -> None:
-        """In the loop: a job ended; the next one starts, or the frames wait (gate, lane), or the session ends."""
+    def _drained(self, job: asyncio.Future) -> None:
+        """In the loop: a job ended; the next one starts for the frames added meanwhile, or the feed is idle."""
+        if self.stopped:
+            return
         if job.cancelled():  # the pool was shut down: the server stopped
             self._stop("stream broken (CANCELLED)")
             return
@@ -324,19 +298,18 @@ class _Feed:
         if error is not None:
             self._fail(error)
             return
-        status, i, hold = job.result()
+        status, frame = job.result()
         if status == "ended":
             self._stop("the child closed its stream")
-        elif status == "held":
-            assert hold is not None
-            hold.park(batch[i:])
         elif status == "lane":
-            lane = self.loop.run_in_executor(self.transfers, self.hub.on_frame, self.link, batch[i])
-            lane.add_done_callback(lambda done: self._lane_done(done, batch[i + 1:]))
+            lane = self.loop.run_in_executor(self.servicer.transfers, self.servicer.hub.on_frame, self.link, frame)
+            lane.add_done_callback(self._lane_read)
         else:
-            self._start([], False)
+            self._next()
 
-    def _lane_done(self, job: asyncio.Future, rest: list[Any]) -> None:
+    def _lane_read(self, job: asyncio.Future) -> None:
+        if self.stopped:
+            return
         if job.cancelled():
             self._stop("stream broken (CANCELLED)")
         elif job.exception() is not None:
@@ -344,24 +317,25 @@ class _Feed:
         elif not job.result():
             self._stop("the child closed its stream")
         else:
-            self._start(rest, False)
+            self._next()
 
-    def resume(self, call: Call, rest: list[Any]) -> None:
-        """In the loop: the gate admitted ``call``'s reply: its Result and the frames after it go on."""
-        if self.stopped:
+    def _next(self) -> None:
+        if self.pending:
+            self._schedule()
             return
-        call.admitted_at = time.monotonic()
-        self._start(rest, True)
+        self.scheduled = False
+        self.ahead = self.ahead_frames = 0
+        self.idle.set()
 
     def _fail(self, error: BaseException) -> None:
-        log.error("%s: session with %s failed", self.hub.node, self.link.name, exc_info=error)
+        log.error("%s: session with %s failed", self.servicer.hub.node, self.link.name, exc_info=error)
         self._stop(f"session failed: {type(error).__name__}: {error}")
 
     def _stop(self, why: str) -> None:
         """No more frames are handled; the reader ends (cancelled where it waits) and the session is lost."""
         self.stopped = why
-        self.busy = True
-        self.pending = []
+        self.scheduled = True
+        self.pending.clear()
         if self.reader is not None:
             self.reader.cancel()
 
