@@ -12,6 +12,7 @@ Deadlines nest: a node that was given a budget by its parent (the Task's deadlin
 
 from __future__ import annotations
 
+import heapq
 import queue
 import threading
 import time
@@ -58,6 +59,10 @@ class NetComm(BaseComm):
         self._budget_end: float | None = None  # monotonic time by which this node's parent wants its answer
         self._budget_s = 0.0
         self._submitted: dict[NodeId, tuple[Call | Failure, float]] = {}  # submit(): the call, its expiry
+        self._owner: dict[int, NodeId] = {}  # id() of each call in _submitted -> its node
+        # a heap of the submitted calls' (expiry, seq, node, call id): no reference to a call (nor to its reply)
+        self._expiries: list[tuple[float, int, NodeId, int]] = []
+        self._seq = 0  # ties in _expiries
         self._arrived: queue.Queue[Call | Failure] = queue.Queue()  # finished submitted calls, in arrival order
         self._expect: Mapping[str, torch.Tensor] | None = None  # the scatter's expect: checked at reply headers
         self._fold: Any = None  # the scatter's fold: replies stream into it chunk by chunk when it can take them
@@ -125,8 +130,11 @@ class NetComm(BaseComm):
         rnd, deadline = self._round_deadline(deadline_s)
         snapshot = on_host(bundle)
         sent: dict[NodeId, Any] = {}
-        for t in targets:
-            sent[t] = self._send(t, task, snapshot, args, rnd, deadline, self._expect)
+        try:
+            for t in targets:  # the calls share ``snapshot``: it is encoded once (CallTable._encoded)
+                sent[t] = self._send(t, task, snapshot, args, rnd, deadline, self._expect)
+        finally:
+            self.hub.calls.forget_encoded()
         end = time.monotonic() + deadline
         why = f"no reply within the deadline of {deadline:g}s"
         if quorum is not None and _wait_quorum([c for c in sent.values() if not isinstance(c, Failure)], quorum, end):
@@ -156,8 +164,11 @@ class NetComm(BaseComm):
         snapshot = on_host(bundle)
         gate = ReplyGate(self.transport.reply_window, self._streaming(self._fold))
         sent: deque[tuple[NodeId, Any]] = deque()  # popped from the left as settled (a list's pop(0) is O(n))
-        for t in targets:
-            sent.append((t, self._send(t, task, snapshot, args, rnd, deadline, self._expect, gate)))
+        try:
+            for t in targets:  # the calls share ``snapshot``: it is encoded once (CallTable._encoded)
+                sent.append((t, self._send(t, task, snapshot, args, rnd, deadline, self._expect, gate)))
+        finally:
+            self.hub.calls.forget_encoded()
         del snapshot
         end = time.monotonic() + deadline
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")
@@ -206,35 +217,59 @@ class NetComm(BaseComm):
                deadline_s: float | None) -> None:
         rnd, deadline = self._round_deadline(deadline_s)
         p = self._pending.get(to)  # BaseComm.submit records the task's expect before it starts it
-        c = self._send(to, task, on_host(bundle), args, rnd, deadline, p.expect if p is not None else None)
+        try:
+            c = self._send(to, task, on_host(bundle), args, rnd, deadline, p.expect if p is not None else None)
+        finally:
+            self.hub.calls.forget_encoded()
         if isinstance(c, Failure):
-            self._submitted[to] = (c, time.monotonic())
+            self._submitted_as(to, c, time.monotonic())
             self._arrived.put(c)
             return
-        self._submitted[to] = (c, time.monotonic() + deadline)
+        expiry = time.monotonic() + deadline
+        self._submitted_as(to, c, expiry)
+        self._seq += 1
+        heapq.heappush(self._expiries, (expiry, self._seq, to, c.call_id))
         c.on_finish = lambda c=c: self._arrived.put(c)
         if c.done.is_set():  # finished before on_finish was set: _next_done skips a second entry
             self._arrived.put(c)
 
+    def _submitted_as(self, node: NodeId, c: Call | Failure, expiry: float) -> None:
+        old = self._submitted.get(node)
+        if old is not None:
+            self._owner.pop(id(old[0]), None)
+        self._submitted[node] = (c, expiry)
+        self._owner[id(c)] = node
+
+    def _in_flight(self, node: NodeId, call_id: int) -> Call | None:
+        """``node``'s submitted call ``call_id`` while it is not collected (None: collected, or another call)."""
+        entry = self._submitted.get(node)
+        c = entry[0] if entry is not None else None
+        return c if isinstance(c, Call) and c.call_id == call_id else None
+
     def _next_done(self, deadline_s: float | None) -> tuple[NodeId, Reply | Failure] | None:
+        """The next submitted call to finish (``BaseComm._next_done``): O(log n) per reply, not O(calls in flight):
+        the calls whose expiry passed are popped from a heap and given up on, the next expiry is the heap's top."""
         end = time.monotonic() + (deadline_s if deadline_s is not None else self.transport.round_deadline_s)
         while True:
-            mine = {id(c): n for n, (c, _) in self._submitted.items()}
             now = time.monotonic()
-            for c, expiry in list(self._submitted.values()):
-                if isinstance(c, Call) and not c.done.is_set() and now >= expiry:
-                    self.hub.expire(c, "no reply within the deadline of its submitted task")
-            soonest = min([end, *(e for c, e in self._submitted.values() if isinstance(c, Call))])
+            heap = self._expiries
+            while heap and (heap[0][0] <= now or self._in_flight(heap[0][2], heap[0][3]) is None):
+                expiry, _, node, cid = heapq.heappop(heap)
+                call = self._in_flight(node, cid) if expiry <= now else None
+                if call is not None and not call.done.is_set():
+                    self.hub.expire(call, "no reply within the deadline of its submitted task")
+            soonest = min(end, heap[0][0]) if heap else end
             try:
                 c = self._arrived.get(timeout=max(0.0, soonest - now))
             except queue.Empty:
                 if time.monotonic() >= end:
                     return None
                 continue
-            node = mine.get(id(c))
+            node = self._owner.get(id(c))
             if node is None or self._submitted[node][0] is not c:  # a second entry, or a call of another collect
                 continue
             del self._submitted[node]
+            del self._owner[id(c)]
             r = c if isinstance(c, Failure) else c.result
             assert r is not None
             if isinstance(r, Reply):
@@ -258,6 +293,8 @@ class NetComm(BaseComm):
                 self.missing.add(p.round, self.node, node, p.task, f"{r.reason} (a submitted task not collected "
                                  "before the run ended)")
         self._submitted.clear()
+        self._owner.clear()
+        self._expiries.clear()
 
     def unanswered(self, node: NodeId, round_idx: int, reason: str) -> None:
         """A silent child: after transport.drop_after_missed such rounds in a row its session is closed."""

@@ -16,12 +16,13 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.framing import BadFrame, ChunkFrame, frame_size, parse_frame_lenient, serialize_frame
 from fedhop.transport.aio_server import LoopServer
 from fedhop.transport.credentials import Security, Unauthenticated, peer_identity
 from fedhop.transport.session import CLOSE, CallTable, ChildLink, Frame
@@ -98,17 +99,23 @@ class AsyncParentServicer:
     """``fedhop.v1.Parent/Session`` for one hub on a :class:`~fedhop.transport.aio_server.LoopServer`.
 
     Each session is its handler (it streams what the protocol queues for the child, woken by
-    ``ChildLink.on_queued``) and a reader task; the reader hands each frame to the protocol in the server's
-    session pool, one frame at a time per session, in order (a bundle header whose payload follows on the
-    session's bulk lane in a transfer thread: its read lasts the transfer). A Result whose bundle must wait for
-    the reply gate (a folding scatter) waits in the loop, not in a thread: its session's frames are not read meanwhile,
-    as with the synchronous reader that blocked."""
+    ``ChildLink.on_queued``: one wake-up scheduled at a time, however many messages are queued meanwhile) and a
+    reader task; the reader hands the frames to the protocol in the server's session pool in batches, one job at
+    a time per session, in order (:class:`_Feed`; a bundle header whose payload follows on the session's bulk lane
+    in a transfer thread: its read lasts the transfer). A Result whose bundle must wait for the reply gate (a
+    folding scatter) waits in the loop, not in a thread: its session's frames are not read meanwhile, as with the
+    synchronous reader that blocked."""
 
     def __init__(self, hub: SessionHost, server: LoopServer) -> None:
         self.hub = hub
         self.loop = server.loop
         self.pool = server.sessions
         self.transfers = server.transfers
+        # counted, for the tests of the batching (issue 19): frames read, jobs handed to the session pool for them,
+        # wake-ups of the sessions' handlers scheduled from other threads
+        self.frames_read = 0
+        self.jobs = 0
+        self.wakeups = 0
 
     def register(self, server: LoopServer) -> None:
         handler = grpc.stream_stream_rpc_method_handler(
@@ -138,9 +145,21 @@ class AsyncParentServicer:
 
         link = await self._work(self.hub.open, context.peer(), identity, why, cancel)
 
+        waking = False  # a wake-up is scheduled and has not run yet: one self-pipe write for many queued messages
+
+        def woken() -> None:
+            nonlocal waking
+            waking = False  # cleared before the handler looks at the queue: a later put schedules a new wake-up
+            wake.set()
+
         def queued() -> None:
+            nonlocal waking
+            if waking:
+                return
+            waking = True
+            self.wakeups += 1
             with contextlib.suppress(RuntimeError):  # the server stopped: nobody streams this session any more
-                loop.call_soon_threadsafe(wake.set)
+                loop.call_soon_threadsafe(woken)
 
         link.on_queued = queued
         offer = lane_offer(self.hub, link)
@@ -166,30 +185,22 @@ class AsyncParentServicer:
 
     async def _read(self, link: ChildLink, frames: AsyncIterator[Any]) -> None:
         why = "the child closed its stream"
+        feed = _Feed(self, link, asyncio.current_task())
         calls: CallTable | None = getattr(self.hub, "calls", None)  # a ParentHub's (a PendingHub has none)
         try:
             async for frame in frames:
-                if calls is not None and link.node_id is not None and isinstance(frame, pb.Frame) \
-                        and frame.WhichOneof("body") == "result":
-                    call = await self._work(calls.arrived, link, frame)
-                    if call is not None and call.gate is not None:
-                        admitted = self.loop.create_future()
-
-                        def admit(f: asyncio.Future = admitted) -> None:
-                            self.loop.call_soon_threadsafe(lambda: f.done() or f.set_result(None))
-
-                        if not call.gate.try_enter(call.call_id, admit):
-                            await admitted
-                        call.admitted_at = time.monotonic()
-                if _lane_payload(link, frame):  # read from the lane by a thread of its own (transport/lane.py)
-                    if not await self.loop.run_in_executor(self.transfers, self.hub.on_frame, link, frame):
-                        return
-                elif not await self._work(self.hub.on_frame, link, frame):
-                    return
+                if calls is not None and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "result" \
+                        and frame.result.has_bundle:
+                    await feed.idle.wait()  # the frames before it are handled (its Hello, surely, by now)
+                    if link.node_id is not None:
+                        await self._admitted(calls, link, frame)
+                if feed.add(frame):  # a lane's payload follows, or enough was read ahead of the protocol's work
+                    await feed.idle.wait()
+            await feed.idle.wait()  # every frame read is handled before the session is lost
         except grpc.RpcError as e:
             why = f"stream broken ({e.code().name if hasattr(e, 'code') else e})"
         except asyncio.CancelledError:
-            why = "stream broken (CANCELLED)"
+            why = feed.stopped or "stream broken (CANCELLED)"
         except Exception as e:  # never let one session take the node down
             why = f"session failed: {type(e).__name__}: {e}"
             log.exception("%s: session with %s failed", self.hub.node, link.name)
@@ -198,6 +209,135 @@ class AsyncParentServicer:
                 self.pool.submit(self.hub.lost, link, why)
             except RuntimeError:  # the pool was shut down (the server stopped): nothing is waiting any more
                 self.hub.lost(link, why)
+
+    async def _admitted(self, calls: CallTable, link: ChildLink, frame: pb.Frame) -> None:
+        """A Result with a bundle: its call is marked answered, and a reply of a folding scatter waits here, in the
+        loop, until the reply gate admits it (no thread waits; the session's next frames are not read meanwhile,
+        so the held reply's bytes stay with the child)."""
+        call = calls.arrived(link, frame)  # (never waits: the roster's lock, briefly)
+        if call is None or call.gate is None:
+            return
+        admitted = self.loop.create_future()
+
+        def admit(f: asyncio.Future = admitted) -> None:
+            with contextlib.suppress(RuntimeError):  # the server stopped: nobody reads this session any more
+                self.loop.call_soon_threadsafe(lambda: f.done() or f.set_result(None))
+
+        if not call.gate.try_enter(call.call_id, admit):
+            await admitted
+        call.admitted_at = time.monotonic()
+
+
+READ_AHEAD_BYTES = 64 << 10  # a session's frames read ahead of the protocol's work (then its reader waits) ...
+READ_AHEAD_FRAMES = 256  # ... or as many frames
+
+
+class _Feed:
+    """One session's frames on their way to the protocol (issue 19: a thread hand-off per frame was most of the
+    PS's loop). The reader adds each frame it reads; one job at a time in the session pool drains them, in order
+    (``hub.on_frame``; False ends the session), taking also the frames that arrive while it runs (a job waiting
+    for a pool thread behind other sessions' finds them all). A bundle header whose payload follows on the bulk
+    lane is handled in the transfer pool (its read lasts the transfer), the frames after it once it is done. The
+    reader reads no further than such a header, nor more than ``READ_AHEAD_BYTES`` or ``READ_AHEAD_FRAMES``
+    ahead of the protocol's work; a Result that waits for the reply gate waits before it is added
+    (:meth:`AsyncParentServicer._admitted`)."""
+
+    def __init__(self, servicer: AsyncParentServicer, link: ChildLink, reader: asyncio.Task | None) -> None:
+        self.servicer = servicer
+        self.loop = servicer.loop
+        self.link = link
+        self.reader = reader
+        self.pending: deque[Any] = deque()  # read, not handled yet (appended by the loop, taken by the job)
+        self.ahead = 0  # bytes read since the feed was last idle
+        self.ahead_frames = 0  # ... and frames
+        self.scheduled = False  # a job runs or is queued, or a lane's payload is being read
+        self.idle = asyncio.Event()  # nothing pending or scheduled
+        self.idle.set()
+        self.stopped = ""  # why the frames stopped being handled ("" while they are not)
+
+    def add(self, frame: Any) -> bool:
+        """Queue ``frame`` (a job starts when none is scheduled); whether the reader must wait for :attr:`idle`
+        before it reads on."""
+        self.servicer.frames_read += 1
+        self.ahead += frame.size if isinstance(frame, ChunkFrame | BadFrame) else frame_size(frame)
+        self.ahead_frames += 1
+        self.pending.append(frame)
+        self.idle.clear()
+        if not self.scheduled:
+            self._schedule()
+        return _lane_payload(self.link, frame) or self.ahead >= READ_AHEAD_BYTES \
+            or self.ahead_frames >= READ_AHEAD_FRAMES
+
+    def _schedule(self) -> None:
+        self.scheduled = True
+        self.servicer.jobs += 1
+        job = self.loop.run_in_executor(self.servicer.pool, self._drain)
+        job.add_done_callback(self._drained)
+
+    def _drain(self) -> tuple[str, Any]:
+        """In the session pool: the protocol's work on the frames pending, in order, until none is left (the
+        loop then schedules the next job for any added meanwhile), a lane's payload must be read (the loop hands
+        that header to the transfer pool) or the session ends: ("done" | "lane" | "ended", the frame)."""
+        hub, link, pending = self.servicer.hub, self.link, self.pending
+        while pending:
+            frame = pending.popleft()
+            if _lane_payload(link, frame):  # read from the lane by a thread of its own (transport/lane.py)
+                return "lane", frame
+            if not hub.on_frame(link, frame):
+                return "ended", frame
+        return "done", None
+
+    def _drained(self, job: asyncio.Future) -> None:
+        """In the loop: a job ended; the next one starts for the frames added meanwhile, or the feed is idle."""
+        if self.stopped:
+            return
+        if job.cancelled():  # the pool was shut down: the server stopped
+            self._stop("stream broken (CANCELLED)")
+            return
+        error = job.exception()
+        if error is not None:
+            self._fail(error)
+            return
+        status, frame = job.result()
+        if status == "ended":
+            self._stop("the child closed its stream")
+        elif status == "lane":
+            lane = self.loop.run_in_executor(self.servicer.transfers, self.servicer.hub.on_frame, self.link, frame)
+            lane.add_done_callback(self._lane_read)
+        else:
+            self._next()
+
+    def _lane_read(self, job: asyncio.Future) -> None:
+        if self.stopped:
+            return
+        if job.cancelled():
+            self._stop("stream broken (CANCELLED)")
+        elif job.exception() is not None:
+            self._fail(job.exception())  # type: ignore[arg-type]
+        elif not job.result():
+            self._stop("the child closed its stream")
+        else:
+            self._next()
+
+    def _next(self) -> None:
+        if self.pending:
+            self._schedule()
+            return
+        self.scheduled = False
+        self.ahead = self.ahead_frames = 0
+        self.idle.set()
+
+    def _fail(self, error: BaseException) -> None:
+        log.error("%s: session with %s failed", self.servicer.hub.node, self.link.name, exc_info=error)
+        self._stop(f"session failed: {type(error).__name__}: {error}")
+
+    def _stop(self, why: str) -> None:
+        """No more frames are handled; the reader ends (cancelled where it waits) and the session is lost."""
+        self.stopped = why
+        self.scheduled = True
+        self.pending.clear()
+        if self.reader is not None:
+            self.reader.cancel()
 
 
 def _lane_payload(link: ChildLink, frame: Any) -> bool:

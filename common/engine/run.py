@@ -167,10 +167,11 @@ class Run:
         ctx, recorder = self._ctx, self.recorder
         assert ctx is not None and recorder is not None, "commit is called by the round loop of Run.drive"
         store = self.store
+        rows = self.meter.rows()  # once per commit (all the rows so far, sorted: it grows with rounds x clients)
         if store is not None and commit_due(self.spec, t):
             nodes = self._snapshots() if self._snapshots is not None else {}
             try:
-                save(store, t, RunCheckpoint(state, self.meter.rows(), list(self.missing.entries),
+                save(store, t, RunCheckpoint(state, rows, list(self.missing.entries),
                                              list(recorder.records), dict(ctx.comm.last_ok), self.run_id,
                                              nodes=nodes), self.spec)
             except OSError as e:  # a full or read-only disk: training goes on, and says what it lacks
@@ -178,8 +179,8 @@ class Run:
                 log.error("ps: the checkpoint of round %d could not be written to %s (%s); the run goes on "
                           "without it (last checkpoint: %s)", t + 1, store.folder, e.strerror or e,
                           f"round {last}" if last else "none")
-        self._progress()
-        self.events.emit("round_timeline", round=t, rows=self.round_timeline(t))
+        self._progress(rows)
+        self.events.emit("round_timeline", round=t, rows=self.round_timeline(t, rows))
         if self._after_commit is not None:
             self._after_commit(t)
 
@@ -208,15 +209,17 @@ class Run:
                          error=str(outcome.failed) if outcome.failed is not None else None)
         return result
 
-    def round_timeline(self, t: int) -> list[dict[str, Any]]:
+    def round_timeline(self, t: int, links: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`); with a
-        ``[network]`` table, a networked run's prediction of the round from what it holds so far."""
+        ``[network]`` table, a networked run's prediction of the round from what it holds so far (``links``: the
+        meter's rows when the caller has them, else read now)."""
         raw = self.timeline.rows(t)
         if self.spec.network is not None and not any(r["phase"] == "p_round" for r in raw):
             from fedhop.common.virtual_clock import predict_rounds
 
             topo = self.topology
-            raw += predict_rounds(timelines.derive(raw), [m for m in self.meter.rows() if m["round"] == t],
+            rows = links if links is not None else self.meter.rows()
+            raw += predict_rounds(timelines.derive(raw), [m for m in rows if m["round"] == t],
                                   self.spec.network, {n: list(topo.children(n)) for n in topo.all_nodes()},
                                   topo.server)
         return timelines.derive(raw)
@@ -244,9 +247,10 @@ class Run:
             self.timeline.add(data["round"], ps, "round", data["duration_s"])
             self.timeline.add(data["round"], ps, "busy", data["duration_s"])
 
-    def _progress(self) -> list[dict[str, Any]]:
-        """``links`` (every meter row so far) and one ``missing`` per entry not sent yet; returns the rows."""
-        rows = self.meter.rows()
+    def _progress(self, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """``links`` (every meter row so far: ``rows`` when the caller read them, else read now) and one
+        ``missing`` per entry not sent yet; returns the rows."""
+        rows = rows if rows is not None else self.meter.rows()
         self.events.emit("links", rows=rows)
         entries = self.missing.entries
         for entry in entries[self._sent_missing:]:

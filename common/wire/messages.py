@@ -162,14 +162,37 @@ def chunk_frames_bytes(call_id: int, total_bytes: int, chunk_bytes: int) -> int:
     return sum(len(chunk_frame_head(call_id, offset, n)) + n for offset, n in chunk_spans(total_bytes, chunk_bytes))
 
 
+@dataclass(frozen=True)
+class EncodedBundle:
+    """A bundle's header and payload views (:func:`~fedhop.common.wire.codec.encode_parts`), computed once and
+    shared by every message that sends that bundle (the calls of one scatter: ``CallTable.call``). Nothing
+    mutates either: a message's header frame is a copy of ``header`` under its own call id, and its chunk frames
+    (or a bulk lane's buffers) are read from ``views``, which refer to the tensors' memory."""
+
+    header: pb.BundleHeader
+    views: list[memoryview]
+    chunk_bytes: int
+
+
+def encode_bundle(bundle: Mapping[str, torch.Tensor], chunk_bytes: int) -> EncodedBundle:
+    """``bundle`` encoded for :func:`message_frames` (header and checksum now; CodecError for a bundle that
+    cannot travel)."""
+    header, views = encode_parts(bundle, chunk_bytes)
+    return EncodedBundle(header, views, chunk_bytes)
+
+
 def message_frames(head: pb.Frame, bundle: Mapping[str, torch.Tensor], chunk_bytes: int,
-                   ) -> list[pb.Frame] | BundleMessage:
+                   encoded: EncodedBundle | None = None) -> list[pb.Frame] | BundleMessage:
     """``head`` (a Task or Result frame) then, when ``bundle`` is not empty, its frames (lazily): a
-    :class:`BundleMessage`, whose header is computed now (a bundle that cannot travel raises CodecError here)."""
+    :class:`BundleMessage`, whose header is computed now (a bundle that cannot travel raises CodecError here).
+    ``encoded``: ``bundle`` already encoded at ``chunk_bytes`` (:func:`encode_bundle`), shared, not encoded again."""
     if not bundle:
         return [head]
-    header, views = encode_parts(bundle, chunk_bytes)
-    return BundleMessage(head, header, views, chunk_bytes)
+    if encoded is None:
+        encoded = encode_bundle(bundle, chunk_bytes)
+    elif encoded.chunk_bytes != chunk_bytes:
+        raise ValueError(f"the bundle was encoded at chunk_bytes={encoded.chunk_bytes}, not {chunk_bytes}")
+    return BundleMessage(head, encoded.header, encoded.views, chunk_bytes)
 
 
 def bundle_frames_bytes(call_id: int, bundle: Mapping[str, torch.Tensor], chunk_bytes: int) -> int:

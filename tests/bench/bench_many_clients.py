@@ -451,7 +451,7 @@ def main() -> None:
               f"{r.mean_round_s:.2f} s | {floor:.2f} s | {1000 * (r.mean_round_s - floor) / r.clients:.1f} ms | "
               f"{r.ps_peak_mb:.0f} MB | {r.ps_threads} | {r.hosts_peak_mb:.0f} MB | {r.hosts_threads} | "
               f"{r.edges_peak_mb:.0f} MB | {r.edges_threads} | "
-              f"{r.ps_cpu_s:.0f} / {r.hosts_cpu_s - r.edges_cpu_s:.0f} / {r.edges_cpu_s:.0f} | "
+              f"{r.ps_cpu_s:.1f} / {r.hosts_cpu_s - r.edges_cpu_s:.1f} / {r.edges_cpu_s:.1f} | "
               f"{r.load[0]:.1f} / {r.load[1]:.1f} | {'yes' if r.ok else 'NO'} |")
 
 

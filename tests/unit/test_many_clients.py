@@ -97,3 +97,43 @@ def test_a_host_id_whose_handshake_timed_out_dials_again_once_another_id_is_in(m
     monkeypatch.setattr(client_main, "run_client_async", fake_run_client)
     assert run_clients(["client-0", "client-1"], NodeConfig("host", "127.0.0.1:1")) == ExitCode.OK
     assert tries == {"client-0": 1, "client-1": 2}
+
+
+def test_collect_takes_each_reply_in_log_time_not_a_scan_of_the_calls_in_flight(monkeypatch) -> None:
+    # submit / collect (FedBuff-like): each collected reply rebuilt a map of every submitted call and scanned them
+    # all twice (their expiries, the soonest): O(n) a reply, O(n^2) for n; now a heap of the expiries
+    from types import SimpleNamespace
+
+    import torch
+
+    from fedhop.common.wire.messages import result_frame
+    from fedhop.transport.netcomm import NetComm
+    from tests.unit.hostile import configured_hub, drain, join, spec_for
+
+    n = 300
+    spec = spec_for(clients=n)
+    with configured_hub(spec) as (hub, topo):
+        links = {f"client-{k}": join(hub, f"client-{k}", peer=f"ipv4:127.0.0.1:{20000 + k}") for k in range(n)}
+        sizes = hub.start()
+        comm = NetComm(topo.server, topo, hub.missing, hub, spec)
+        comm.bind(SimpleNamespace(sizes=sizes, round=0, device=torch.device("cpu"), spec=spec))
+        looked = [0]
+        in_flight = NetComm._in_flight
+
+        def counted(self: NetComm, node: str, call_id: int):  # noqa: ANN202
+            looked[0] += 1
+            return in_flight(self, node, call_id)
+
+        monkeypatch.setattr(NetComm, "_in_flight", counted)
+        silent = "client-7"
+        for node in links:
+            comm.submit(node, "fedavg.train", deadline_s=60.0 if node != silent else 0.3)
+        for node, link in reversed(links.items()):  # answered last first; the silent one never answers
+            if node != silent:
+                task = next(f for f in drain(link)[0] if f.WhichOneof("body") == "task")
+                hub.on_frame(link, result_frame(task.call_id, {"n": 10}, has_bundle=False))
+        got = comm.collect(n, deadline_s=30.0)
+        assert [t for t, _, _ in got] == [f"client-{k}" for k in reversed(range(n)) if f"client-{k}" != silent]
+        assert comm.in_flight() == ()  # the silent child's call expired at its deadline and was taken as failed
+        assert [e["node"] for e in hub.missing.entries] == [silent]
+        assert looked[0] <= 4 * n  # a scan per reply would be ~n^2 = 90,000

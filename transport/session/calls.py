@@ -23,10 +23,12 @@ from fedhop.common.wire.codec import CodecError, PayloadSink
 from fedhop.common.wire.messages import (
     CALL_ID_BASE,
     POST_ID_BASE,
+    EncodedBundle,
     Message,
     MessageAssembler,
     TensorShape,
     bundle_shapes,
+    encode_bundle,
     message_frames,
     task_frame,
 )
@@ -42,6 +44,10 @@ log = logging.getLogger("fedhop.session")
 _HOST = torch.device("cpu")
 REJOIN_READY_WAIT_S = 5.0
 EXPIRED_KEPT = 4096  # calls given up on whose late replies are still counted (older ones: refused)
+
+# what identifies a bundle's contents between two calls: per tensor (name, id, version counter, storage address,
+# shape, dtype); an in-place change bumps the version, a new storage moves the address
+_TensorKey = tuple[str, int, int, int, tuple[int, ...], torch.dtype]
 
 
 @dataclass
@@ -96,6 +102,20 @@ class Call:
                 self.on_finish()
 
 
+def _bundle_key(bundle: Bundle) -> tuple[_TensorKey, ...] | None:
+    """What identifies ``bundle``'s contents for :meth:`CallTable._encoded` (None: not memoised, e.g. a value
+    that is not a tensor, whose CodecError the encoder words, or an inference tensor, which has no version)."""
+    key: list[_TensorKey] = []
+    for name, t in bundle.items():
+        if not isinstance(t, torch.Tensor):
+            return None
+        try:
+            key.append((name, id(t), t._version, t.data_ptr(), tuple(t.shape), t.dtype))
+        except RuntimeError:
+            return None
+    return tuple(key)
+
+
 class CallTable:
     """The calls of one parent to its children, pending and given up on (under the roster's lock)."""
 
@@ -109,6 +129,8 @@ class CallTable:
         self._ids = itertools.count(CALL_ID_BASE)
         self._last_shapes: tuple[Mapping[str, torch.Tensor], tuple[tuple[str, int], ...],
                                  tuple[TensorShape, ...]] | None = None
+        self._last_encoded: tuple[Mapping[str, torch.Tensor], tuple[_TensorKey, ...], EncodedBundle] | None = None
+        self.encodings = 0  # bundles encoded by call() (one per scatter, not one per call: _encoded)
 
     @property
     def expired(self) -> Mapping[int, Call]:
@@ -136,7 +158,7 @@ class CallTable:
         head = task_frame(cid, task, args, deadline_s=deadline_s, has_bundle=bool(bundle), round_idx=round_idx)
         began = time.perf_counter()
         try:
-            frames = message_frames(head, bundle, self.config.transport.chunk_bytes)
+            frames = message_frames(head, bundle, self.config.transport.chunk_bytes, self._encoded(bundle))
         except CodecError as e:
             return Failure(f"cannot send the bundle: {e}")
         sent_at = time.perf_counter()
@@ -164,6 +186,31 @@ class CallTable:
         if last is None or last[0] is not expect or last[1] != key:
             last = self._last_shapes = (expect, key, bundle_shapes(expect))
         return last[2]
+
+    def _encoded(self, bundle: Bundle) -> EncodedBundle | None:
+        """``bundle`` encoded once for the calls of one scatter (they share its snapshot): the header, checksum
+        and payload views of the last bundle sent are reused while it is the same mapping holding the same
+        tensors, unchanged (:data:`_TensorKey`: an in-place ``add_`` between two calls encodes again). None for
+        an empty bundle; a bundle that cannot travel raises CodecError here, as ``message_frames`` would. The
+        encoding is held until :meth:`forget_encoded` (NetComm calls it once a scatter's calls are queued)."""
+        if not bundle:
+            return None
+        chunk_bytes = self.config.transport.chunk_bytes
+        key = _bundle_key(bundle)
+        last = self._last_encoded
+        if key is not None and last is not None and last[0] is bundle and last[1] == key \
+                and last[2].chunk_bytes == chunk_bytes:
+            return last[2]
+        encoded = encode_bundle(bundle, chunk_bytes)
+        self.encodings += 1
+        self._last_encoded = (bundle, key, encoded) if key is not None else None
+        return encoded
+
+    def forget_encoded(self) -> None:
+        """Drop the memo of the last bundle encoded (and of the shapes expected of its replies): the calls that
+        share it hold their own references until they are sent, and the model's memory is not held beyond them."""
+        self._last_encoded = None
+        self._last_shapes = None
 
     def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
         """The target's session; a child that was admitted once and is away (restarting, re-joining) is
