@@ -141,6 +141,7 @@ class ChildLink:
             if item is CLOSE:
                 return
             yield from self.sent_frames(item)
+            item = None  # not held while waiting for the next message (transport/child.py _Stream._outgoing)
 
 
 def complain(at: NodeId, link: ChildLink, call_id: int, code: int, message: str) -> None:
