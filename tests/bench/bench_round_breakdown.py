@@ -21,7 +21,7 @@ CPU seconds it spent in the codec. Per round and per process of a role (mean ove
 Cases: Fed-CHS (2 edges, 4 clients, K = 4 interactions per round instead of the paper's 20, to keep the
 100 MB case short) and FOCUS (4 clients, full participation) with a 1 MB (h = 460) and a 100 MB (h = 4960)
 model, and FedAvg on the 25M-parameter job (4 clients, 12 local steps of batch 32), whose mean round is set
-beside the compute floor: the same 4 clients' local training with no transport, 4 processes of one thread
+beside the compute floor: the same clients' local training with no transport, a process of one thread each
 started together in the same run, right before and right after the job (a round can be no faster than its
 slowest client), then the PS's evaluation of the round's model on the test set (one thread, as the PS runs it
 between two rounds in both engines; the ratio is printed with and without it). The CPU accounting line sums
@@ -59,7 +59,7 @@ name = "{algorithm}"
 {options}
 
 [topology]
-clients = 4
+clients = {clients}
 edges = {edges}
 
 [data]
@@ -90,14 +90,14 @@ def mlp_params(hidden: int) -> int:
     return 64 * hidden + hidden + hidden * hidden + hidden + hidden * 10 + 10
 
 
-def write_spec(name: str, rounds: int, work: Path) -> Path:
+def write_spec(name: str, rounds: int, work: Path, clients: int = 4) -> Path:
     spec = work / f"{name}.toml"
-    spec.write_text(BASE.format(name=name, rounds=rounds, **CASES[name]))
+    spec.write_text(BASE.format(name=name, rounds=rounds, clients=clients, **CASES[name]))
     return spec
 
 
-def run_case(name: str, rounds: int, work: Path, per_process: str = "1") -> Path:
-    spec = write_spec(name, rounds, work)
+def run_case(name: str, rounds: int, work: Path, per_process: str = "1", clients: int = 4) -> Path:
+    spec = write_spec(name, rounds, work, clients)
     timers = work / f"{name}-timers"
     env = {**os.environ, "FEDHOP_TIMERS": str(timers)}
     done = subprocess.run([sys.executable, "-m", "fedhop", "launch", str(spec), "--out", str(work / f"{name}-run"),
@@ -254,7 +254,7 @@ def _floor_worker(spec_json: str, client: str, rounds: int, barrier: mp.Barrier,
 
 
 def compute_floor(spec_path: Path, rounds: int) -> tuple[list[float], float, list[float]]:
-    """Per round: the slowest of the 4 clients' local training, run as 4 one-thread processes together; the
+    """Per round: the slowest of the clients' local training, run as one one-thread process each, together; the
     mean CPU seconds of a round's training, summed over the 4; and per round the PS's evaluation of the trained
     model on the test set (one thread, once every client trained: what the PS does between two rounds, in both
     engines, while no client computes)."""
@@ -299,12 +299,17 @@ def main() -> None:
     ap.add_argument("--case", action="append", choices=sorted(CASES), help="run only these cases (repeatable)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per case (fedavg-25M: at least 3)")
     ap.add_argument("--keep", type=Path, help="keep the run folders and timer logs here")
+    ap.add_argument("--clients", type=int, default=4,
+                    help="clients of every case (default 4; for fedavg-25M: with fewer clients than cores the training "
+                    "leaves a core to the transport)")
     ap.add_argument("--clients-per-process", default="1", metavar="K",
                     help="clients per client process (launch --clients-per-process); default 1, as the compute floor "
                     "runs them (a client host runs its clients' tasks one at a time)")
     a = ap.parse_args()
     if a.rounds < 1:
         ap.error("--rounds must be at least 1")
+    if a.clients < 1:
+        ap.error("--clients must be at least 1")
     if a.clients_per_process != "auto" and not (a.clients_per_process.isdigit() and int(a.clients_per_process) >= 1):
         ap.error(f"--clients-per-process must be a positive number or auto, got {a.clients_per_process!r}")
     cases = a.case or list(CASES)
@@ -315,9 +320,9 @@ def main() -> None:
         for name in cases:
             rounds = max(a.rounds, 3) if name == "fedavg-25M" else a.rounds
             # the floor is measured right before and right after the job: on a shared machine the load moves
-            floor_before, cpu_before, eval_before = (compute_floor(write_spec(name, rounds, work), rounds)
+            floor_before, cpu_before, eval_before = (compute_floor(write_spec(name, rounds, work, a.clients), rounds)
                                                      if name == "fedavg-25M" else ([], 0.0, []))
-            walls, parts = breakdown(run_case(name, rounds, work, a.clients_per_process))
+            walls, parts = breakdown(run_case(name, rounds, work, a.clients_per_process, a.clients))
             print(table(name, walls, parts))
             if "cpu" in parts:
                 c = parts["cpu"]
@@ -332,7 +337,8 @@ def main() -> None:
                 before, after = statistics.mean(floor_before), statistics.mean(floor_after)
                 mean_floor = (before + after) / 2
                 evaluation = (statistics.mean(eval_before) + statistics.mean(eval_after)) / 2
-                print(f"\ncompute floor (4 clients' local training together, no transport): {before:.2f} s per round "
+                print(f"\ncompute floor ({a.clients} clients' local training together, no transport): "
+                      f"{before:.2f} s per round "
                       f"before the job, {after:.2f} s after; mean round / mean floor = {mean_round / mean_floor:.2f} "
                       f"(against each: {mean_round / before:.2f}, {mean_round / after:.2f}); "
                       f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
@@ -340,7 +346,7 @@ def main() -> None:
                       f"the floor): floor {mean_floor + evaluation:.2f} s, mean round / floor = "
                       f"{mean_round / (mean_floor + evaluation):.2f} (target <= 1.15); "
                       f"round - floor = {mean_round - mean_floor - evaluation:.2f} s; the floor's training CPU "
-                      f"{(cpu_before + cpu_after) / 2:.2f} s per round (4 clients)")
+                      f"{(cpu_before + cpu_after) / 2:.2f} s per round ({a.clients} clients)")
             print(flush=True)
 
 
