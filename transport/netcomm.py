@@ -130,11 +130,9 @@ class NetComm(BaseComm):
         rnd, deadline = self._round_deadline(deadline_s)
         snapshot = on_host(bundle)
         sent: dict[NodeId, Any] = {}
-        try:
-            for t in targets:  # the calls share ``snapshot``: it is encoded once (CallTable._encoded)
+        with self.hub.calls.sharing_encoding():  # the calls share ``snapshot``: it is encoded once
+            for t in targets:
                 sent[t] = self._send(t, task, snapshot, args, rnd, deadline, self._expect)
-        finally:
-            self.hub.calls.forget_encoded()
         end = time.monotonic() + deadline
         why = f"no reply within the deadline of {deadline:g}s"
         if quorum is not None and _wait_quorum([c for c in sent.values() if not isinstance(c, Failure)], quorum, end):
@@ -164,11 +162,9 @@ class NetComm(BaseComm):
         snapshot = on_host(bundle)
         gate = ReplyGate(self.transport.reply_window, self._streaming(self._fold))
         sent: deque[tuple[NodeId, Any]] = deque()  # popped from the left as settled (a list's pop(0) is O(n))
-        try:
-            for t in targets:  # the calls share ``snapshot``: it is encoded once (CallTable._encoded)
+        with self.hub.calls.sharing_encoding():  # the calls share ``snapshot``: it is encoded once
+            for t in targets:
                 sent.append((t, self._send(t, task, snapshot, args, rnd, deadline, self._expect, gate)))
-        finally:
-            self.hub.calls.forget_encoded()
         del snapshot
         end = time.monotonic() + deadline
         device = self.ctx.device if self.ctx is not None else torch.device("cpu")
@@ -217,10 +213,8 @@ class NetComm(BaseComm):
                deadline_s: float | None) -> None:
         rnd, deadline = self._round_deadline(deadline_s)
         p = self._pending.get(to)  # BaseComm.submit records the task's expect before it starts it
-        try:
+        with self.hub.calls.sharing_encoding():
             c = self._send(to, task, on_host(bundle), args, rnd, deadline, p.expect if p is not None else None)
-        finally:
-            self.hub.calls.forget_encoded()
         if isinstance(c, Failure):
             self._submitted_as(to, c, time.monotonic())
             self._arrived.put(c)

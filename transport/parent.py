@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from fedhop.common.wire.framing import BadFrame, ChunkFrame, frame_size, parse_frame_lenient, serialize_frame
+from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame
 from fedhop.transport.aio_server import LoopServer
 from fedhop.transport.credentials import Security, Unauthenticated, peer_identity
 from fedhop.transport.session import CLOSE, CallTable, ChildLink, Frame
@@ -259,7 +259,7 @@ class _Feed:
         """Queue ``frame`` (a job starts when none is scheduled); whether the reader must wait for :attr:`idle`
         before it reads on."""
         self.servicer.frames_read += 1
-        self.ahead += frame.size if isinstance(frame, ChunkFrame | BadFrame) else frame_size(frame)
+        self.ahead += frame_size(frame)
         self.ahead_frames += 1
         self.pending.append(frame)
         self.idle.clear()
@@ -287,18 +287,26 @@ class _Feed:
                 return "ended", frame
         return "done", None
 
-    def _drained(self, job: asyncio.Future) -> None:
-        """In the loop: a job ended; the next one starts for the frames added meanwhile, or the feed is idle."""
+    def _outcome(self, job: asyncio.Future) -> tuple[bool, Any]:
+        """(whether the feed goes on, the job's result): a job cancelled (the pool was shut down: the server
+        stopped) or failed stops the feed; nothing goes on once it stopped."""
         if self.stopped:
-            return
-        if job.cancelled():  # the pool was shut down: the server stopped
+            return False, None
+        if job.cancelled():
             self._stop("stream broken (CANCELLED)")
-            return
+            return False, None
         error = job.exception()
         if error is not None:
             self._fail(error)
+            return False, None
+        return True, job.result()
+
+    def _drained(self, job: asyncio.Future) -> None:
+        """In the loop: a job ended; the next one starts for the frames added meanwhile, or the feed is idle."""
+        going, result = self._outcome(job)
+        if not going:
             return
-        status, frame = job.result()
+        status, frame = result
         if status == "ended":
             self._stop("the child closed its stream")
         elif status == "lane":
@@ -308,13 +316,10 @@ class _Feed:
             self._next()
 
     def _lane_read(self, job: asyncio.Future) -> None:
-        if self.stopped:
+        going, handled = self._outcome(job)
+        if not going:
             return
-        if job.cancelled():
-            self._stop("stream broken (CANCELLED)")
-        elif job.exception() is not None:
-            self._fail(job.exception())  # type: ignore[arg-type]
-        elif not job.result():
+        if not handled:
             self._stop("the child closed its stream")
         else:
             self._next()

@@ -144,11 +144,12 @@ def serialize_frame(frame: pb.Frame | bytes) -> bytes:
     return frame if isinstance(frame, bytes) else frame.SerializeToString()
 
 
-def frame_size(frame: pb.Frame | ChunkFrame | bytes) -> int:
-    """Serialized size of a frame in bytes: the byte meter's *message* level."""
+def frame_size(frame: pb.Frame | ChunkFrame | BadFrame | bytes) -> int:
+    """Serialized size of a frame in bytes: the byte meter's *message* level (a :class:`BadFrame`: the bytes
+    received that were not a Frame)."""
     if isinstance(frame, bytes):
         return len(frame)
-    if isinstance(frame, ChunkFrame):
+    if isinstance(frame, ChunkFrame | BadFrame):
         return frame.size
     return frame.ByteSize()
 

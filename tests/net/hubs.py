@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 from unittest import mock
+
+import grpc
 
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology, build_topology
+from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.aio_server import make_loop_server
 from fedhop.transport.channels import add_port, make_server
@@ -23,7 +28,7 @@ from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.lane import ENV_SWITCH
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
-from fedhop.transport.session import HubConfig, ParentHub
+from fedhop.transport.session import HubConfig, ParentHub, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.waiting import wait_until
 
@@ -78,3 +83,33 @@ def next_task(child: ChildSession, timeout: float = 30) -> int:
         _, kind, frame = child._events.get(timeout=max(0.01, end - time.monotonic()))
         if kind == "frame" and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "task":
             return frame.call_id
+
+
+class HelloStreams:
+    """Raw ``Parent.Session`` streams to a parent at ``address``: each says Hello as a client and then stays open
+    and silent until :meth:`close` (what the thread-count tests hold many of)."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self._session = self.channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
+                                                   response_deserializer=parse_frame_lenient)
+        self._quiet: queue.Queue = queue.Queue()
+        self.calls: list[Any] = []
+
+    def _frames(self, first: pb.Frame) -> Iterator[pb.Frame]:
+        yield first
+        while (item := self._quiet.get()) is not None:
+            yield item
+
+    def open(self, node: str) -> Any:
+        """A stream that says Hello as ``node``; its answers are read from the returned call."""
+        call = self._session(self._frames(hello_frame(node, "client", "", {}, "")))
+        self.calls.append(call)
+        return call
+
+    def close(self) -> None:
+        for _ in self.calls:
+            self._quiet.put(None)
+        for call in self.calls:
+            call.cancel()
+        self.channel.close()

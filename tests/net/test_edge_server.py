@@ -6,13 +6,10 @@ words on that server (mutual TLS: who calls is its certificate)."""
 
 from __future__ import annotations
 
-import queue
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
-import grpc
 import pytest
 import torch
 
@@ -22,7 +19,7 @@ from fedhop.common.engine.base import HandOffError, MissingLog
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.topology import build_topology
 from fedhop.common.wire.bundle import clone
-from fedhop.common.wire.framing import bundle_frames, parse_frame_lenient, serialize_frame
+from fedhop.common.wire.framing import bundle_frames
 from fedhop.common.wire.messages import result_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.edge.node import EdgeServer, edge_server
@@ -33,19 +30,13 @@ from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.peer import PeerClient
-from fedhop.transport.session import HubConfig, ParentHub, hello_frame
-from tests.net.hubs import next_task
+from fedhop.transport.session import HubConfig, ParentHub
+from tests.net.hubs import HelloStreams, next_task
 from tests.specs import DIGITS, run_spec
 from tests.waiting import wait_until
 
 CHILDREN = 48  # more children than the edge's server has session workers
 SERVER_THREADS = ("grpc_", "session_", "session-", "grpc-aio", "lane_")  # a parent server's pools, loop, readers
-
-
-def _frames(first: object, q: queue.Queue) -> Iterator[object]:
-    yield first
-    while (item := q.get()) is not None:
-        yield item
 
 
 def _server_threads() -> set[int]:
@@ -62,16 +53,12 @@ def test_an_edges_threads_do_not_grow_with_its_children() -> None:
     before = _server_threads()
     served = edge_server(edge, "127.0.0.1:0", PLAINTEXT)
     assert served.port
-    channel = grpc.insecure_channel(f"127.0.0.1:{served.port}")
-    session = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
-                                    response_deserializer=parse_frame_lenient)
-    quiet: queue.Queue = queue.Queue()
-    calls = []
+    streams = HelloStreams(f"127.0.0.1:{served.port}")
     hub = ParentHub(HubConfig(edge, spec, topo, "edge-threads-run"), ByteMeter(), MissingLog())
     try:
         # every child says Hello before the edge knows its run (as under `launch`, where hosts and edges start
         # together): each Hello is held, not waited for in a thread
-        calls = [session(_frames(hello_frame(node, "client", "", {}, ""), quiet)) for node in children]
+        calls = [streams.open(node) for node in children]
         wait_until(lambda: sum(link.hello_seen.is_set() for link in served.pending._held) == CHILDREN,
                    "every child's Hello to be held", timeout=60)
         held = _server_threads() - before
@@ -84,11 +71,7 @@ def test_an_edges_threads_do_not_grow_with_its_children() -> None:
         bound = SESSION_WORKERS + SYNC_WORKERS + 1
         assert len(held) <= bound and len(running) <= bound, (len(held), len(running))
     finally:
-        for _ in calls:
-            quiet.put(None)
-        for call in calls:
-            call.cancel()
-        channel.close()
+        streams.close()
         hub.shutdown(0.0, finished=True)
         served.server.stop(0).wait(10)
 

@@ -5,31 +5,22 @@ thread names, never timed."""
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections.abc import Iterator
 
-import grpc
 import pytest
 
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.topology import build_topology
-from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.aio_server import SESSION_WORKERS, SYNC_WORKERS, make_loop_server
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.parent import serve_parent
-from fedhop.transport.session import HubConfig, ParentHub, hello_frame
+from fedhop.transport.session import HubConfig, ParentHub
+from tests.net.hubs import HelloStreams
 from tests.specs import DIGITS, run_spec
 from tests.waiting import wait_until
 
 SESSIONS = 3 * (SESSION_WORKERS + SYNC_WORKERS) // 2  # more sessions than the loop server has threads
-
-
-def _frames(first: object, q: queue.Queue) -> Iterator[object]:
-    yield first
-    while (item := q.get()) is not None:
-        yield item
 
 
 def _server_threads() -> list[str]:
@@ -48,16 +39,12 @@ def test_a_parents_threads_do_not_grow_with_its_sessions(kind: str) -> None:
     serve_parent(hub, server)
     addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
     server.start()
-    channel = grpc.insecure_channel(addr)
-    session = channel.stream_stream("/fedhop.v1.Parent/Session", request_serializer=serialize_frame,
-                                    response_deserializer=parse_frame_lenient)
-    quiet: queue.Queue = queue.Queue()
-    calls, welcomes = [], []
+    streams = HelloStreams(addr)
+    welcomes = []
     try:
         for node in topo.clients:  # each says Hello and keeps its stream open
-            call = session(_frames(hello_frame(node, "client", "", {}, ""), quiet))
-            calls.append(call)
-        for call in calls:
+            streams.open(node)
+        for call in streams.calls:
             welcomes.append(next(call).WhichOneof("body"))
         assert welcomes == ["welcome"] * SESSIONS
         wait_until(lambda: len(hub.roster.alive()) == SESSIONS, "every session to be open")
@@ -70,10 +57,6 @@ def test_a_parents_threads_do_not_grow_with_its_sessions(kind: str) -> None:
             readers = sum(n.startswith("session-") for n in now) - sum(n.startswith("session-") for n in before)
             assert readers <= 0  # no reader thread per session
     finally:
-        for _ in calls:
-            quiet.put(None)
-        for call in calls:
-            call.cancel()
-        channel.close()
+        streams.close()
         hub.shutdown(0.0, finished=True)
         server.stop(0)

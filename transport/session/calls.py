@@ -4,12 +4,13 @@ child's frames open messages only for calls pending for it."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -211,6 +212,14 @@ class CallTable:
         share it hold their own references until they are sent, and the model's memory is not held beyond them."""
         self._last_encoded = None
         self._last_shapes = None
+
+    @contextlib.contextmanager
+    def sharing_encoding(self) -> Iterator[None]:
+        """The calls made inside share one encoding of their bundle (:meth:`_encoded`), forgotten on the way out."""
+        try:
+            yield
+        finally:
+            self.forget_encoded()
 
     def await_link(self, target: NodeId) -> tuple[ChildLink | None, bool]:
         """The target's session; a child that was admitted once and is away (restarting, re-joining) is
