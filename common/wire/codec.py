@@ -98,9 +98,12 @@ class PayloadSink(Protocol):
     the header and the checksum over the whole stream; the sink sees each piece once, in stream order.
 
     ``write(index, pos, data)``: ``data`` are the bytes ``[pos, pos + len(data))`` of tensor ``index`` (the
-    header's order); only valid during the call. ``finish()``: every byte came and the checksum matched; the
-    decoded bundle (what the sink made of it). ``abort()``: the stream failed or was given up; undo what
-    ``write`` did (called at most once, never after ``finish``)."""
+    header's order); only valid during the call. Optional ``target(index, pos, nbytes)``: where
+    :meth:`BundleDecoder.fill` may receive those bytes in place (a writable view of ``nbytes``, or None: a scratch
+    buffer); ``write`` then follows with that view, or a prefix of it where the stream ended early.
+    ``finish()``: every byte came and the checksum matched; the decoded bundle (what the sink made of it).
+    ``abort()``: the stream failed or was given up; undo what ``write`` did (called at most once, never after
+    ``finish``)."""
 
     def write(self, index: int, pos: int, data: memoryview) -> None: ...
 
@@ -677,11 +680,17 @@ class BundleDecoder:
 
         ``recv_into(view)`` writes at most ``len(view)`` bytes at the start of ``view`` and returns how many;
         0 means the stream ended, which fails the decoder with the truncation message of :meth:`finish`.
+
+        Each piece (at most ``_PIECE_BYTES``, inside one tensor) is filled whole before it is hashed and handed
+        on, however short the reads (a lane's reads end at its chunk frames): one checksum update and one
+        ``sink.write`` per piece. With a sink, a piece lands where the sink's ``target`` says (the fresh buffer
+        of a fold's first reply: no copy), else in a scratch buffer the sink reads it from.
         """
         self._check_open()
         sink = self._sink
-        dst = self._view if sink is None else memoryview(bytearray(min(_PIECE_BYTES, self._total) or 1))
-        assert dst is not None
+        target = getattr(sink, "target", None) if sink is not None else None
+        scratch = None if sink is None else memoryview(bytearray(min(_PIECE_BYTES, self._total) or 1))
+        dst = self._view
         update = self._hasher.update
         slots, i = self._slots, self._slot
         while self._received < self._total:
@@ -690,22 +699,35 @@ class BundleDecoder:
             if got >= slot.start + slot.nbytes:
                 i += 1
                 continue
-            b = slot.at + (got - slot.start) if sink is None else 0
             k = min(slot.start + slot.nbytes - got, _PIECE_BYTES)
-            piece = dst[b:b + k]
-            try:
-                n = recv_into(piece)
-            except OSError as e:
-                raise self._fail(f"receiving the payload at offset {got} failed: {e}") from e
-            if not isinstance(n, int) or not 0 <= n <= k:
-                raise self._fail(f"recv_into returned {n!r} for a {k}-byte view at offset {got}")
-            if n == 0:
+            if sink is None:
+                assert dst is not None
+                b = slot.at + (got - slot.start)
+                piece = dst[b:b + k]
+            else:
+                assert scratch is not None
+                into = target(i, got - slot.start, k) if target is not None else None
+                piece = into if into is not None else scratch[:k]
+            n = 0
+            while n < k:
+                try:
+                    r = recv_into(piece[n:] if n else piece)
+                except OSError as e:
+                    raise self._fail(f"receiving the payload at offset {got + n} failed: {e}") from e
+                if not isinstance(r, int) or not 0 <= r <= k - n:
+                    raise self._fail(f"recv_into returned {r!r} for a {k - n}-byte view at offset {got + n}")
+                if r == 0:
+                    break
+                n += r
+            if n:
+                whole = piece[:n] if n < k else piece
+                update(whole)
+                if sink is not None:
+                    sink.write(i, got - slot.start, whole)
+                self._received = got + n
+            if n < k:  # the stream ended
                 self._slot = i
                 self.finish()  # raises the truncation error and fails the decoder
-            update(piece[:n])
-            if sink is not None:
-                sink.write(i, got - slot.start, piece[:n])
-            self._received = got + n
         self._slot = i
 
     def finish(self) -> Bundle:
