@@ -508,23 +508,63 @@ def allocate(size: int) -> np.ndarray:
     return buf
 
 
+POOL_KEEP = 2  # freed huge decode buffers a process keeps for its next bundles of the same size (0: none)
+_pool: list[mmap.mmap] = []  # their mappings, oldest first
+_pool_lock = threading.Lock()
+
+
+def _pooled(size: int) -> mmap.mmap | None:
+    """A kept mapping of exactly ``size`` bytes, taken out of the pool, or None."""
+    with _pool_lock:
+        for i, m in enumerate(_pool):
+            if len(m) == size:
+                return _pool.pop(i)
+    return None
+
+
+def _keep(m: mmap.mmap) -> None:
+    """A huge decode buffer was freed (its last tensor is gone): keep its mapping for the next bundle of its size,
+    the newest :data:`POOL_KEEP` at most (an older one is dropped, i.e. unmapped)."""
+    with _pool_lock:
+        if POOL_KEEP <= 0:
+            return
+        _pool.append(m)
+        del _pool[:-POOL_KEEP]
+
+
+def release_pool() -> int:
+    """Unmap the kept decode buffers now; how many bytes they held."""
+    with _pool_lock:
+        held = sum(len(m) for m in _pool)
+        _pool.clear()
+    return held
+
+
 def _allocate(size: int) -> np.ndarray:
     """A writable uint8 buffer of ``size`` bytes (a multiple of 64).
 
     Buffers of at least ``_HUGE_BUFFER_BYTES`` are private anonymous mappings advised to use transparent huge
     pages: the allocator would map fresh 4 KiB pages for them anyway, and the first write to each page
     faults; with 2 MiB pages there are 512 times fewer faults, which is most of the cost of receiving a big
-    bundle. The array (and the tensors made from it) keep the mapping alive; it is unmapped when the last
-    decoded tensor is freed. Smaller buffers come from numpy's allocator: a numpy call costs a fraction of a
-    torch call, which matters for small bundles.
+    bundle. The array (and the tensors made from it) keep the mapping alive. When the last decoded tensor is
+    freed the mapping is kept for the next buffer of the same size (:data:`POOL_KEEP` at most): a node receives
+    the same model every round, and memory mapped afresh costs a page fault and the kernel's zeroing of every
+    page (~0.03 CPU s per 100 MB here, more where the host took freed pages back); its contents are overwritten
+    by the next bundle before any tensor reads them. A kept buffer is memory the process holds between rounds,
+    never more than it held at once while the buffer was in use. Smaller buffers come from numpy's allocator:
+    a numpy call costs a fraction of a torch call, which matters for small bundles.
     """
     if size >= 1 << 63:
         raise OverflowError("larger than any address space")
     if size >= _HUGE_BUFFER_BYTES and _MADV_HUGEPAGE is not None:
-        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        with contextlib.suppress(OSError):  # a kernel without THP: plain pages, same contents
-            m.madvise(_MADV_HUGEPAGE)
-        return np.frombuffer(m, dtype=np.uint8)
+        m = _pooled(size)
+        if m is None:
+            m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            with contextlib.suppress(OSError):  # a kernel without THP: plain pages, same contents
+                m.madvise(_MADV_HUGEPAGE)
+        buf = np.frombuffer(m, dtype=np.uint8)
+        weakref.finalize(buf, _keep, m)
+        return buf
     raw = np.empty(size + 64, dtype=np.uint8)  # numpy aligns to 16 bytes; big tensors start at 64
     start = -raw.ctypes.data % 64
     return raw[start:start + size]
