@@ -102,7 +102,7 @@ class PayloadSink(Protocol):
     ``write(index, pos, data)``: ``data`` are the bytes ``[pos, pos + len(data))`` of tensor ``index`` (the
     header's order); only valid during the call. Optional ``target(index, pos, nbytes)``: where
     :meth:`BundleDecoder.fill` may receive those bytes in place (a writable view of ``nbytes``, or None: a scratch
-    buffer); ``write`` then follows with that view, or a prefix of it where the stream ended early.
+    buffer); ``write`` then follows with that whole view, unless the stream ended first.
     ``finish()``: every byte came and the checksum matched; the decoded bundle (what the sink made of it).
     ``abort()``: the stream failed or was given up; undo what ``write`` did (called at most once, never after
     ``finish``)."""
@@ -761,15 +761,14 @@ class BundleDecoder:
                 if r == 0:
                     break
                 n += r
-            if n:
-                whole = piece[:n] if n < k else piece
-                update(whole)
-                if sink is not None:
-                    sink.write(i, got - slot.start, whole)
+            if n < k:  # the stream ended inside the piece: not handed to the sink (it would only be undone)
                 self._received = got + n
-            if n < k:  # the stream ended
                 self._slot = i
                 self.finish()  # raises the truncation error and fails the decoder
+            update(piece)
+            if sink is not None:
+                sink.write(i, got - slot.start, piece)
+            self._received = got + n
         self._slot = i
 
     def finish(self) -> Bundle:

@@ -111,3 +111,34 @@ def test_fill_lands_a_folds_first_reply_in_its_buffer_and_writes_whole_pieces() 
         expected[k].add_(replies[1][k], alpha=0.5)
     out = mean.result()
     assert all(torch.equal(out[k], expected[k]) for k in expected)
+
+
+@pytest.mark.parametrize("broken", [0, 1])
+def test_a_byte_stream_that_breaks_mid_piece_is_undone_and_the_next_reply_folds_the_same(broken) -> None:
+    """``fill`` over a stream that ends inside a piece, after whole pieces were added (or, for the first reply,
+    received in place): the reply is dropped alone, the aggregate is what it was, the bits of the rest unchanged."""
+    g = torch.Generator().manual_seed(5)
+    replies = [{"w": torch.randn(700_000, generator=g), "b": torch.randn(70, generator=g)} for _ in range(3)]
+    mean = WeightedMean(lambda node, r: 1.0, 3.0)
+    for i, bundle in enumerate(replies):
+        header, chunks = encode_views(bundle, 1 << 20)
+        data = b"".join(bytes(c.data) for c in chunks)
+        if i == broken:
+            data = data[:(1 << 21) + 12_345]  # two whole pieces, then part of the third
+        raw = io.BytesIO(data)
+        dec = BundleDecoder(header, sink=mean.sink(f"c{i}", {}, header))
+        if i == broken:
+            with pytest.raises(codec.CodecError, match="truncated bundle"):
+                dec.fill(lambda view, raw=raw: raw.readinto(view[:300_001]))
+            continue
+        dec.fill(lambda view, raw=raw: raw.readinto(view[:300_001]))
+        mean(f"c{i}", Reply(dec.finish(), {}))
+    if broken:
+        assert mean.undo.restored_total == 2 << 20
+    usable = [b for i, b in enumerate(replies) if i != broken]
+    expected = {k: usable[0][k] * (1 / 3) for k in usable[0]}
+    for k in expected:
+        expected[k].add_(usable[1][k], alpha=1 / 3)
+    out = mean.result()
+    assert mean.total == 2.0
+    assert all(torch.equal(out[k], expected[k] * 1.5) for k in expected)
