@@ -3,7 +3,8 @@ and one chunk of the reply being received, not the whole reply).
 
 A :class:`~fedhop.common.wire.codec.BundleDecoder` given a sink hands it each piece of the payload after its
 checks; :class:`AxpySink` adds ``alpha * piece`` into the aggregate's tensors in place (or, for the first
-reply of a fold, copies the piece into a fresh buffer and scales it: that buffer becomes the aggregate).
+reply of a fold, scales the piece in a fresh buffer, where ``BundleDecoder.fill`` receives it in place: that buffer
+becomes the aggregate). A later reply is added from where the decoder received it (no copy in between).
 
 Bits
     The arithmetic is the whole-tensor fold's (``WeightedMean``: ``acc = b * alpha`` then
@@ -73,7 +74,12 @@ class UndoLog:
     """The aggregate's bytes before the reply being folded changed them, by payload-stream offset, in an unlinked
     temporary file (``tempfile``'s directory, ``TMPDIR``): at most one model, in the page cache. Where no such
     file can be written (no temporary directory, a full disk), the log goes on in memory (one model more, the
-    cost of decoding the reply whole) and says so once."""
+    cost of decoding the reply whole) and says so once.
+
+    Why a file in ``$TMPDIR`` (docs/benchmarks.md, "The CPU beside the training, cut"): of the places measured it is
+    the cheapest that costs neither the process's memory nor disk writes (its pages are dropped unwritten at each
+    commit); tmpfs or a memfd cost twice the CPU (the kernel zeroes each page it gives them) unless kept at a model's
+    size for good, and ``O_DIRECT`` writes every logged byte to the disk."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
