@@ -3,7 +3,8 @@ and one chunk of the reply being received, not the whole reply).
 
 A :class:`~fedhop.common.wire.codec.BundleDecoder` given a sink hands it each piece of the payload after its
 checks; :class:`AxpySink` adds ``alpha * piece`` into the aggregate's tensors in place (or, for the first
-reply of a fold, copies the piece into a fresh buffer and scales it: that buffer becomes the aggregate).
+reply of a fold, scales the piece in a fresh buffer, where ``BundleDecoder.fill`` receives it in place: that buffer
+becomes the aggregate). A later reply is added from where the decoder received it (no copy in between).
 
 Bits
     The arithmetic is the whole-tensor fold's (``WeightedMean``: ``acc = b * alpha`` then
@@ -47,6 +48,7 @@ from fedhop.v1 import fedhop_pb2 as pb
 log = logging.getLogger("fedhop.fold")
 
 ALIGN = 64  # elements: a fold slice starts at a multiple of this inside its tensor (>= any vector loop's step)
+_NO_BYTES = np.empty(0, dtype=np.uint8)
 
 
 @runtime_checkable
@@ -72,7 +74,12 @@ class UndoLog:
     """The aggregate's bytes before the reply being folded changed them, by payload-stream offset, in an unlinked
     temporary file (``tempfile``'s directory, ``TMPDIR``): at most one model, in the page cache. Where no such
     file can be written (no temporary directory, a full disk), the log goes on in memory (one model more, the
-    cost of decoding the reply whole) and says so once."""
+    cost of decoding the reply whole) and says so once.
+
+    Why a file in ``$TMPDIR`` (docs/benchmarks.md, "The CPU beside the training, cut"): of the places measured it is
+    the cheapest that costs neither the process's memory nor disk writes (its pages are dropped unwritten at each
+    commit); tmpfs or a memfd cost twice the CPU (the kernel zeroes each page it gives them) unless kept at a model's
+    size for good, and ``O_DIRECT`` writes every logged byte to the disk."""
 
     def __init__(self) -> None:
         self._fd: int | None = None
@@ -192,10 +199,22 @@ class AxpySink:
         self._bytes = [_flat_bytes(t) for t in tensors]
         self._done = [0] * len(tensors)  # elements received and checked per tensor (a carry aside)
         self._added = [0] * len(tensors)  # ... of which added into the aggregate (saved in the undo log first)
-        self._carry = np.empty(0, dtype=np.uint8)  # bytes after the folded ones of the tensor being received
+        self._carry = _NO_BYTES  # bytes after the folded ones of the tensor being received
+        self._landed: tuple[int, int, memoryview] | None = None  # the last ``target`` handed out
         self._scratch = np.empty(0, dtype=np.uint8)
 
     # -- the reader's side --------------------------------------------------------------------------------------
+    def target(self, index: int, pos: int, nbytes: int) -> memoryview | None:
+        """Where :meth:`BundleDecoder.fill <fedhop.common.wire.codec.BundleDecoder.fill>` may receive bytes
+        ``[pos, pos + nbytes)`` of tensor ``index`` in place: for the first reply, their place in its fresh buffer
+        (its ``write`` then copies nothing); None for a reply added into an existing aggregate (a scratch buffer)."""
+        with self._lock:
+            if self._buf is None or self.state != "open":
+                return None
+            view = self._bytes[index][pos:pos + nbytes]
+            self._landed = (index, pos, view)
+            return view
+
     def write(self, index: int, pos: int, data: memoryview) -> None:
         with self._lock:
             if self.state != "open":
@@ -214,7 +233,9 @@ class AxpySink:
 
     def _write_first(self, index: int, pos: int, data: memoryview) -> None:
         k = data.nbytes
-        self._bytes[index][pos:pos + k] = data
+        landed, self._landed = self._landed, None
+        if landed is None or landed[:2] != (index, pos) or k > landed[2].nbytes:  # not received in place
+            self._bytes[index][pos:pos + k] = data
         lo, hi = self._done[index], self._limit(index, pos + k)
         if hi > lo:
             x = self._flat[index][lo:hi]
@@ -232,13 +253,16 @@ class AxpySink:
             want = lo * size + self._carry.nbytes
             raise ValueError(f"fold sink: tensor #{index} got bytes at {pos}, expected them at {want}")
         k = data.nbytes
-        if self._scratch.nbytes < held + k:
-            self._scratch = np.empty(held + k + 64, dtype=np.uint8)
-        s = self._scratch
-        s[:held] = self._carry
-        s[held:held + k] = np.frombuffer(data, dtype=np.uint8)
         hi = self._limit(index, pos + k)
         use = (hi - lo) * size
+        if held == 0 and not data.readonly:  # the piece is added from where it was received (no copy)
+            s = np.frombuffer(data, dtype=np.uint8)
+        else:  # joined with the carry, or read-only (torch wants a writable buffer)
+            if self._scratch.nbytes < held + k:
+                self._scratch = np.empty(held + k + 64, dtype=np.uint8)
+            s = self._scratch
+            s[:held] = self._carry
+            s[held:held + k] = np.frombuffer(data, dtype=np.uint8)
         if hi > lo:
             b = torch.from_numpy(s[:use]).view(self._dtypes[index])
             if index not in self.bad and _bad(b):
@@ -249,7 +273,7 @@ class AxpySink:
                 self._flat[index][lo:hi].add_(b, alpha=self.alpha)
                 self._added[index] = hi
             self._done[index] = hi
-        self._carry = s[use:held + k].copy()
+        self._carry = s[use:held + k].copy() if use < held + k else _NO_BYTES
 
     def finish(self) -> Bundle:
         """Every byte came and matched the checksum: stand-ins for the engine's checks (a reply with a non-finite
