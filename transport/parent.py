@@ -116,6 +116,9 @@ class AsyncParentServicer:
         self.frames_read = 0
         self.jobs = 0
         self.wakeups = 0
+        self.loop_wakes = 0  # ... and the self-pipe writes that carried them to the loop (one for many sessions)
+        self._to_wake: list[Callable[[], None]] = []  # sessions' wake-ups not yet run by the loop
+        self._to_wake_lock = threading.Lock()
 
     def register(self, server: LoopServer) -> None:
         handler = grpc.stream_stream_rpc_method_handler(
@@ -158,8 +161,7 @@ class AsyncParentServicer:
                 return
             waking = True
             self.wakeups += 1
-            with contextlib.suppress(RuntimeError):  # the server stopped: nobody streams this session any more
-                loop.call_soon_threadsafe(woken)
+            self._wake_soon(woken)
 
         link.on_queued = queued
         offer = lane_offer(self.hub, link)
@@ -182,6 +184,24 @@ class AsyncParentServicer:
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()
+
+    def _wake_soon(self, woken: Callable[[], None]) -> None:
+        """Run ``woken`` on the loop soon, from any thread: the wake-ups queued by other threads meanwhile (a
+        scatter's Tasks, a keep-alive tick's frames: one per session) share one ``call_soon_threadsafe`` (a
+        self-pipe write and a loop wake-up each), not one each (issue 19)."""
+        with self._to_wake_lock:
+            self._to_wake.append(woken)
+            if len(self._to_wake) > 1:
+                return  # the loop has not run the batch yet: it takes this one with it
+        self.loop_wakes += 1
+        with contextlib.suppress(RuntimeError):  # the server stopped: nobody streams these sessions any more
+            self.loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        with self._to_wake_lock:
+            batch, self._to_wake = self._to_wake, []
+        for woken in batch:
+            woken()
 
     async def _read(self, link: ChildLink, frames: AsyncIterator[Any]) -> None:
         why = "the child closed its stream"
