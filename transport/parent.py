@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent import futures
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -201,7 +203,10 @@ class AsyncParentServicer:
         with self._to_wake_lock:
             batch, self._to_wake = self._to_wake, []
         for woken in batch:
-            woken()
+            try:
+                woken()
+            except Exception:  # one session's failure must not keep the others' wake-ups from running
+                log.exception("%s: a session's wake-up failed", self.hub.node)
 
     async def _read(self, link: ChildLink, frames: AsyncIterator[Any]) -> None:
         why = "the child closed its stream"
@@ -291,8 +296,14 @@ class _Feed:
     def _schedule(self) -> None:
         self.scheduled = True
         self.servicer.jobs += 1
-        job = self.loop.run_in_executor(self.servicer.pool, self._drain)
-        job.add_done_callback(self._drained)
+        # the job's end comes back to the loop with the wake-ups of other sessions (AsyncParentServicer._wake_soon):
+        # run_in_executor's asyncio future chained to the pool's, and a self-pipe write per job, were ~3 per reply
+        job = self.servicer.pool.submit(self._drain)
+        job.add_done_callback(self._job_ended)
+
+    def _job_ended(self, job: futures.Future) -> None:
+        """In the pool thread that ran ``job`` (or the loop, had it ended already): its outcome to the loop."""
+        self.servicer._wake_soon(functools.partial(self._drained, job))
 
     def _drain(self) -> tuple[str, Any]:
         """In the session pool: the protocol's work on the frames pending, in order, until none is left (the
@@ -307,7 +318,7 @@ class _Feed:
                 return "ended", frame
         return "done", None
 
-    def _outcome(self, job: asyncio.Future) -> tuple[bool, Any]:
+    def _outcome(self, job: asyncio.Future | futures.Future) -> tuple[bool, Any]:
         """(whether the feed goes on, the job's result): a job cancelled (the pool was shut down: the server
         stopped) or failed stops the feed; nothing goes on once it stopped."""
         if self.stopped:
@@ -321,7 +332,7 @@ class _Feed:
             return False, None
         return True, job.result()
 
-    def _drained(self, job: asyncio.Future) -> None:
+    def _drained(self, job: futures.Future) -> None:
         """In the loop: a job ended; the next one starts for the frames added meanwhile, or the feed is idle."""
         going, result = self._outcome(job)
         if not going:
