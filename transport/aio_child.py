@@ -190,34 +190,40 @@ class AioChildSession(ChildSession):
     # -- serving --------------------------------------------------------------------------------------------
     async def serve_async(self, ctx: NodeContext, *,
                           report: Callable[[], tuple[list[dict], list[dict]]] | None = None) -> ExitCode:
-        """:meth:`ChildSession.serve` on the loop (a client: no ``on_bye``, no ``before_task``)."""
+        """:meth:`ChildSession.serve` on the loop (a client: no ``on_bye``, no ``before_task``). A parent not
+        heard for ``transport.keepalive_timeout_s`` is taken for stalled or gone (:class:`_Silence`)."""
         proto = self._serving(ctx, report, None, self.workers)
         asms: dict[int, MessageAssembler] = {}
-        quiet = 0
-        while True:
-            event = await self._next_event(self.transport.keepalive_s)
-            if event is None:
-                quiet += 1
-                if not self._silent_too_long(quiet):
-                    continue
-                step, got = _REJOIN, False
-            elif self._stream is not None and self._stream.lane is not None:
-                # a payload on the lane is read inside the frame's handling: on the executor, where it blocks
-                # none of the host's other sessions
-                step, got = await self.loop.run_in_executor(None, self._on_event, proto, asms, *event)
-            else:
-                step, got = self._on_event(proto, asms, *event)
-            if step is _HEARD:
-                quiet = 0
-            elif step is _REJOIN:
-                code = await self.in_pool(self._rejoin, old_ended=got)
-                if code is not None:
-                    return await self.in_pool(self._give_up, proto, code, None)
-                quiet = 0
-            elif step is _BYE:
-                stream = await self.in_pool(self._say_bye, proto, got, None)
-                await self._wait_closed(stream.sid)
-                return self._outcome(got)
+        silence = _Silence(self.loop, self.transport.keepalive_timeout_s, self._events)
+        try:
+            while True:
+                event = await self._events.get()
+                if event[1] is _SILENT:
+                    quiet_s = silence.quiet_s()
+                    if quiet_s < self.transport.keepalive_timeout_s:
+                        continue  # heard since the look that queued it
+                    log.warning("%s: nothing from parent %s for %.0fs (stalled or gone); re-joining", self.node,
+                                self.parent_addr, quiet_s)
+                    step, got = _REJOIN, False
+                elif self._stream is not None and self._stream.lane is not None:
+                    # a payload on the lane is read inside the frame's handling: on the executor, where it blocks
+                    # none of the host's other sessions
+                    step, got = await self.loop.run_in_executor(None, self._on_event, proto, asms, *event)
+                else:
+                    step, got = self._on_event(proto, asms, *event)
+                if step is _HEARD:
+                    silence.heard()
+                elif step is _REJOIN:
+                    code = await self.in_pool(self._rejoin, old_ended=got)
+                    if code is not None:
+                        return await self.in_pool(self._give_up, proto, code, None)
+                    silence.heard()
+                elif step is _BYE:
+                    stream = await self.in_pool(self._say_bye, proto, got, None)
+                    await self._wait_closed(stream.sid)
+                    return self._outcome(got)
+        finally:
+            silence.cancel()
 
     async def _next_event(self, timeout: float) -> tuple[int, str, Any] | None:
         try:
@@ -237,3 +243,45 @@ class AioChildSession(ChildSession):
             event = await self._next_event(left)
             if event is None or (event[0] == sid and event[1] == _END):
                 return
+
+
+_SILENT = object()  # an event's kind: the parent was not heard for transport.keepalive_timeout_s (maybe)
+
+
+class _Silence:
+    """When an id last heard its parent, and one timer that looks at it every ``timeout_s``: when it finds the
+    parent silent that long, it queues ``(None, _SILENT, None)`` on the id's events (the serving loop checks
+    again when it takes it: a frame queued before it counts).
+
+    A frame heard costs an assignment, no timer: a wait for the next event with a timeout of its own (an
+    ``asyncio.timeout`` per wait, woken every ``keepalive_s`` while quiet) put a timer in the loop's heap for
+    every wait of every id and cancelled it at the frame; at 10,000 ids (5,000 per host) the heap's Python
+    comparisons and the quiet ids' wake-ups every 5 s grew with the ids times the round's length, the
+    superlinear term of a host's loop (issue 19, docs/benchmarks.md)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float, events: asyncio.Queue) -> None:
+        self.loop = loop
+        self.timeout_s = timeout_s
+        self.events = events
+        self.last = loop.time()
+        self._handle: asyncio.TimerHandle | None = loop.call_at(self.last + timeout_s, self._look)
+
+    def heard(self) -> None:
+        self.last = self.loop.time()
+
+    def quiet_s(self) -> float:
+        """Seconds since the parent was last heard."""
+        return self.loop.time() - self.last
+
+    def _look(self) -> None:
+        now = self.loop.time()
+        if now - self.last >= self.timeout_s:
+            self.events.put_nowait((None, _SILENT, None))
+            self._handle = self.loop.call_at(now + self.timeout_s, self._look)
+        else:
+            self._handle = self.loop.call_at(self.last + self.timeout_s, self._look)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

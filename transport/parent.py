@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent import futures
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -116,6 +118,9 @@ class AsyncParentServicer:
         self.frames_read = 0
         self.jobs = 0
         self.wakeups = 0
+        self.loop_wakes = 0  # ... and the self-pipe writes that carried them to the loop (one for many sessions)
+        self._to_wake: list[Callable[[], None]] = []  # sessions' wake-ups not yet run by the loop
+        self._to_wake_lock = threading.Lock()
 
     def register(self, server: LoopServer) -> None:
         handler = grpc.stream_stream_rpc_method_handler(
@@ -158,8 +163,7 @@ class AsyncParentServicer:
                 return
             waking = True
             self.wakeups += 1
-            with contextlib.suppress(RuntimeError):  # the server stopped: nobody streams this session any more
-                loop.call_soon_threadsafe(woken)
+            self._wake_soon(woken)
 
         link.on_queued = queued
         offer = lane_offer(self.hub, link)
@@ -182,6 +186,27 @@ class AsyncParentServicer:
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()
+
+    def _wake_soon(self, woken: Callable[[], None]) -> None:
+        """Run ``woken`` on the loop soon, from any thread: the wake-ups queued by other threads meanwhile (a
+        scatter's Tasks, a keep-alive tick's frames: one per session) share one ``call_soon_threadsafe`` (a
+        self-pipe write and a loop wake-up each), not one each (issue 19)."""
+        with self._to_wake_lock:
+            self._to_wake.append(woken)
+            if len(self._to_wake) > 1:
+                return  # the loop has not run the batch yet: it takes this one with it
+        self.loop_wakes += 1
+        with contextlib.suppress(RuntimeError):  # the server stopped: nobody streams these sessions any more
+            self.loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        with self._to_wake_lock:
+            batch, self._to_wake = self._to_wake, []
+        for woken in batch:
+            try:
+                woken()
+            except Exception:  # one session's failure must not keep the others' wake-ups from running
+                log.exception("%s: a session's wake-up failed", self.hub.node)
 
     async def _read(self, link: ChildLink, frames: AsyncIterator[Any]) -> None:
         why = "the child closed its stream"
@@ -271,8 +296,14 @@ class _Feed:
     def _schedule(self) -> None:
         self.scheduled = True
         self.servicer.jobs += 1
-        job = self.loop.run_in_executor(self.servicer.pool, self._drain)
-        job.add_done_callback(self._drained)
+        # the job's end comes back to the loop with the wake-ups of other sessions (AsyncParentServicer._wake_soon):
+        # run_in_executor's asyncio future chained to the pool's, and a self-pipe write per job, were ~3 per reply
+        job = self.servicer.pool.submit(self._drain)
+        job.add_done_callback(self._job_ended)
+
+    def _job_ended(self, job: futures.Future) -> None:
+        """In the pool thread that ran ``job`` (or the loop, had it ended already): its outcome to the loop."""
+        self.servicer._wake_soon(functools.partial(self._drained, job))
 
     def _drain(self) -> tuple[str, Any]:
         """In the session pool: the protocol's work on the frames pending, in order, until none is left (the
@@ -287,7 +318,7 @@ class _Feed:
                 return "ended", frame
         return "done", None
 
-    def _outcome(self, job: asyncio.Future) -> tuple[bool, Any]:
+    def _outcome(self, job: asyncio.Future | futures.Future) -> tuple[bool, Any]:
         """(whether the feed goes on, the job's result): a job cancelled (the pool was shut down: the server
         stopped) or failed stops the feed; nothing goes on once it stopped."""
         if self.stopped:
@@ -301,7 +332,7 @@ class _Feed:
             return False, None
         return True, job.result()
 
-    def _drained(self, job: asyncio.Future) -> None:
+    def _drained(self, job: futures.Future) -> None:
         """In the loop: a job ended; the next one starts for the frames added meanwhile, or the feed is idle."""
         going, result = self._outcome(job)
         if not going:

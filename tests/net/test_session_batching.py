@@ -167,3 +167,33 @@ def test_many_messages_queued_at_once_wake_the_session_s_handler_once() -> None:
         call.cancel()
         channel.close()
         server.stop(0)
+
+
+def test_the_wake_ups_of_many_sessions_share_one_trip_to_the_loop() -> None:
+    # a scatter's Tasks or a keep-alive tick queue a message for every session from one thread: the sessions'
+    # wake-ups ride one call_soon_threadsafe (a self-pipe write each was ~7 per client and round at 1,000 clients)
+    host = Host()
+    server, servicer, addr = _serve(host)
+    qs = [queue.Queue() for _ in range(8)]
+    streams = [_stream(addr, _numbered(1, q)) for q in qs]
+    try:
+        wait_until(lambda: len(host.seen) == 8, "the sessions to open")
+        links = list(host.links)
+        before, trips = servicer.wakeups, servicer.loop_wakes
+        hold, held = threading.Event(), threading.Event()
+        server.loop.call_soon_threadsafe(lambda: (held.set(), hold.wait(30)))  # the loop is busy meanwhile
+        assert held.wait(30)
+        for k, link in enumerate(links):
+            link.send([pb.Frame(call_id=3000 + k)])
+        assert servicer.wakeups == before + 8  # each session's handler is woken ...
+        assert servicer.loop_wakes == trips + 1  # ... by one trip to the loop
+        hold.set()
+        got = sorted(next(call).call_id for _, call in streams)
+        assert got == [3000 + k for k in range(8)]  # every session's message sent
+    finally:
+        for q in qs:
+            q.put(None)
+        for channel, call in streams:
+            call.cancel()
+            channel.close()
+        server.stop(0)

@@ -104,7 +104,10 @@ class FakeCounters:
     def __init__(self, reads: list[list[TcpInfo]]) -> None:
         self.reads = reads
 
-    def read(self) -> list[TcpInfo]:
+        self.asked: list[list[int]] = []  # the remote ports each read asked for
+
+    def read(self, remote_ports: list[int] | tuple[int, ...] = ()) -> list[TcpInfo]:
+        self.asked.append(list(remote_ports))
         return self.reads.pop(0)
 
 
@@ -151,9 +154,11 @@ def test_probe_reads_the_connections_it_dialed_to_a_neighbour() -> None:
     child, neighbour = ("127.0.0.1", 41000), ("127.0.0.1", 6001)
     reads = [[info(child, 1, 10, 20, local=("127.0.0.1", 6000)),
               info(neighbour, 2, 5000, 40, local=("127.0.0.1", 42000))]]
-    probe = WireProbe("edge-0", meter, lambda: {child: "client-0"}, FakeCounters(reads))  # type: ignore[arg-type]
+    counters = FakeCounters(reads)
+    probe = WireProbe("edge-0", meter, lambda: {child: "client-0"}, counters)  # type: ignore[arg-type]
     probe.dialed = lambda: {"edge-1": "127.0.0.1:6001", "edge-2": "no-such-host.invalid:1"}
     probe.flush()
+    assert counters.asked == [[6001]]  # the kernel is asked for the connections to the neighbour's port too
     got = {(r["src"], r["dst"]): r["wire_bytes"] for r in meter.rows()}
     assert got == {("edge-0", "edge-1"): 5000, ("edge-1", "edge-0"): 40, ("edge-0", "client-0"): 10,
                    ("client-0", "edge-0"): 20}
@@ -164,7 +169,7 @@ def test_a_kernel_without_sock_diag_is_named_once_and_reads_nothing(monkeypatch,
 
     calls = []
 
-    def refused() -> list[TcpInfo]:
+    def refused(*args: object, **kwargs: object) -> list[TcpInfo]:
         calls.append(1)
         raise PermissionError(13, "Permission denied")
 
@@ -178,3 +183,125 @@ def test_a_kernel_without_sock_diag_is_named_once_and_reads_nothing(monkeypatch,
     meter = ByteMeter()
     WireProbe("ps", meter, dict, counters).flush()
     assert meter.rows() == []
+
+
+# -- the kernel's filter program (INET_DIAG_REQ_BYTECODE) -------------------------------------------------------
+# A transcription of linux/net/ipv4/inet_diag.c (inet_diag_bc_audit, valid_cc, inet_diag_bc_run) for the ops the
+# builder may use, so the programs are checked against the kernel's rules, not against the builder itself.
+# struct inet_diag_bc_op { unsigned char code; unsigned char yes; unsigned short no; } (linux/inet_diag.h)
+BC_NOP, BC_JMP, BC_S_GE, BC_S_LE, BC_D_GE, BC_D_LE = 0, 1, 2, 3, 4, 5
+
+
+def kernel_op(bc: bytes, at: int) -> tuple[int, int, int]:
+    return struct.unpack_from("=BBH", bc, at)
+
+
+def kernel_valid_cc(bc: bytes, cc: int) -> bool:
+    """valid_cc(): the jump target ``cc`` bytes before the end lies on the chain of ``yes`` jumps."""
+    at, length = 0, len(bc)
+    while length >= 0:
+        if cc > length:
+            return False
+        if cc == length:
+            return True
+        _, yes, _ = kernel_op(bc, at)
+        if yes < 4 or yes & 3:
+            return False
+        length -= yes
+        at += yes
+    return False
+
+
+def kernel_audit(bc: bytes) -> bool:
+    """inet_diag_bc_audit(): True where the kernel accepts the program (else it answers EINVAL)."""
+    at, length = 0, len(bc)
+    while length > 0:
+        min_len = 4
+        code, yes, no = kernel_op(bc, at)
+        if code in (BC_S_GE, BC_S_LE, BC_D_GE, BC_D_LE):
+            min_len += 4  # valid_port_comparison(): the port is in a follow-on op
+            if length < min_len:
+                return False
+        elif code not in (BC_JMP, BC_NOP):
+            return False
+        if code != BC_NOP:
+            if no < min_len or no > length + 4 or no & 3:
+                return False
+            if no < length and not kernel_valid_cc(bc, length - no):
+                return False
+        if yes < min_len or yes > length + 4 or yes & 3:
+            return False
+        at += yes
+        length -= yes
+    return length == 0
+
+
+def kernel_run(bc: bytes, sport: int, dport: int) -> bool:
+    """inet_diag_bc_run(): whether a socket with these ports (host order) passes the filter."""
+    at, length = 0, len(bc)
+    while length > 0:
+        code, yes_jump, no_jump = kernel_op(bc, at)
+        if code == BC_NOP:
+            ok = True
+        elif code == BC_JMP:
+            ok = False
+        else:
+            port = kernel_op(bc, at + 4)[2]  # op[1].no
+            ok = {BC_S_GE: sport >= port, BC_S_LE: sport <= port, BC_D_GE: dport >= port, BC_D_LE: dport <= port}[code]
+        jump = yes_jump if ok else no_jump
+        length -= jump
+        at += jump
+    return length == 0
+
+
+def test_port_filter_has_the_kernels_layout_for_one_local_port() -> None:
+    from fedhop.transport.tcp_counters import port_filter
+
+    # written out by hand from linux/inet_diag.h: {S_GE, yes 8, no 20} {port} {S_LE, yes 8, no 12} {port}: a failed
+    # test jumps 4 bytes past the end (rejected), both passed run off the end exactly (accepted)
+    assert port_filter([5000]) == struct.pack("=BBHBBHBBHBBH", BC_S_GE, 8, 20, 0, 0, 5000, BC_S_LE, 8, 12, 0, 0, 5000)
+    assert port_filter([], [6001]) == struct.pack("=BBHBBHBBHBBH", BC_D_GE, 8, 20, 0, 0, 6001, BC_D_LE, 8, 12,
+                                                  0, 0, 6001)
+    assert port_filter() == b""
+    with pytest.raises(ValueError):
+        port_filter([70000])
+
+
+@pytest.mark.parametrize("local, remote", [([5000], []), ([5000, 5001], []), ([443, 5000, 40000], [6001, 6002]),
+                                           ([], [6001]), ([1, 65535], [0])])
+def test_port_filter_passes_the_kernels_audit_and_accepts_exactly_its_ports(local: list[int],
+                                                                           remote: list[int]) -> None:
+    from fedhop.transport.tcp_counters import port_filter
+
+    bc = port_filter(local, remote)
+    assert kernel_audit(bc)
+    ports = sorted({0, 1, 442, 443, 444, 4999, 5000, 5001, 5002, 6000, 6001, 6002, 6003, 39999, 40000, 65535,
+                    *local, *remote})
+    for sport in ports:
+        for dport in ports:
+            assert kernel_run(bc, sport, dport) == (sport in local or dport in remote), (sport, dport)
+
+
+def test_the_kernels_audit_as_transcribed_refuses_a_broken_program() -> None:
+    """The transcription can fail: a jump off the ``yes`` chain, a short port op and a misaligned jump."""
+    good = struct.pack("=BBHBBH", BC_S_GE, 8, 12, 0, 0, 5000)
+    assert kernel_audit(good)
+    assert not kernel_audit(good[:4])  # the port's op is missing
+    assert not kernel_audit(struct.pack("=BBHBBH", BC_S_GE, 8, 10, 0, 0, 5000))  # no & 3
+    # the first test's reject lands on the second test's port op (not on the yes chain)
+    off_chain = struct.pack("=BBHBBHBBHBBH", BC_S_GE, 8, 12, 0, 0, 5000, BC_S_LE, 8, 12, 0, 0, 5000)
+    assert not kernel_audit(off_chain)
+
+
+def test_diag_request_carries_the_filter_as_its_bytecode_attribute() -> None:
+    from fedhop.transport.tcp_counters import port_filter
+
+    bc = port_filter([5000], [6001])
+    req = diag_request(socket.AF_INET, 3, bc, 1 << 10)
+    length, mtype, flags, seq, _ = struct.unpack_from("=IHHII", req)
+    assert (length, mtype, flags, seq) == (len(req), SOCK_DIAG_BY_FAMILY, 0x301, 3)
+    family, proto, ext, states = struct.unpack_from("=BBBxI", req, 16)
+    assert (family, proto, ext, states) == (socket.AF_INET, socket.IPPROTO_TCP, 1 << 1, 1 << 10)
+    # struct nlattr after the 56-byte inet_diag_req_v2: len (header included), type INET_DIAG_REQ_BYTECODE = 1
+    assert struct.unpack_from("=HH", req, 16 + 56) == (4 + len(bc), 1)
+    assert req[16 + 56 + 4:] == bc and len(req) % 4 == 0
