@@ -503,6 +503,8 @@ def main() -> int:
     p.add_argument("--trace", action="store_true",
                    help="print each call's phases (encode, lane write, fill, finish; the sockets' receives) with their "
                         "threads' CPU, context switches and page faults")
+    p.add_argument("--small-pages", action="store_true",
+                   help="every fedhop row with 4 KiB-page decode buffers (the codec's huge-page advice off, both ends)")
     p.add_argument("--fresh-memory", action="store_true",
                    help="only time the first touch of fresh buffers (4 KiB and 2 MiB pages) after gaps of 0-6 s")
     a = p.parse_args()
@@ -515,6 +517,10 @@ def main() -> int:
         os.close(fd)
         os.environ[TRACE_ENV] = trace  # this process and every child it starts
         _install_trace()
+    if a.small_pages:
+        from fedhop.common.wire import codec
+
+        codec._HUGE_BUFFER_BYTES = 1 << 62  # this process (the parent's decoder); the clients: --plain-buffers
     torch.set_num_threads(1)
     payload = torch.randn((a.mb << 20) // 4, generator=torch.Generator().manual_seed(0))
     nbytes = payload.numel() * 4
@@ -546,7 +552,7 @@ def main() -> int:
             for lane in lanes:
                 how = "lane" if lane else "gRPC"
                 for upload, what in directions:
-                    got = bench_interleaved(payload, a.reps, chunk, upload, lane, tls)
+                    got = bench_interleaved(payload, a.reps, chunk, upload, lane, tls, plain_buffers=a.small_pages)
                     rows.append((f"fedhop {what} ({how})", security, got))
                     if trace is not None:
                         _print_trace()
@@ -557,7 +563,8 @@ def main() -> int:
           f"{a.chunk_mib:g} MiB; load average {' '.join(f'{v:.2f}' for v in load_before)} before, "
           f"{' '.join(f'{v:.2f}' for v in os.getloadavg())} after; {os.cpu_count()} CPUs")
     print("references: a socket of the same security into a fresh buffer, 4 KiB pages (torch.empty) or the "
-          "decoder's (codec._allocate), measured rep by rep beside each row; 'vs' = median of the reps' ratios")
+          "decoder's (codec._allocate), measured rep by rep beside each row; 'vs' = median of the reps' ratios"
+          + ("; fedhop's decode buffers: 4 KiB pages (--small-pages)" if a.small_pages else ""))
     print(f"| {'path':52s} | {'security':8s} | {'seconds':>7s} | {'MB/s':>7s} | {'4k ref s':>8s} | {'vs 4k':>5s} | "
           f"{'dec ref s':>9s} | {'vs dec':>6s} |")
     print(f"|{'-' * 54}|{'-' * 10}|{'-' * 9}|{'-' * 9}|{'-' * 10}|{'-' * 7}|{'-' * 11}|{'-' * 8}|")
@@ -566,6 +573,12 @@ def main() -> int:
         print(f"| {name:52s} | {security:8s} | {sec_:7.3f} | {nbytes / 1e6 / sec_:7.1f} | "
               f"{statistics.median(got.refs['4k']):8.3f} | {got.ratio('4k'):5.2f} | "
               f"{statistics.median(got.refs['decoder']):9.3f} | {got.ratio('decoder'):6.2f} |")
+    print("each rep (seconds: the row's, then its 4k and decoder references'):")
+    for name, security, got in rows:
+        if name.startswith(("fedhop", "  fedhop")):
+            reps = "; ".join(f"{f:.3f} {r4:.3f} {rd:.3f}" for f, r4, rd in
+                             zip(got.fedhop, got.refs["4k"], got.refs["decoder"], strict=True))
+            print(f"  {name.strip()} {security}: {reps}")
     if trace is not None:
         os.unlink(trace)
     return 0
