@@ -14,21 +14,21 @@ from the tensors' memory and received straight into the decode buffer) and, for 
 (``FEDHOP_BULK_LANE=0``: chunk frames on the gRPC stream); plaintext and mutual TLS (certificates from a
 throwaway CA).
 
-References: a socket of the same security (raw TCP, or a TLS socket with the lane's own ``ssl`` contexts): the
-same bytes from the tensor's memory with ``sendall`` to a child process that ``recv_into``s a buffer and answers
-one byte. The buffer is reused, or fresh for every transfer (as a receiver that keeps the model must have: its
-page faults are part of the cost; the issue's target is >= 0.9x of this), allocated two ways: ``4k``
-(``torch.empty``: the ordinary allocator's 4 KiB pages) and ``decoder`` (``codec._allocate``, as fedhop's
-decoder allocates it: 2 MiB pages advised). Each fedhop row is measured rep by rep beside its references (one
-call, one transfer into each kind of fresh buffer, alternating order, after one untimed of each), so that both
-sides of each ratio see the same machine: its load, and how fresh the memory a new buffer gets is (on this VM a
-2 MiB block that stayed free a few seconds is reported to the host, which takes it back; touching it again costs
-up to 60x a recently freed one: ``--fresh-memory`` shows it; docs/benchmarks.md). The ratio printed is the
-median over the reps of reference seconds / fedhop seconds. ``--trace`` prints every call's phases (the client's
-encode, the lane's write, the decoder's fill, finish; the socket's receives) with their threads' CPU, system CPU,
-context switches, page faults and the machine's huge-page counters. ``--ablation`` adds fedhop (gRPC) with the
-codec's huge-page decode buffers switched off. Prints medians of ``--reps`` in seconds and MB/s (1 MB = 10^6
-bytes) and the load average.
+References: a socket of the same security (raw TCP, or a TLS socket with the lane's own ``ssl`` contexts): the same
+bytes from the tensor's memory with ``sendall`` to a child process that ``recv_into``s a buffer and answers one
+byte. The buffer is reused, or fresh for every transfer (as a receiver that keeps the model must have: its page
+faults are part of the cost; the issue's target is >= 0.9x of this), allocated two ways: ``4k`` (``torch.empty``:
+the ordinary allocator's 4 KiB pages) and ``decoder`` (``codec._allocate``, as fedhop's decoder allocates it: 2 MiB
+pages advised). Each fedhop row is measured rep by rep beside its references (one call, one transfer into each kind
+of fresh buffer, alternating order, after one untimed of each), so that both sides of each ratio see the same
+machine: its load, and how fresh the memory a new buffer gets is (on this VM a 2 MiB block that stayed free a few
+seconds is reported to the host, which takes it back; touching it again costs tens of times what a recently freed
+one costs: ``--fresh-memory`` shows it; docs/benchmarks.md). The ratio printed is the median over the reps of
+reference seconds / fedhop seconds. ``--trace`` prints every call's phases (the client's encode, the lane's write,
+the decoder's fill, finish; the socket's receives) with their threads' CPU, system CPU, context switches, page
+faults and the machine's huge-page counters. ``--ablation`` adds fedhop (gRPC) with the codec's huge-page decode
+buffers switched off; ``--small-pages`` switches them off in every fedhop row. Prints medians of ``--reps`` in
+seconds and MB/s (1 MB = 10^6 bytes) and the load average.
 """
 
 from __future__ import annotations
