@@ -122,15 +122,27 @@ def _security(node: str, tls_dir: str | None):  # noqa: ANN202 (fedhop imported 
     return PLAINTEXT if tls_dir is None else Security.load(node, tls_dir)
 
 
+def _small_pages() -> None:
+    """Decode buffers of 4 KiB pages in this process: the codec's huge-page advice off, and numpy's (numpy advises
+    ``MADV_HUGEPAGE`` for every array of 4 MiB or more by itself, so the codec's fallback ``np.empty`` would still
+    get 2 MiB pages)."""
+    import numpy as np
+
+    from fedhop.common.wire import codec
+
+    codec._HUGE_BUFFER_BYTES = 1 << 62
+    core = getattr(np, "_core", None) or np.core
+    core.multiarray._set_madvise_hugepage(False)
+
+
 def _sink_child(addr: str, plain_buffers: bool = False, tls_dir: str | None = None) -> int:
     """A client process that knows two extra tasks: take the bundle and say how many bytes it got; send one."""
     _install_trace()
     from fedhop.client.main import run_client
-    from fedhop.common.wire import codec
     from fedhop.transport.node_config import NodeConfig
 
     if plain_buffers:
-        codec._HUGE_BUFFER_BYTES = 1 << 62  # ablation: decode buffers from the ordinary allocator
+        _small_pages()  # ablation: decode buffers of 4 KiB pages
     from fedhop.common.engine.api import NodeContext, Reply, task
     from fedhop.common.wire.bundle import Bundle, payload_bytes
 
@@ -518,9 +530,7 @@ def main() -> int:
         os.environ[TRACE_ENV] = trace  # this process and every child it starts
         _install_trace()
     if a.small_pages:
-        from fedhop.common.wire import codec
-
-        codec._HUGE_BUFFER_BYTES = 1 << 62  # this process (the parent's decoder); the clients: --plain-buffers
+        _small_pages()  # this process (the parent's decoder); the clients: --plain-buffers
     torch.set_num_threads(1)
     payload = torch.randn((a.mb << 20) // 4, generator=torch.Generator().manual_seed(0))
     nbytes = payload.numel() * 4
