@@ -30,7 +30,7 @@ from fedhop.common import timing
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
 from fedhop.common.engine.base import BaseComm
 from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.spill import spill_state
+from fedhop.common.engine.spill import Spiller
 from fedhop.common.engine.state_io import StateSnapshot, check_savable, snapshot_state
 from fedhop.common.wire.bundle import Bundle
 
@@ -60,7 +60,7 @@ def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Com
     state's tensors are spilled at each round's start when they hold at least this many bytes (0: never; see
     the module's docstring)."""
     events = events or RunEvents()
-    spill = spill_bytes if algo.round_replaces_tensors else 0
+    spill = Spiller(spill_bytes if algo.round_replaces_tensors else 0)
     t0 = start.next_round
     state = start.state
     if state is None:
@@ -97,11 +97,11 @@ def _timed(events: RunEvents, ctx: NodeContext, t: int, step: Callable[[], Any])
 
 
 def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callable[[NodeContext, Any], Any],
-             on_redo: Callable[[int, int], None] | None, spill_bytes: int = 0) -> Any:
+             on_redo: Callable[[int, int], None] | None, spill: Spiller | None = None) -> Any:
     transport = ctx.spec.transport
     retries = transport.round_retries
     comm = ctx.comm
-    spilled = spill_state(state, spill_bytes) if isinstance(comm, BaseComm) else None  # before the snapshot
+    spilled = spill.spill(state) if spill is not None and isinstance(comm, BaseComm) else None  # before the snapshot
     before = snapshot_state(state, share_tensors=algo.round_replaces_tensors) \
         if retries > 0 and comm.can_fail else None
     if spilled is not None:

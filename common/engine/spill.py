@@ -29,6 +29,7 @@ import logging
 import mmap
 import os
 import tempfile
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,20 +46,32 @@ class Spill:
     """State tensors whose bytes live in one shared mapping of an unlinked file (:func:`spill_state`).
 
     The mapping lives as long as any tensor that points into it (the tensors hold the buffer); this object
-    only drops its pages. Safe to call from any thread."""
+    only drops its pages (it holds the mapping weakly: once its tensors are gone, there is nothing to drop).
+    Safe to call from any thread."""
 
-    def __init__(self, mm: mmap.mmap, nbytes: int, tensors: int, address: int) -> None:
-        self._mm = mm
+    def __init__(self, mm: mmap.mmap, nbytes: int, tensors: int, address: int, also: Spill | None = None) -> None:
+        self._mm = weakref.ref(mm)
+        self._also = also  # an earlier spill that holds the rest of the state's tensors
         self.nbytes = nbytes  # the tensors' bytes (their storages' spans) written into the file
         self.tensors = tensors  # how many tensor objects point into it
         self.address = address  # where the mapping starts in this process (for /proc/self/smaps)
         self.length = len(mm)
         self.drops = 0
 
+    @property
+    def alive(self) -> bool:
+        """Whether a tensor still points into the mapping."""
+        return self._mm() is not None
+
     def drop(self) -> None:
         """Take the mapping's pages out of this process's resident memory (their bytes stay in the file)."""
-        self._mm.madvise(mmap.MADV_DONTNEED)
-        self.drops += 1
+        mm = self._mm()
+        if mm is not None:
+            mm.madvise(mmap.MADV_DONTNEED)
+            self.drops += 1
+        del mm
+        if self._also is not None:
+            self._also.drop()
 
 
 def state_tensors(value: Any) -> list[torch.Tensor]:
@@ -114,15 +127,39 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return lo, lo + extent * size
 
 
-def spill_state(state: Any, min_bytes: int) -> Spill | None:
+class Spiller:
+    """The round loop's spills, one run's: :meth:`spill` at each round's start."""
+
+    def __init__(self, min_bytes: int) -> None:
+        self.min_bytes = min_bytes
+        self.last: Spill | None = None
+
+    def spill(self, state: Any) -> Spill | None:
+        """:func:`spill_state` of ``state``, whose tensors already in the last round's mapping stay there (a round
+        that kept its starting model, e.g. no usable reply: a request of that round still being sent may be
+        reading them)."""
+        if self.min_bytes <= 0:
+            return None
+        s = spill_state(state, self.min_bytes, self.last)
+        self.last = s
+        return s
+
+
+def spill_state(state: Any, min_bytes: int, previous: Spill | None = None) -> Spill | None:
     """Move the bytes of ``state``'s tensors into a file-backed shared mapping (see the module's docstring);
     None (nothing moved) when they hold fewer than ``min_bytes`` (0: never), this platform cannot drop pages,
-    or the file cannot be written (logged; the round goes on with the state as it was)."""
+    or the file cannot be written (logged; the round goes on with the state as it was). Tensors already in
+    ``previous``'s mapping are not moved: ``previous`` is returned when they are all there, else the new
+    spill drops its pages too."""
     if min_bytes <= 0 or not CAN_DROP:
         return None
     groups: dict[int, tuple[torch.UntypedStorage, list[torch.Tensor], int, int]] = {}
+    kept = 0
     for t in _with_bases(state_tensors(state)):
         storage = t.untyped_storage()
+        if previous is not None and previous.alive and storage.data_ptr() == previous.address:
+            kept += 1
+            continue
         lo, hi = _span(t)
         key = storage.data_ptr()
         if key in groups:
@@ -131,7 +168,9 @@ def spill_state(state: Any, min_bytes: int) -> Spill | None:
         else:
             groups[key] = (storage, [t], lo, hi)
     total = sum(hi - lo for _, _, lo, hi in groups.values())
-    if total < min_bytes or not groups:
+    if kept and not groups:
+        return previous
+    if total + (previous.nbytes if kept and previous is not None else 0) < min_bytes or not groups:
         return None
     # each storage's span at the same address modulo the page size as now, so alignment is unchanged
     layout: list[tuple[torch.UntypedStorage, list[torch.Tensor], int, int, int]] = []
@@ -156,7 +195,7 @@ def spill_state(state: Any, min_bytes: int) -> Spill | None:
                 byte = at + t.storage_offset() * size - lo
                 t.set_(mapped, byte // size, t.size(), t.stride())
                 n += 1
-    return Spill(mm, total, n, base.data_ptr())
+    return Spill(mm, total, n, base.data_ptr(), previous if kept else None)
 
 
 def _write(layout: list[tuple[torch.UntypedStorage, list[torch.Tensor], int, int, int]], length: int) -> mmap.mmap:

@@ -17,7 +17,7 @@ import torch
 from fedhop.common.engine import run as run_module
 from fedhop.common.engine import spill as spill_module
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
-from fedhop.common.engine.spill import PAGE, Spill, spill_state, state_tensors
+from fedhop.common.engine.spill import PAGE, Spill, Spiller, spill_state, state_tensors
 from tests.specs import DIGITS, run_spec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not spill_module.CAN_DROP,
@@ -98,6 +98,26 @@ def test_below_the_threshold_or_zero_nothing_moves() -> None:
     del buf
 
 
+def test_a_state_kept_from_the_last_round_stays_in_its_mapping() -> None:
+    """A round that ends without a usable reply keeps its starting model: the next round's spill leaves those
+    tensors where they are (a request of the round before may still be reading them) and drops that mapping."""
+    model, buf = aggregate_like(300_000)
+    del buf
+    spiller = Spiller(1)
+    first = spiller.spill(State(model))
+    assert first is not None
+    ptr = model["w"].data_ptr()
+    assert spiller.spill(State(model)) is first and model["w"].data_ptr() == ptr
+    fresh, buf = aggregate_like(300_000, seed=1)
+    second = spiller.spill(State({**fresh, "old": model["w"]}))  # a new tensor beside one of the kept model
+    assert second is not None and second is not first and model["w"].data_ptr() == ptr
+    assert fresh["w"].untyped_storage().data_ptr() == second.address
+    second.drop()
+    assert first.drops == 1 and resident(first) == 0
+    del model, fresh, buf
+    assert not first.alive  # its tensors gone: the mapping went with them
+
+
 def test_state_tensors_walks_the_containers_a_checkpoint_saves() -> None:
     a, b, c = torch.ones(2), torch.zeros(3), torch.full((1,), 2.0)
     value = State({"a": a, "again": a}, step=3), [b, (c,)], {"n": 1}
@@ -124,13 +144,13 @@ def test_a_round_redone_after_the_drop_trains_the_same_bits(monkeypatch: pytest.
     assert len(calls) == 2
     spills: list[Spill] = []
 
-    def recorded(state: object, min_bytes: int) -> Spill | None:
-        s = spill_state(state, min_bytes)
+    def recorded(state: object, min_bytes: int, previous: Spill | None = None) -> Spill | None:
+        s = spill_state(state, min_bytes, previous)
         if s is not None:
             spills.append(s)
         return s
 
-    monkeypatch.setattr("fedhop.common.engine.loop.spill_state", recorded)
+    monkeypatch.setattr(spill_module, "spill_state", recorded)
     drive = run_module.drive
     monkeypatch.setattr(run_module, "drive", lambda *a, **kw: drive(*a, **{**kw, "spill_bytes": 1}))
     calls.clear()
