@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedhop.common.engine import results
 from fedhop.common.engine import run as run_module
 from fedhop.common.engine import spill as spill_module
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
@@ -41,12 +42,17 @@ def aggregate_like(n: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], np.n
 
 def resident(spill: Spill) -> int:
     """The mapping's resident bytes (its Rss line in /proc/self/smaps)."""
+    return mapped_rss(spill.address)
+
+
+def mapped_rss(address: int) -> int:
+    """The resident bytes of the mapping that holds ``address`` (its Rss line in /proc/self/smaps)."""
     lines = Path("/proc/self/smaps").read_text().splitlines()
     for i, line in enumerate(lines):
         head = line.split(" ", 1)[0]
         if "-" in head and not head.endswith(":"):
             lo, hi = (int(x, 16) for x in head.split("-"))
-            if lo <= spill.address < hi:
+            if lo <= address < hi:
                 rss = next(x for x in lines[i + 1:] if x.startswith("Rss:"))
                 return int(rss.split()[1]) * 1024
     raise AssertionError("the spill's mapping is not in /proc/self/smaps")
@@ -160,3 +166,20 @@ def test_a_round_redone_after_the_drop_trains_the_same_bits(monkeypatch: pytest.
     assert spilled.final.keys() == clean.final.keys()
     assert all(torch.equal(spilled.final[k], clean.final[k]) for k in clean.final)
     assert [r.get("loss") for r in spilled.rounds] == [r.get("loss") for r in clean.rounds]
+
+
+def test_the_final_model_leaves_memory_once_model_pt_is_written(tmp_path: Path) -> None:
+    """The run's end: model.pt is written from the resident model, then its pages go (the files after it, plots
+    with matplotlib, are not written beside it); the result keeps the same tensors and bits."""
+    model, buf = aggregate_like(500_000)
+    del buf
+    want = {k: v.clone() for k, v in model.items()}
+    ptr = model["w"].untyped_storage().data_ptr()
+    results._save_model(model, tmp_path / "small.pt", spill_bytes=4 * 500_000 + 1)  # below the threshold: kept
+    assert model["w"].untyped_storage().data_ptr() == ptr
+    results._save_model(model, tmp_path / "model.pt", spill_bytes=1)
+    moved = model["w"].untyped_storage().data_ptr()
+    assert moved != ptr and moved == model["b"].untyped_storage().data_ptr()
+    assert mapped_rss(moved) == 0
+    saved = torch.load(tmp_path / "model.pt")
+    assert all(torch.equal(saved[k], want[k]) and torch.equal(model[k], want[k]) for k in want)
