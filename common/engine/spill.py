@@ -14,6 +14,7 @@ an empty round, a resend) faults the same bytes back from the page cache, so a d
 even during a send. The round loop drops when the first reply of a scatter starts to be folded (its child
 received its request: in practice every request has left by then; one that has not reads its remaining
 pages back and the next drop takes them out again), before each reply is settled and when a scatter ends.
+At the run's end the final model goes the same way once ``model.pt`` is written (``results._save_model``).
 
 Cost: one write of the model per round into the page cache (memory the kernel may reclaim, being file pages,
 but memory: with ``TMPDIR`` on a tmpfs the bytes stay in RAM as shared memory, out of the PS's RSS only).
