@@ -201,9 +201,11 @@ def spill_state(state: Any, min_bytes: int, previous: Spill | None = None) -> Sp
 
 def _write(layout: list[tuple[torch.UntypedStorage, list[torch.Tensor], int, int, int]], length: int) -> mmap.mmap:
     """The spans written into a fresh unlinked file (by ``pwrite``: the page cache, not this process's pages),
-    mapped shared."""
-    with tempfile.TemporaryFile(prefix="fedhop-m0-") as f:  # unlinked at once; the mapping keeps the file
-        fd = f.fileno()
+    mapped shared. Made by name and unlinked at once (not ``O_TMPFILE``), so that the mapping shows in
+    /proc/PID/maps as ``$TMPDIR/fedhop-m0-... (deleted)``."""
+    fd, name = tempfile.mkstemp(prefix="fedhop-m0-")
+    try:
+        os.unlink(name)
         os.ftruncate(fd, length)
         for storage, _, lo, hi, at in layout:
             src = torch.empty(0, dtype=torch.uint8).set_(storage, lo, (hi - lo,), (1,))
@@ -213,3 +215,5 @@ def _write(layout: list[tuple[torch.UntypedStorage, list[torch.Tensor], int, int
                 done += os.pwrite(fd, view[done:], at + done)
             del view, src
         return mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)  # the mapping keeps the file
