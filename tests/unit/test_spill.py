@@ -183,3 +183,20 @@ def test_the_final_model_leaves_memory_once_model_pt_is_written(tmp_path: Path) 
     assert mapped_rss(moved) == 0
     saved = torch.load(tmp_path / "model.pt")
     assert all(torch.equal(saved[k], want[k]) and torch.equal(model[k], want[k]) for k in want)
+
+
+def test_a_spill_that_cannot_be_written_leaves_the_state_as_it_was(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """No temporary file (a full or read-only $TMPDIR): the round goes on with its model in memory, and says so."""
+    model, buf = aggregate_like(1000)
+    ptr = model["w"].data_ptr()
+
+    def full(*a: object, **kw: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spill_module.tempfile, "mkstemp", full)
+    with caplog.at_level("WARNING", logger="fedhop.engine"):
+        assert spill_state(State(model), 1) is None
+    assert model["w"].data_ptr() == ptr
+    assert any("stays in memory" in r.message and "No space left" in r.message for r in caplog.records)
+    del buf
