@@ -230,7 +230,8 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     title = f"{result.spec.name}: {result.spec.algorithm.name}"
     writers: list[tuple[str, Callable[[Path], None]]] = []
     if not result.interrupted:
-        writers.append(("model.pt", lambda p: _save_model(result.final, p, result.spec.transport.spill_model_bytes)))
+        spill = result.spec.transport.spill_model_bytes if result.engine == "network" else 0  # as the round loop's
+        writers.append(("model.pt", lambda p: _save_model(result.final, p, spill)))
     writers += [
         ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
         ("rounds.csv", lambda p: _csv(p, result.rounds)),
