@@ -187,6 +187,12 @@ class TransportSpec(Strict):
     reply_window: int = Field(0, ge=0, description="a scatter that aggregates while replies arrive (FedAvg) "
                               "receives the next reply to fold and at most this many more at once; the others "
                               "wait in their senders (memory: the aggregate + 1 + this many models)")
+    spill_model_bytes: int = Field(64 << 20, ge=0, description="the PS of a networked run whose algorithm never "
+                                   "changes its state's tensors in place (FedAvg, HierFAVG) writes them into an "
+                                   "unlinked temporary file ($TMPDIR) at each round's start when they hold at least "
+                                   "this many bytes, and lets their pages leave its memory once the round's requests "
+                                   "are out (one model less at its peak, for one write of the model per round into "
+                                   "the page cache); 0 = never")
     handshake_timeout_s: float = Field(10.0, gt=0, le=600, description="a peer that connects and has not said "
                                        "Hello (or not finished its TLS handshake) this long after is disconnected")
     max_open_bundles: int = Field(4, ge=1, description="bundles one peer may have arriving at once (a child's "

@@ -204,6 +204,7 @@ class NetComm(BaseComm):
             sizes = getattr(self.ctx, "sizes", None)
             if sizes is not None and node not in sizes or size_claim_error(self.topology, node, scalars, sizes):
                 return None
+            self.model_sent()  # a reply streams into the aggregate: the model sent may leave memory (spill.py)
             return fold.sink(node, scalars, header)
 
         return stream

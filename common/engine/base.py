@@ -166,6 +166,8 @@ class BaseComm(ABC):
         self.arrivals: list[str] = []  # this round's collects, each "node:round ..." in the order taken
         self._reported: int | None = None  # the round the node context last reported
         self.own_clock: timeline.Timeline | None = None  # where its waits are timed (None: its node's, here)
+        # the round loop's: lets the pages of the round's starting model go (engine/spill.py; None: nothing to do)
+        self.on_model_sent: Callable[[], None] | None = None
 
     @property
     def ctx(self) -> NodeContext | None:
@@ -189,6 +191,15 @@ class BaseComm(ABC):
         self._sent = self._ok = 0
         self.arrivals = []
         self._reported = None
+
+    def model_sent(self) -> None:
+        """The requests of this node's scatter need not stay in its memory: a reply is about to be folded or
+        settled (its child received its request), or the scatter ended. Calls :attr:`on_model_sent`, which the
+        round loop points at the spilled starting model's page drop (``spill.py``; safe at any moment and from
+        any thread: a request still being sent reads its pages back from the page cache)."""
+        hook = self.on_model_sent
+        if hook is not None:
+            hook()
 
     def round_counts(self) -> tuple[int, int]:
         """(tasks sent, usable replies) since :meth:`begin_round`; a target of an ``optional`` scatter that stayed
@@ -235,6 +246,7 @@ class BaseComm(ABC):
 
         def settle(t: NodeId, r: Reply | Failure) -> None:
             nonlocal silent, untrained
+            self.model_sent()
             rnd = self.current_round()
             r = self._usable(t, r, expect)
             if isinstance(r, Reply):
@@ -269,6 +281,7 @@ class BaseComm(ABC):
         else:
             self._exchange_settling(targets, task, dict(bundle or {}), dict(args or {}), deadline_s, settle)
         out = {t: out[t] for t in targets if t in out}
+        self.model_sent()
         self.clock().add(self.current_round(), self.node, "wait", time.perf_counter() - began)
         timing.event("scatter_end", at=self.node)
         self._sent += len(targets) - silent  # an optional target that stayed silent was asked, not failed

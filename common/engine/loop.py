@@ -11,6 +11,11 @@ is S between rounds, for whoever watches the run. A round in which the PS
 sent tasks and got fewer than ``transport.min_participants`` usable replies is retried from the state it
 started from, up to ``transport.round_retries`` times, and then ends the run with :class:`RoundFailed`: a run
 that did not train as specified never ends as if it had.
+
+With ``spill_bytes`` > 0 (the networked PS: ``transport.spill_model_bytes``), an algorithm that never changes
+its state's tensors in place (``round_replaces_tensors``) has them moved into a file-backed mapping at each
+round's start, before the retry snapshot shares them, and their pages leave the PS's resident memory once its
+scatter's requests are out (``spill.py``; issue 19: the round's starting model is not held beside the aggregate).
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from typing import Any
 
 from fedhop.common import timing
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
+from fedhop.common.engine.base import BaseComm
 from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.state_io import check_savable, snapshot_state
+from fedhop.common.engine.spill import Spiller
+from fedhop.common.engine.state_io import StateSnapshot, check_savable, snapshot_state
 from fedhop.common.wire.bundle import Bundle
 
 log = logging.getLogger("fedhop.engine")
@@ -45,11 +52,15 @@ class Start:
 
 
 def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Commit | None = None,
-          on_redo: Callable[[int, int], None] | None = None, events: RunEvents | None = None) -> tuple[Bundle, Any]:
+          on_redo: Callable[[int, int], None] | None = None, events: RunEvents | None = None,
+          spill_bytes: int = 0) -> tuple[Bundle, Any]:
     """Run ``algo`` on the PS context ``ctx`` from ``start``; returns (final model, final state).
 
-    ``events`` gets round_started / round_ended around every round (see ``events.py``)."""
+    ``events`` gets round_started / round_ended around every round (see ``events.py``). ``spill_bytes``: the
+    state's tensors are spilled at each round's start when they hold at least this many bytes (0: never; see
+    the module's docstring)."""
     events = events or RunEvents()
+    spill = Spiller(spill_bytes if algo.round_replaces_tensors else 0)
     t0 = start.next_round
     state = start.state
     if state is None:
@@ -58,12 +69,13 @@ def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Com
         check_savable(state, f"algorithm {algo.name!r}: the state init returned")  # before round 1, naming the field
         if algo.setup is not None:
             state = ctx.state = _timed(events, ctx, SETUP_ROUND,
-                                       lambda: _attempt(algo, ctx, SETUP_ROUND, state, algo.setup, on_redo))
+                                       lambda: _attempt(algo, ctx, SETUP_ROUND, state, algo.setup, on_redo, spill))
             if commit is not None:
                 commit(SETUP_ROUND, state)
     ctx.state = state
     for t in range(t0, ctx.spec.rounds):
-        state = ctx.state = _timed(events, ctx, t, lambda t=t, s=state: _attempt(algo, ctx, t, s, algo.round, on_redo))
+        state = ctx.state = _timed(events, ctx, t,
+                                   lambda t=t, s=state: _attempt(algo, ctx, t, s, algo.round, on_redo, spill))
         if commit is not None:
             commit(t, state)
     drain = getattr(ctx.comm, "drain", None)
@@ -85,11 +97,27 @@ def _timed(events: RunEvents, ctx: NodeContext, t: int, step: Callable[[], Any])
 
 
 def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callable[[NodeContext, Any], Any],
-             on_redo: Callable[[int, int], None] | None) -> Any:
+             on_redo: Callable[[int, int], None] | None, spill: Spiller | None = None) -> Any:
     transport = ctx.spec.transport
     retries = transport.round_retries
+    comm = ctx.comm
+    spilled = spill.spill(state) if spill is not None and isinstance(comm, BaseComm) else None  # before the snapshot
     before = snapshot_state(state, share_tensors=algo.round_replaces_tensors) \
-        if retries > 0 and ctx.comm.can_fail else None
+        if retries > 0 and comm.can_fail else None
+    if spilled is not None:
+        comm.on_model_sent = spilled.drop
+    try:
+        return _tries(algo, ctx, t, state, step, on_redo, before)
+    finally:
+        if spilled is not None:
+            comm.on_model_sent = None
+
+
+def _tries(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callable[[NodeContext, Any], Any],
+           on_redo: Callable[[int, int], None] | None, before: StateSnapshot | None) -> Any:
+    """The round ``t`` and its retries (``before``: the state to redo it from)."""
+    transport = ctx.spec.transport
+    retries = transport.round_retries
     for attempt in range(retries + 1):
         ctx.round = t
         ctx.comm.begin_round(t)

@@ -144,7 +144,8 @@ class Run:
         unsubscribe = self.events.subscribe(self._round_time)  # while this run's rounds go (events may be shared)
         try:
             final, _ = drive(algo, ctx, start or Start(), self.commit, events=self.events,
-                             on_redo=lambda t, _attempt: self.recorder.discard(t))  # a redone round counts once
+                             on_redo=lambda t, _attempt: self.recorder.discard(t),  # a redone round counts once
+                             spill_bytes=self.spec.transport.spill_model_bytes if self.engine == "network" else 0)
         except (KeyboardInterrupt, RoundFailed) as e:
             if not partial:
                 self._failed(t0, e)

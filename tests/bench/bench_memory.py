@@ -4,6 +4,7 @@
     .venv/bin/python tests/bench/bench_memory.py --hidden 15800 --clients 2 --rounds 2   # a ~1 GB model
     .venv/bin/python tests/bench/bench_memory.py --clients-per-process 4   # the 4 clients in one client host
     .venv/bin/python tests/bench/bench_memory.py --compare --repeat 3    # issue 19: streamed fold vs decoded replies
+    .venv/bin/python tests/bench/bench_memory.py --compare-spill --repeat 3   # issue 19: M0 spilled or kept
 
 The job is the one of ``bench_vs_flower.py`` (FedAvg, digits IID, MLP 64-h-h-10, 12 local steps of batch 32)
 with ``rounds`` rounds, one ``fedhop client`` process per client unless ``--clients-per-process`` says
@@ -25,7 +26,11 @@ not change RSS figures (unlike timings), but the 20 ms polling can miss a short 
 ``--compare`` runs the job with the PS folding replies chunk by chunk as they arrive (issue 19, the default) and
 with the PS decoding each reply whole before folding it (``--no-stream``: ``FEDHOP_FOLD_STREAM=0``, as before
 issue 19), alternating, ``--repeat`` times each, and prints every run (with the load average at its end) and
-the median of each figure per mode.
+the median of each figure per mode. ``--compare-spill`` runs the streamed fold with the round's starting model
+spilled into a file mapping whose pages the PS drops once its requests are out (``transport.spill_model_bytes``,
+``common/engine/spill.py``; the default from 64 MiB of state) and with it kept in memory
+(``spill_model_bytes = 0``), alternating; ``--spill-bytes N`` sets the option (of every run, or of the spilled
+runs of ``--compare-spill``: 1 spills a model of any size).
 """
 
 from __future__ import annotations
@@ -144,10 +149,13 @@ def classify(maps: list[Mapping]) -> dict[str, int]:
     heaps; blocks below glibc's mmap threshold, 256 KiB in role processes: gRPC's buffers, Python objects of the
     threads), 8 MiB thread stacks, single allocations of >= 256 KiB (each its own mapping, though the kernel
     merges neighbours: tensors, decode buffers, chunk frames, Python's 1 MiB object arenas) and the rest; then
-    the heap (glibc's main arena) and file-backed mappings (libraries)."""
+    the heap (glibc's main arena), the round's starting model spilled into a file mapping (issue 19) and the other
+    file-backed mappings (libraries)."""
     out: dict[str, int] = {}
     for m in maps:
-        if m.name.startswith("/"):
+        if "fedhop-m0-" in m.name:
+            kind = "file-backed: the spilled starting model (engine/spill.py)"
+        elif m.name.startswith("/"):
             kind = "file-backed (libraries and their data)"
         elif m.name:
             kind = m.name  # [heap] (glibc's main arena), [stack], ...
@@ -191,9 +199,11 @@ AUTO_WINDOW_LAUNCH = ("import sys; from fedhop.transport import channels; channe
 
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
             trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False,
-            stream: bool = True, edges: int = 0) -> Job:
+            stream: bool = True, edges: int = 0, spill: int | None = None) -> Job:
     spec = work / "spec.toml"
     text = fedavg_job(hidden, clients, rounds, steps, name="bench-memory")
+    if spill is not None:  # the job's spec ends with its [transport] table
+        text += f"spill_model_bytes = {spill}\n"
     if edges:  # FedAvg through an edge tier: each edge folds its clients' replies (issue 19: "edges the same")
         text = text.replace(f"[topology]\nclients = {clients}\n", f"[topology]\nclients = {clients}\nedges = {edges}\n")
     spec.write_text(text)
@@ -364,6 +374,11 @@ def main() -> None:
                     help="ablation: the PS decodes each reply whole before folding it (before issue 19)")
     ap.add_argument("--compare", action="store_true",
                     help="run streamed and --no-stream alternately (--repeat times each) and print the medians")
+    ap.add_argument("--compare-spill", action="store_true",
+                    help="run with the starting model spilled (the default) and kept (spill_model_bytes = 0) "
+                         "alternately, streamed fold (--repeat times each) and print the medians")
+    ap.add_argument("--spill-bytes", type=int, metavar="N",
+                    help="transport.spill_model_bytes of every run (default: the spec's default)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per mode (the median is printed; default 1)")
     ap.add_argument("--fold-only", action="store_true",
                     help="only time the fold of --clients replies in this process: decoded whole vs streamed")
@@ -376,6 +391,10 @@ def main() -> None:
         ap.error(f"--clients-per-process must be a positive number or auto, got {a.clients_per_process!r}")
     if a.compare and (a.no_stream or a.auto_window):
         ap.error("--compare runs both modes itself; leave out --no-stream and --auto-window")
+    if a.compare_spill and a.compare:
+        ap.error("--compare-spill and --compare are two comparisons; run one at a time")
+    if a.spill_bytes is not None and a.spill_bytes < 0:
+        ap.error("--spill-bytes must be at least 0")
     if a.fold_only:
         fold_cost(a.hidden, a.clients, max(a.repeat, 3))
         return
@@ -387,22 +406,28 @@ def main() -> None:
           f"{a.clients} clients ({a.clients_per_process} per process), {a.rounds} rounds, PS receive window "
           f"{'auto-tuned' if a.auto_window else 'fixed'}; import-only process {floor / mb:.0f} MiB; "
           f"load average at start {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    modes = [True, False] if a.compare else [not a.no_stream]
-    runs: dict[bool, list[tuple[list[Figures], float]]] = {m: [] for m in modes}
+    # each mode: (its name, streamed fold, transport.spill_model_bytes or None for the spec's default)
+    if a.compare_spill:
+        modes = [("M0 spilled", True, a.spill_bytes), ("M0 kept (spill_model_bytes = 0)", True, 0)]
+    elif a.compare:
+        modes = [("streamed fold", True, a.spill_bytes), ("decoded replies", False, a.spill_bytes)]
+    else:
+        modes = [("streamed fold" if not a.no_stream else "decoded replies (--no-stream)", not a.no_stream,
+                  a.spill_bytes)]
+    runs: dict[str, list[tuple[list[Figures], float]]] = {m[0]: [] for m in modes}
     for i in range(a.repeat):
-        for stream in modes:
-            label = f"{'streamed fold' if stream else 'decoded replies (--no-stream)'}, run {i + 1}"
+        for name, stream, spill in modes:
+            label = f"{name}, run {i + 1}"
             with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
                 job = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace,
-                              a.clients_per_process, a.maps, a.auto_window, stream, a.edges)
-            runs[stream].append((report(job, a, model, floor, label), job.mean_round_s))
+                              a.clients_per_process, a.maps, a.auto_window, stream, a.edges, spill)
+            runs[name].append((report(job, a, model, floor, label), job.mean_round_s))
     print(f"\nMedians over {a.repeat} run(s) per mode; load average at the end "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print("| mode | process | idle MiB | peak MiB | (peak - idle) / model | ... in rounds | mean round s "
           "| target <= 2 |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
-    for stream, rs in runs.items():
-        mode = "streamed fold" if stream else "decoded replies"
+    for mode, rs in runs.items():
         roles = sorted({row[0] for rows, _ in rs for row in rows}, key=lambda r: (r != "ps", r))
         for role in roles:
             rows = [row for rows, _ in rs for row in rows if row[0] == role]
