@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from fedhop.common.wire.codec import release_pool
+
 log = logging.getLogger("fedhop.engine")
 
 PAGE = mmap.PAGESIZE
@@ -71,6 +73,7 @@ class Spill:
             mm.madvise(mmap.MADV_DONTNEED)
             self.drops += 1
         del mm
+        release_pool()  # a buffer the state's tensors left may have been freed since the spill (see Spiller.spill)
         if self._also is not None:
             self._also.drop()
 
@@ -142,6 +145,10 @@ class Spiller:
         if self.min_bytes <= 0:
             return None
         s = spill_state(state, self.min_bytes, self.last)
+        if s is not None:
+            # the buffers the state's tensors left are freed now, and the codec keeps a freed decode buffer for
+            # the next bundle of its size (codec.POOL_KEEP): resident memory, the model this spill gives back
+            release_pool()
         self.last = s
         return s
 

@@ -19,6 +19,7 @@ from fedhop.common.engine import run as run_module
 from fedhop.common.engine import spill as spill_module
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.engine.spill import PAGE, Spill, Spiller, spill_state, state_tensors
+from fedhop.common.wire import codec
 from tests.specs import DIGITS, run_spec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not spill_module.CAN_DROP,
@@ -200,3 +201,23 @@ def test_a_spill_that_cannot_be_written_leaves_the_state_as_it_was(monkeypatch: 
     assert model["w"].data_ptr() == ptr
     assert any("stays in memory" in r.message and "No space left" in r.message for r in caplog.records)
     del buf
+
+
+@pytest.mark.skipif(codec._MADV_HUGEPAGE is None, reason="huge decode buffers are pooled only where THP can be advised")
+def test_the_buffer_a_spill_frees_is_not_kept_by_the_decode_pool(monkeypatch) -> None:
+    """A state decoded into a huge codec buffer (a fold's aggregate, a received model): once spilled, the buffer is
+    freed, and the codec's pool of freed decode buffers (codec.POOL_KEEP) must not keep it resident: that is the
+    model the spill gives back. A drop empties the pool too (a buffer freed late, e.g. by a snapshot let go)."""
+    monkeypatch.setattr(codec, "POOL_KEEP", 2)
+    codec.release_pool()
+    n = codec._HUGE_BUFFER_BYTES // 4
+    state = {"w": torch.from_numpy(codec.allocate(4 * n)).view(torch.float32)}
+    state["w"].copy_(torch.arange(n, dtype=torch.float32))
+    s = Spiller(1).spill(state)
+    assert s is not None and codec._pool == []
+    assert torch.equal(state["w"], torch.arange(n, dtype=torch.float32))
+    late = codec.allocate(4 * n)
+    del late  # freed after the spill: pooled ...
+    assert len(codec._pool) == 1
+    s.drop()  # ... until the drop
+    assert codec._pool == []
