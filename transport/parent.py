@@ -3,11 +3,10 @@ servicer that feeds each session's frames to the protocol (:class:`~fedhop.trans
 an edge's :class:`~fedhop.transport.session.PendingHub` until it knows its run) and streams back what the
 protocol queues for that child.
 
-Two servicers: :class:`ParentServicer` on a synchronous ``grpc.Server`` (two threads per session: the
-server's worker that streams the replies, and a reader), and :class:`AsyncParentServicer` on a
-:class:`~fedhop.transport.aio_server.LoopServer` (the PS: two coroutines per session, the protocol's work on
-each frame in the server's small pool, so the PS's threads do not grow with its children; issue 19).
-:func:`serve_parent` picks the one that fits the server."""
+:class:`AsyncParentServicer` serves it on a :class:`~fedhop.transport.aio_server.LoopServer`: two coroutines per
+session, the protocol's work on each frame in the server's small pool, so a parent's threads do not grow with its
+children (issue 19). :func:`serve_parent` registers it; the synchronous servicer that ran two threads per session
+on a plain ``grpc.Server`` is retired."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from concurrent import futures
 from typing import Any, Protocol, TypeVar
 
@@ -51,52 +50,6 @@ class SessionHost(Protocol):
     def lost(self, link: ChildLink, why: str) -> None: ...
 
 
-class ParentServicer:
-    """``fedhop.v1.Parent/Session`` for one hub."""
-
-    def __init__(self, hub: SessionHost) -> None:
-        self.hub = hub
-
-    def register(self, server: grpc.Server) -> None:
-        handler = grpc.stream_stream_rpc_method_handler(
-            self.Session, request_deserializer=parse_frame_lenient, response_serializer=serialize_frame)
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("fedhop.v1.Parent",
-                                                                             {"Session": handler}),))
-
-    def Session(self, request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:  # noqa: N802
-        identity, why = None, ""
-        if not self.hub.security.plaintext:
-            try:
-                identity = peer_identity(context, self.hub.security)
-            except Unauthenticated as e:
-                why = str(e)
-        link = self.hub.open(context.peer(), identity, why, cancel=context.cancel)
-        if not link.alive:  # refused at once (not authenticated): only the refusal goes back
-            yield from link.outgoing()
-            return
-        offer = lane_offer(self.hub, link)
-        if offer:
-            context.send_initial_metadata(offer)
-        reader = threading.Thread(target=self._read, args=(link, request_iterator),
-                                  name=f"session-{link.peer}", daemon=True)
-        reader.start()
-        yield from link.outgoing()
-
-    def _read(self, link: ChildLink, frames: Iterator[Any]) -> None:
-        why = "the child closed its stream"
-        try:
-            for frame in frames:
-                if not self.hub.on_frame(link, frame):
-                    return
-        except grpc.RpcError as e:
-            why = f"stream broken ({e.code().name if hasattr(e, 'code') else e})"
-        except Exception as e:  # never let one session take the node down
-            why = f"session failed: {type(e).__name__}: {e}"
-            log.exception("%s: session with %s failed", self.hub.node, link.name)
-        finally:
-            self.hub.lost(link, why)
-
-
 class AsyncParentServicer:
     """``fedhop.v1.Parent/Session`` for one hub on a :class:`~fedhop.transport.aio_server.LoopServer`.
 
@@ -106,7 +59,7 @@ class AsyncParentServicer:
     a time per session, in order (:class:`_Feed`; a bundle header whose payload follows on the session's bulk lane
     in a transfer thread: its read lasts the transfer). A Result whose bundle must wait for the reply gate (a
     folding scatter) waits in the loop, not in a thread: its session's frames are not read meanwhile, as with the
-    synchronous reader that blocked."""
+    retired synchronous servicer's reader, which blocked."""
 
     def __init__(self, hub: SessionHost, server: LoopServer) -> None:
         self.hub = hub
@@ -390,13 +343,14 @@ def lane_offer(hub: SessionHost, link: ChildLink) -> tuple[tuple[str, str], ...]
     return offer(link) if offer is not None else ()
 
 
-def serve_parent(hub: SessionHost, server: grpc.Server | LoopServer) -> ParentServicer | AsyncParentServicer:
-    """Register ``Parent.Session`` of ``hub`` on ``server`` (the servicer that fits it)."""
-    servicer: ParentServicer | AsyncParentServicer
-    if isinstance(server, LoopServer):
-        servicer = AsyncParentServicer(hub, server)
-        servicer.register(server)
-        return servicer
-    servicer = ParentServicer(hub)
+def serve_parent(hub: SessionHost, server: LoopServer) -> AsyncParentServicer:
+    """Register ``Parent.Session`` of ``hub`` on ``server`` and return its servicer.
+
+    Raises :class:`TypeError` for anything but a :class:`~fedhop.transport.aio_server.LoopServer` (the
+    synchronous servicer for a plain ``grpc.Server`` is retired: ``make_loop_server()`` serves a parent)."""
+    if not isinstance(server, LoopServer):
+        raise TypeError(f"serve_parent needs a LoopServer (fedhop.transport.channels.make_loop_server), "
+                        f"not {type(server).__name__}: the synchronous ParentServicer is retired")
+    servicer = AsyncParentServicer(hub, server)
     servicer.register(server)
     return servicer

@@ -28,6 +28,7 @@ from fedhop.common.wire.frames import (
 )
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.launch import free_port
+from fedhop.transport.aio_server import make_loop_server
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.node_config import NodeConfig
@@ -222,7 +223,7 @@ def test_parent_refuses_impostors_and_duplicates() -> None:
     spec = small_spec("fedavg", clients=2, edges=0, rounds=1)
     topo = build_topology(spec.topology, spec.seed)
     hub = ParentHub(HubConfig("ps", spec, topo, "run-x"), ByteMeter())
-    server = make_server(16)
+    server = make_loop_server()
     serve_parent(hub, server)
     port = add_port(server, "127.0.0.1:0")
     server.start()

@@ -16,6 +16,7 @@ from fedhop.common.exit_codes import ExitCode
 from fedhop.common.topology import build_topology
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.launch import free_port
+from fedhop.transport.aio_server import make_loop_server
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.node_config import NodeConfig
@@ -122,7 +123,7 @@ def test_launch_with_an_unwritable_run_folder_starts_nothing(tmp_path) -> None:
 def test_rejoin_to_a_parent_running_another_run_is_refused() -> None:
     spec = small_spec("fedavg", clients=2, edges=0, rounds=1)
     hub = ParentHub(HubConfig("ps", spec, build_topology(spec.topology, spec.seed), "run-b"), ByteMeter())
-    server = make_server(8)
+    server = make_loop_server()
     serve_parent(hub, server)
     port = add_port(server, "127.0.0.1:0")
     server.start()

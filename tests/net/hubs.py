@@ -22,7 +22,7 @@ from fedhop.common.topology import Topology, build_topology
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.aio_server import make_loop_server
-from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.channels import add_port
 from fedhop.transport.child import ChildSession
 from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.lane import ENV_SWITCH
@@ -34,26 +34,26 @@ from tests.waiting import wait_until
 
 
 @contextlib.contextmanager
-def parent_with_children(spec: RunSpec, sizes: Mapping[str, int], server: str = "threads", *,
+def parent_with_children(spec: RunSpec, sizes: Mapping[str, int], *,
                          child_transport: bool = False, lane: bool = False,
                          security: Mapping[str, Security] | None = None,
                          ) -> Iterator[tuple[ParentHub, dict[str, ChildSession], Topology]]:
-    """The started hub of ``spec``'s PS on a ``server`` ("threads": an edge's, "asyncio": the PS's) and one
+    """The started hub of ``spec``'s PS on an asyncio ``LoopServer`` (what the PS and the edges serve on) and one
     connected ChildSession per client, each Ready with its size from ``sizes``; everything closed afterwards.
     ``child_transport``: the children take the spec's transport options (chunk sizes of their own posts);
     ``lane``: the sessions open bulk lanes; ``security``: each node's credentials (default plaintext)."""
     sec = dict(security or {})
     with mock.patch.dict(os.environ, {ENV_SWITCH: "1" if lane else "0"}):
-        yield from _parent_with_children(spec, sizes, server, child_transport, sec)
+        yield from _parent_with_children(spec, sizes, child_transport, sec)
 
 
-def _parent_with_children(spec: RunSpec, sizes: Mapping[str, int], server: str, child_transport: bool,
+def _parent_with_children(spec: RunSpec, sizes: Mapping[str, int], child_transport: bool,
                           sec: Mapping[str, Security]) -> Iterator[tuple[ParentHub, dict[str, ChildSession], Topology]]:
     topo = build_topology(spec.topology, spec.seed)
     ps_sec = sec.get(topo.server, PLAINTEXT)
     hub = ParentHub(HubConfig(topo.server, spec, topo, f"{spec.name}-run", security=ps_sec), ByteMeter(),
                     MissingLog())
-    srv = make_server(len(hub.children) + 16, ps_sec) if server == "threads" else make_loop_server(ps_sec)
+    srv = make_loop_server(ps_sec)
     serve_parent(hub, srv)
     addr = f"127.0.0.1:{add_port(srv, '127.0.0.1:0', ps_sec)}"
     srv.start()

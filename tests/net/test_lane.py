@@ -1,6 +1,6 @@
 """The bulk lane (transport/lane.py): bundle payloads on a second connection per session, counted as before.
 
-A parent hub on loopback (the PS's asyncio server, or an edge's threads) calls a fake child (a ChildSession
+A parent hub on loopback (the asyncio server the PS and the edges serve on) calls a fake child (a ChildSession
 whose tasks the test reads and answers); a 2 MiB bundle goes down in the Task and comes back, doubled, in the
 Result. Each test says what it checks: that the lane carried the payloads, that every byte count per link is
 the one without the lane, the fallbacks, a refused impostor, a peer that dies mid-payload, and mutual TLS.
@@ -85,17 +85,12 @@ def counted(hub: ParentHub) -> list[dict]:
     return [r for r in hub.meter.rows() if r["kind"] != WIRE_KIND]
 
 
-@pytest.fixture(params=["asyncio", "threads"])
-def server(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-def test_the_lane_carries_the_payloads_and_every_count_is_the_one_without_it(server: str) -> None:
+def test_the_lane_carries_the_payloads_and_every_count_is_the_one_without_it() -> None:
     """Both directions go on the lane (its byte counters), the reply is right, and the meter's rows (messages,
     payload and message bytes per link, kind and phase) are identical with the lane on and off."""
     rows = {}
     for lane in (True, False):
-        with parent_with_children(make_spec(), SIZES, server, lane=lane) as (hub, children, _):
+        with parent_with_children(make_spec(), SIZES, lane=lane) as (hub, children, _):
             reply, nbytes = exchange(hub, children)
             assert torch.equal(reply.bundle["w"], weights() * 2)
             link = hub.roster.links["client-0"]
@@ -115,7 +110,7 @@ def test_the_lane_carries_the_payloads_and_every_count_is_the_one_without_it(ser
 def test_a_reply_refused_at_its_header_is_dropped_from_the_lane_which_stays_in_step() -> None:
     """The same checks as on the stream: a reply of the wrong shape fails at its header, before its bytes are
     decoded; its chunk frames are read off the lane and dropped, and the next call uses the lane as before."""
-    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True) as (hub, children, _):
         call = hub.call("client-0", "test.lane", {"w": weights()}, {}, 0, 60, expect={"w": torch.zeros(4, 4)})
         assert not isinstance(call, Failure)
         answer(children["client-0"], take_task(children["client-0"]))
@@ -136,7 +131,7 @@ def test_a_lane_that_cannot_be_opened_leaves_the_bundles_on_the_stream(monkeypat
     real = lane_mod.LaneOffer.metadata
     monkeypatch.setattr(lane_mod.LaneOffer, "metadata",
                         lambda self: real(lane_mod.LaneOffer(dead, self.token, self.min_bytes)))
-    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True) as (hub, children, _):
         reply, _ = exchange(hub, children)
         assert torch.equal(reply.bundle["w"], weights() * 2)
         assert children["client-0"]._stream.lane is None and hub.roster.links["client-0"].lane is None
@@ -147,7 +142,7 @@ def test_lanes_beyond_the_file_descriptor_budget_are_not_offered(monkeypatch: py
     """A parent offers as many lanes as a quarter of its file descriptors (here: one): the other session keeps
     its bundles on the stream, and both calls work."""
     monkeypatch.setattr(lane_mod, "max_lanes", lambda: 1)
-    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True) as (hub, children, _):
         has = {n: hub.roster.links[n].lane is not None for n in SIZES}
         assert sorted(has.values()) == [False, True]
         for node in SIZES:
@@ -158,7 +153,7 @@ def test_lanes_beyond_the_file_descriptor_budget_are_not_offered(monkeypatch: py
 
 def test_an_impostor_on_the_lane_port_is_refused_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     """A connection with a wrong token is refused with a log line; the sessions and their lanes go on."""
-    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True) as (hub, children, _):
         assert hub._lanes is not None
         with caplog.at_level(logging.WARNING, logger="fedhop.lane"), \
                 socket.create_connection(("127.0.0.1", hub._lanes.port), timeout=10) as s:
@@ -170,10 +165,10 @@ def test_an_impostor_on_the_lane_port_is_refused_and_logged(caplog: pytest.LogCa
         assert hub.roster.links["client-0"].lane.received_bytes == nbytes
 
 
-def test_a_child_dying_mid_payload_is_a_missing_reply_with_a_reason(server: str) -> None:
+def test_a_child_dying_mid_payload_is_a_missing_reply_with_a_reason() -> None:
     """client-0 sends its Result and half its payload, then its lane and stream end: its call fails with the
     truncation named, its session ends (as a broken stream's), and client-1's reply of the same round comes in."""
-    with parent_with_children(make_spec(), SIZES, server, lane=True) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True) as (hub, children, _):
         dying, honest = children["client-0"], children["client-1"]
         call0 = hub.call("client-0", "test.lane", {"w": weights()}, {}, 0, 60)
         call1 = hub.call("client-1", "test.lane", {"w": weights()}, {}, 0, 60)
@@ -203,7 +198,7 @@ def test_a_child_dying_mid_payload_is_a_missing_reply_with_a_reason(server: str)
 def test_a_lane_from_another_host_than_its_session_is_refused(caplog: pytest.LogCaptureFixture) -> None:
     """A session whose stream came through a proxy (another address than its lane's) gets no lane: the lane
     would skip the emulated link. The token alone is not enough."""
-    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True) as (hub, children, _):
         attached = []
         offer = hub._lanes.offer(attached.append, None, "client-x", "ipv4:10.1.2.3:5000")
         with caplog.at_level(logging.INFO, logger="fedhop.lane"):
@@ -225,7 +220,7 @@ def mtls(pki: Path) -> dict[str, Security]:
 
 def test_a_tls_lane_carries_the_payloads(pki: Path) -> None:
     """With mutual TLS the lane is TLS too (same certificates), and carries both payloads."""
-    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True, security=mtls(pki)) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True, security=mtls(pki)) as (hub, children, _):
         reply, nbytes = exchange(hub, children)
         assert torch.equal(reply.bundle["w"], weights() * 2)
         lane = hub.roster.links["client-0"].lane
@@ -236,7 +231,7 @@ def test_a_tls_lane_carries_the_payloads(pki: Path) -> None:
 def test_a_tls_lane_with_another_nodes_certificate_is_refused(pki: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A token presented with client-1's certificate on client-0's session's offer is refused and logged."""
     sec = mtls(pki)
-    with parent_with_children(make_spec(), SIZES, "asyncio", lane=True, security=sec) as (hub, children, _):
+    with parent_with_children(make_spec(), SIZES, lane=True, security=sec) as (hub, children, _):
         link = hub.roster.links["client-0"]
         offer = hub._lanes.offer(lambda lane: None, link.identity, link.name, link.peer)
         with caplog.at_level(logging.WARNING, logger="fedhop.lane"):

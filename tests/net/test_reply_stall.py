@@ -31,11 +31,11 @@ CHUNK = 64 << 10
 EXPECT = {"w": torch.zeros(64, 1024)}  # 256 KiB: four chunks
 
 
-@pytest.fixture(params=["threads", "asyncio"])  # an edge's server, and the PS's (server/main.py)
-def parent(request: pytest.FixtureRequest) -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
+@pytest.fixture  # the asyncio server the PS (server/main.py) and the edges serve on
+def parent() -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
     spec = run_spec("fedavg", {}, clients=2, edges=0, name="stall", rounds=1, data=DIGITS,
                     model={"name": "mlp", "hidden": [4]}, transport={"chunk_bytes": CHUNK, "rpc_timeout_s": 30.0})
-    with parent_with_children(spec, {"client-0": 10, "client-1": 10}, request.param) as (hub, children, topo):
+    with parent_with_children(spec, {"client-0": 10, "client-1": 10}) as (hub, children, topo):
         yield hub, children, (spec, topo)
 
 

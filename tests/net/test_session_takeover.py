@@ -12,7 +12,8 @@ from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import TransportSpec
 from fedhop.common.topology import build_topology
 from fedhop.common.wire.meter import ByteMeter
-from fedhop.transport.channels import add_port, make_server
+from fedhop.transport.aio_server import make_loop_server
+from fedhop.transport.channels import add_port
 from fedhop.transport.child import ChildSession, _StillConnected
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
@@ -29,7 +30,7 @@ def parent():
                     model={"name": "mlp", "hidden": [4]})
     topo = build_topology(spec.topology, spec.seed)
     hub = ParentHub(HubConfig(topo.server, spec, topo, RUN), ByteMeter(), MissingLog())
-    server = make_server(len(hub.children) + 16)
+    server = make_loop_server()
     serve_parent(hub, server)
     addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
     server.start()
