@@ -80,15 +80,15 @@ class ChildLink:
 
     def poll(self) -> Any:
         """The next queued item without waiting (None: nothing queued): :data:`CLOSE`, or ``(frames, on_sent)``
-        for :meth:`sent_frames` (an asyncio servicer's alternative to :meth:`outgoing`)."""
+        for :meth:`sent_frames` (the servicer's handler streams them; it lets go of each message once written)."""
         try:
             return self._q.get_nowait()
         except queue.Empty:
             return None
 
     def sent_frames(self, item: tuple[Iterable[pb.Frame | bytes], Callable[[int], None] | None]) -> Iterator[Any]:
-        """One queued message's frames, as :meth:`outgoing` yields them (the send is metered once they are all
-        taken)."""
+        """One queued message's frames, in order, never interleaved with another message's (the send is metered
+        once they are all taken)."""
         frames, on_sent = item
         lane = self.lane
         if lane is not None and isinstance(frames, BundleMessage) and lane.carries(frames.payload_bytes):
@@ -133,15 +133,6 @@ class ChildLink:
         """A whole reply to one of this child's calls (of round ``round_idx``) came in: it is not silent."""
         self.missed, self.missed_round = 0, None
         self.heard_round = max(self.heard_round, round_idx)
-
-    def outgoing(self) -> Iterator[pb.Frame | bytes]:
-        """The response stream: frames in queue order; a message's frames are never interleaved."""
-        while True:
-            item = self._q.get()
-            if item is CLOSE:
-                return
-            yield from self.sent_frames(item)
-            item = None  # not held while waiting for the next message (transport/child.py _Stream._outgoing)
 
 
 def complain(at: NodeId, link: ChildLink, call_id: int, code: int, message: str) -> None:
