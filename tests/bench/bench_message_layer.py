@@ -67,23 +67,48 @@ def run_round(tree: Path, case: str, rounds: int) -> dict[str, float]:
 
 
 def run_transfer(tree: Path, mb: int, reps: int) -> dict[str, float]:
+    script = tree / "tests/bench/bench_transfer.py"
+    # older trees took --no-ablation; since issue 19 the ablation rows are opt-in (--ablation) and it is gone
+    extra = ["--no-ablation"] if "--no-ablation" in script.read_text() else []
     done = subprocess.run([sys.executable, "tests/bench/bench_transfer.py", "--mb", str(mb), "--reps", str(reps),
-                           "--chunk-mib", "1", "--no-lane", "--no-ablation"], cwd=tree, env=_env(tree),
+                           "--chunk-mib", "1", "--no-lane", *extra], cwd=tree, env=_env(tree),
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{tree}: the transfer benchmark exited with {done.returncode}:\n{done.stderr[-3000:]}")
     out: dict[str, float] = {}
-    for line in done.stdout.splitlines():  # path (40 columns), chunk, seconds, MB/s, vs TCP
-        name, cols = line[:40].strip(), line[40:].split()
-        if len(cols) < 3:
+    for line in done.stdout.splitlines():
+        row = _transfer_row(line)
+        if row is None:
             continue
-        key = ("tcp" if name.startswith("raw TCP socket") else "down" if "scatter PS -> client" in name
-               else "up" if "reply client -> PS" in name else None)
+        name, seconds = row
+        key = ("tcp" if name.startswith("raw TCP socket") or name == "raw TCP (sendall / recv_into)"
+               else "down" if "scatter PS -> client" in name else "up" if "reply client -> PS" in name else None)
         if key:
-            out[key] = float(cols[-3])
+            out[key] = seconds
     if set(out) != {"tcp", "down", "up"}:
         raise RuntimeError(f"{tree}: could not read the transfer table:\n{done.stdout}")
     return out
+
+
+def _transfer_row(line: str) -> tuple[str, float] | None:
+    """(path, seconds) of a plaintext row of bench_transfer.py's table, in either of its layouts: the markdown one
+    (| path | security | seconds | MB/s | ...; issue 19 on) or the older fixed columns (path in 40 characters, then
+    chunk, seconds, MB/s, vs TCP)."""
+    if line.startswith("|"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 4 or cells[1] != "plain":
+            return None
+        try:
+            return cells[0], float(cells[2])
+        except ValueError:
+            return None
+    name, cols = line[:40].strip(), line[40:].split()
+    if len(cols) < 3:
+        return None
+    try:
+        return name, float(cols[-3])
+    except ValueError:
+        return None
 
 
 def main() -> int:
