@@ -61,3 +61,18 @@ def spec_dict(algorithm: str | None = "fedavg", options: Mapping[str, Any] | Non
 def run_spec(algorithm: str | None = "fedavg", options: Mapping[str, Any] | None = None, **fields: Any) -> RunSpec:
     """The parsed (validated) RunSpec of :func:`spec_dict`'s fields."""
     return RunSpec.parse(spec_dict(algorithm, options, **fields))
+
+
+class FailsFirstAttempt:
+    """A fault for ``FaultPlan``: ``node`` fails the first attempt of round index ``rnd`` only (so that with
+    ``min_participants`` = all clients and a retry the engine redoes that round once); ``calls`` counts how often
+    that node was asked to run in that round."""
+
+    def __init__(self, node: str = "client-0", rnd: int = 1) -> None:
+        self.node, self.rnd, self.calls = node, rnd, 0
+
+    def __call__(self, node: str, task: str, rnd: int) -> bool:
+        if node == self.node and rnd == self.rnd:
+            self.calls += 1
+            return self.calls == 1
+        return False

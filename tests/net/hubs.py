@@ -20,6 +20,7 @@ from fedhop.common.engine.base import MissingLog
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology, build_topology
 from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.messages import Message
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.transport.aio_server import make_loop_server
 from fedhop.transport.channels import add_port
@@ -28,7 +29,7 @@ from fedhop.transport.credentials import PLAINTEXT, Security
 from fedhop.transport.lane import ENV_SWITCH
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
-from fedhop.transport.session import HubConfig, ParentHub, hello_frame
+from fedhop.transport.session import HubConfig, ParentHub, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
 from tests.waiting import wait_until
 
@@ -113,3 +114,20 @@ class HelloStreams:
         for call in self.calls:
             call.cancel()
         self.channel.close()
+
+
+def take_task(child: ChildSession, timeout: float = 30) -> Message:
+    """The next whole Task message a fake child (``parent_with_children``'s) receives, its payload read from the
+    session's lane if it has one."""
+    asm = child_assembler(child.transport)
+    assert child._stream is not None
+    asm.lane = child._stream.lane
+    while True:
+        _, kind, frame = child._events.get(timeout=timeout)
+        assert kind == "frame", frame
+        if isinstance(frame, pb.Frame) and frame.WhichOneof("body") in (None, "ready"):
+            continue
+        msg = asm.feed(frame)
+        if msg is not None:
+            assert msg.error is None, msg.error
+            return msg

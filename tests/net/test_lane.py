@@ -27,9 +27,8 @@ from fedhop.transport.certs import init_folder
 from fedhop.transport.channels import add_port, make_server
 from fedhop.transport.child import ChildSession
 from fedhop.transport.credentials import PLAINTEXT, Security
-from fedhop.transport.session import ParentHub, child_assembler
-from fedhop.v1 import fedhop_pb2 as pb
-from tests.net.hubs import parent_with_children
+from fedhop.transport.session import ParentHub
+from tests.net.hubs import parent_with_children, take_task
 from tests.waiting import wait_until
 
 CHUNK = 256 << 10
@@ -46,22 +45,6 @@ def make_spec() -> RunSpec:
 
 def weights() -> torch.Tensor:
     return torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
-
-
-def take_task(child: ChildSession, timeout: float = 30) -> Message:
-    """The next whole Task message the fake child receives (its payload read from the session's lane, if any)."""
-    asm = child_assembler(child.transport)
-    assert child._stream is not None
-    asm.lane = child._stream.lane
-    while True:
-        _, kind, frame = child._events.get(timeout=timeout)
-        assert kind == "frame", frame
-        if isinstance(frame, pb.Frame) and frame.WhichOneof("body") in (None, "ready"):
-            continue
-        msg = asm.feed(frame)
-        if msg is not None:
-            assert msg.error is None, msg.error
-            return msg
 
 
 def answer(child: ChildSession, msg: Message) -> None:

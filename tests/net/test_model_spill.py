@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,12 +19,12 @@ from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.spill import Spill, spill_state
 from fedhop.common.wire.bundle import clone
 from fedhop.common.wire.framing import bundle_frames
-from fedhop.common.wire.messages import Message, result_frame
+from fedhop.common.wire.messages import result_frame
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
-from fedhop.transport.session import ParentHub, child_assembler
-from fedhop.v1 import fedhop_pb2 as pb
-from tests.net.hubs import parent_with_children
+from fedhop.transport.session import ParentHub
+from tests.net.hubs import parent_with_children, take_task
+from tests.smaps import mapped_rss
 from tests.specs import DIGITS, run_spec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not spill_module.CAN_DROP,
@@ -46,15 +45,8 @@ def parent() -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
 
 
 def resident(spill: Spill) -> int:
-    """The mapping's resident bytes (its Rss line in /proc/self/smaps)."""
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        head = line.split(" ", 1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            if lo <= spill.address < hi:
-                return int(next(x for x in lines[i + 1:] if x.startswith("Rss:")).split()[1]) * 1024
-    raise AssertionError("the spill's mapping is not in /proc/self/smaps")
+    """The mapping's resident bytes."""
+    return mapped_rss(spill.address)
 
 
 def test_the_spilled_model_is_sent_and_leaves_memory_before_the_first_reply_is_folded(parent) -> None:
@@ -110,17 +102,3 @@ def test_the_spilled_model_is_sent_and_leaves_memory_before_the_first_reply_is_f
         assert len(requests) == 2 and all(torch.equal(r[k], want[k]) for r in requests for k in want), node
     assert all(torch.equal(model[k], want[k]) for k in want)
     assert model["w"].untyped_storage().data_ptr() == spill.address
-
-
-def take_task(child: ChildSession, timeout: float = 30) -> Message:
-    """The next whole Task message the fake child receives."""
-    asm = child_assembler(child.transport)
-    while True:
-        _, kind, frame = child._events.get(timeout=timeout)
-        assert kind == "frame", frame
-        if isinstance(frame, pb.Frame) and frame.WhichOneof("body") in (None, "ready"):
-            continue
-        msg = asm.feed(frame)
-        if msg is not None:
-            assert msg.error is None, msg.error
-            return msg

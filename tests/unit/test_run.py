@@ -17,7 +17,7 @@ from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.engine.loop import RoundFailed
 from fedhop.common.engine.results import RoundRecorder
 from fedhop.common.spec import RunSpec
-from tests.specs import DIGITS, run_spec
+from tests.specs import DIGITS, FailsFirstAttempt, run_spec
 
 UNTIMED = ("elapsed_s", "round_s")
 
@@ -193,18 +193,11 @@ def test_a_redone_round_is_one_round_of_the_run(tmp_path: Path) -> None:
     """Round 2's first attempt loses client-0 (too few usable replies for min_participants = 4), so the engine
     redoes it from its starting state: the run has each round once, in its records, its journal and its events'
     records, and the kept round 2 is the attempt that stood."""
-    calls: list[int] = []
-
-    def first_attempt_of_round_2(node: str, task: str, rnd: int) -> bool:
-        if node == "client-0" and rnd == 1:
-            calls.append(rnd)
-            return len(calls) == 1
-        return False
-
+    fault = FailsFirstAttempt()  # client-0 in round 2
     s = spec(edges=0, transport={"min_participants": 4, "round_retries": 1})
     journal = tmp_path / "rounds.jsonl"
-    result = InProcessEngine(s, faults=FaultPlan(first_attempt_of_round_2)).run(journal)
-    assert len(calls) == 2  # the fault struck, and round 2 ran again
+    result = InProcessEngine(s, faults=FaultPlan(fault)).run(journal)
+    assert fault.calls == 2  # the fault struck, and round 2 ran again
     assert [r["round"] for r in result.rounds] == [1, 2, 3]
     assert [json.loads(line)["round"] for line in journal.read_text().splitlines()] == [1, 2, 3]
     clean = InProcessEngine(spec(edges=0)).run()

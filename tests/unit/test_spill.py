@@ -20,7 +20,8 @@ from fedhop.common.engine import spill as spill_module
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.engine.spill import PAGE, Spill, Spiller, spill_state, state_tensors
 from fedhop.common.wire import codec
-from tests.specs import DIGITS, run_spec
+from tests.smaps import mapped_rss
+from tests.specs import DIGITS, FailsFirstAttempt, run_spec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not spill_module.CAN_DROP,
                                 reason="reads /proc/self/smaps; needs madvise(MADV_DONTNEED)")
@@ -46,17 +47,6 @@ def resident(spill: Spill) -> int:
     return mapped_rss(spill.address)
 
 
-def mapped_rss(address: int) -> int:
-    """The resident bytes of the mapping that holds ``address`` (its Rss line in /proc/self/smaps)."""
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        head = line.split(" ", 1)[0]
-        if "-" in head and not head.endswith(":"):
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            if lo <= address < hi:
-                rss = next(x for x in lines[i + 1:] if x.startswith("Rss:"))
-                return int(rss.split()[1]) * 1024
-    raise AssertionError("the spill's mapping is not in /proc/self/smaps")
 
 
 def test_spilled_state_keeps_its_objects_bits_and_alignment() -> None:
@@ -139,16 +129,9 @@ def test_a_round_redone_after_the_drop_trains_the_same_bits(monkeypatch: pytest.
     spec = run_spec("fedavg", {"local_steps": 2}, clients=4, edges=0, name="spill", rounds=3, seed=5, data=DIGITS,
                     model={"name": "mlp", "hidden": [8]},
                     transport={"min_participants": 4, "round_retries": 1})
-    calls: list[int] = []
-
-    def first_attempt_of_round_2(node: str, task: str, rnd: int) -> bool:
-        if node == "client-0" and rnd == 1:
-            calls.append(rnd)
-            return len(calls) == 1
-        return False
-
-    clean = InProcessEngine(spec, faults=FaultPlan(first_attempt_of_round_2)).run()
-    assert len(calls) == 2
+    fault = FailsFirstAttempt()  # client-0 in round 2
+    clean = InProcessEngine(spec, faults=FaultPlan(fault)).run()
+    assert fault.calls == 2
     spills: list[Spill] = []
 
     def recorded(state: object, min_bytes: int, previous: Spill | None = None) -> Spill | None:
@@ -160,9 +143,9 @@ def test_a_round_redone_after_the_drop_trains_the_same_bits(monkeypatch: pytest.
     monkeypatch.setattr(spill_module, "spill_state", recorded)
     drive = run_module.drive
     monkeypatch.setattr(run_module, "drive", lambda *a, **kw: drive(*a, **{**kw, "spill_bytes": 1}))
-    calls.clear()
-    spilled = InProcessEngine(spec, faults=FaultPlan(first_attempt_of_round_2)).run()
-    assert len(calls) == 2  # the redo happened here too
+    fault = FailsFirstAttempt()
+    spilled = InProcessEngine(spec, faults=FaultPlan(fault)).run()
+    assert fault.calls == 2  # the redo happened here too
     assert len(spills) == 3 and all(s.drops > 0 for s in spills)  # every round spilled, and dropped its pages
     assert spilled.final.keys() == clean.final.keys()
     assert all(torch.equal(spilled.final[k], clean.final[k]) for k in clean.final)
