@@ -28,7 +28,7 @@ import torch
 
 from fedhop.common import atomic_files, provenance, run_lock
 from fedhop.common import timeline as timelines
-from fedhop.common.engine.spill import spill_state
+from fedhop.common.engine.spill import spill_bytes, spill_state
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import Bundle
 
@@ -230,7 +230,7 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     title = f"{result.spec.name}: {result.spec.algorithm.name}"
     writers: list[tuple[str, Callable[[Path], None]]] = []
     if not result.interrupted:
-        spill = result.spec.transport.spill_model_bytes if result.engine == "network" else 0  # as the round loop's
+        spill = spill_bytes(result.spec.transport, result.engine)
         writers.append(("model.pt", lambda p: _save_model(result.final, p, spill)))
     writers += [
         ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
@@ -250,12 +250,12 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     return folder
 
 
-def _save_model(final: Mapping[str, torch.Tensor], path: Path, spill_bytes: int = 0) -> None:
+def _save_model(final: Mapping[str, torch.Tensor], path: Path, min_bytes: int = 0) -> None:
     """``torch.save`` straight into the file: no serialized copy in memory (two models of the PS's peak at the
     end of a run, issue 19). torch reports a failed write (a full disk) as a RuntimeError: it becomes the OSError
     the run folder's writing handles (the model then goes to $TMPDIR).
 
-    Once written, a model of at least ``spill_bytes`` (``transport.spill_model_bytes``; 0: never) is moved into a
+    Once written, a model of at least ``min_bytes`` (``transport.spill_model_bytes``; 0: never) is moved into a
     file mapping whose pages leave memory (``spill.py``): the files after it (plots.png imports matplotlib, ~30
     MiB) are not written beside a resident model, which would make the run's end the PS's peak (issue 19). The
     tensors stay the result's, their bytes read back from the page cache when used."""
@@ -263,7 +263,7 @@ def _save_model(final: Mapping[str, torch.Tensor], path: Path, spill_bytes: int 
         torch.save({k: v.cpu() for k, v in final.items()}, path)
     except RuntimeError as e:
         raise OSError(errno.EIO, f"torch.save failed: {e}") from e
-    spilled = spill_state(dict(final), spill_bytes)
+    spilled = spill_state(dict(final), min_bytes)
     if spilled is not None:
         spilled.drop()
 

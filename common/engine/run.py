@@ -42,6 +42,7 @@ from fedhop.common.engine.loop import RoundFailed, Start, drive
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
 from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, save
 from fedhop.common.engine.snapshot import NodeSnapshot
+from fedhop.common.engine.spill import spill_bytes
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle
@@ -145,7 +146,7 @@ class Run:
         try:
             final, _ = drive(algo, ctx, start or Start(), self.commit, events=self.events,
                              on_redo=lambda t, _attempt: self.recorder.discard(t),  # a redone round counts once
-                             spill_bytes=self.spec.transport.spill_model_bytes if self.engine == "network" else 0)
+                             spill_bytes=spill_bytes(self.spec.transport, self.engine))
         except (KeyboardInterrupt, RoundFailed) as e:
             if not partial:
                 self._failed(t0, e)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel
 
+from fedhop.common.spec import TransportSpec
 from fedhop.common.wire.codec import release_pool
 
 log = logging.getLogger("fedhop.engine")
@@ -73,7 +74,7 @@ class Spill:
             mm.madvise(mmap.MADV_DONTNEED)
             self.drops += 1
         del mm
-        release_pool()  # a buffer the state's tensors left may have been freed since the spill (see Spiller.spill)
+        release_pool()  # a buffer the state's tensors left may have been freed since the spill (see spill_state)
         if self._also is not None:
             self._also.drop()
 
@@ -131,6 +132,12 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return lo, lo + extent * size
 
 
+def spill_bytes(transport: TransportSpec, engine: str) -> int:
+    """The spill threshold a run's PS uses: ``transport.spill_model_bytes`` for the networked engine, 0 (never)
+    for the in-process one, which holds every node's models anyway."""
+    return transport.spill_model_bytes if engine == "network" else 0
+
+
 class Spiller:
     """The round loop's spills, one run's: :meth:`spill` at each round's start."""
 
@@ -145,10 +152,6 @@ class Spiller:
         if self.min_bytes <= 0:
             return None
         s = spill_state(state, self.min_bytes, self.last)
-        if s is not None:
-            # the buffers the state's tensors left are freed now, and the codec keeps a freed decode buffer for
-            # the next bundle of its size (codec.POOL_KEEP): resident memory, the model this spill gives back
-            release_pool()
         self.last = s
         return s
 
@@ -159,6 +162,17 @@ def spill_state(state: Any, min_bytes: int, previous: Spill | None = None) -> Sp
     or the file cannot be written (logged; the round goes on with the state as it was). Tensors already in
     ``previous``'s mapping are not moved: ``previous`` is returned when they are all there, else the new
     spill drops its pages too."""
+    spilled = _move(state, min_bytes, previous)
+    if spilled is not None and spilled is not previous:
+        # the buffers the tensors left are freed now (_move's references to them gone), and the codec keeps a freed
+        # decode buffer for the next bundle of its size (codec.POOL_KEEP): resident memory, the model this spill
+        # exists to give back
+        release_pool()
+    return spilled
+
+
+def _move(state: Any, min_bytes: int, previous: Spill | None) -> Spill | None:
+    """:func:`spill_state`'s work, whose locals hold the old storages until it returns."""
     if min_bytes <= 0 or not CAN_DROP:
         return None
     groups: dict[int, tuple[torch.UntypedStorage, list[torch.Tensor], int, int]] = {}

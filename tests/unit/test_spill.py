@@ -159,9 +159,9 @@ def test_the_final_model_leaves_memory_once_model_pt_is_written(tmp_path: Path) 
     del buf
     want = {k: v.clone() for k, v in model.items()}
     ptr = model["w"].untyped_storage().data_ptr()
-    results._save_model(model, tmp_path / "small.pt", spill_bytes=4 * 500_000 + 1)  # below the threshold: kept
+    results._save_model(model, tmp_path / "small.pt", min_bytes=4 * 500_000 + 1)  # below the threshold: kept
     assert model["w"].untyped_storage().data_ptr() == ptr
-    results._save_model(model, tmp_path / "model.pt", spill_bytes=1)
+    results._save_model(model, tmp_path / "model.pt", min_bytes=1)
     moved = model["w"].untyped_storage().data_ptr()
     assert moved != ptr and moved == model["b"].untyped_storage().data_ptr()
     assert mapped_rss(moved) == 0
