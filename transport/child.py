@@ -77,6 +77,10 @@ class JoinError(RuntimeError):
         self.code = code
 
 
+# the codes of a Session call that gRPC's core gives when the connection breaks before the parent's first answer
+_BROKEN_BEFORE_ANSWER = (grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED)
+
+
 class _Retry(Exception):
     """This attempt failed in a way worth retrying (nobody answers yet)."""
 
@@ -390,6 +394,11 @@ class ChildSession:
                              f"service: not a fedhop node ({e.details()})", ExitCode.NOT_FEDHOP)
         if e.code() == grpc.StatusCode.UNAVAILABLE:
             return _Retry(f"{e.code().name}: {e.details()}")
+        if e.code() in _BROKEN_BEFORE_ANSWER:
+            # gRPC's core ends a call this way when the parent's server shuts down (or restarts) while the call
+            # is being set up: the connection, not the parent, failed (grpc/grpc#14109: "not categorically
+            # wrong"); dialling again is right, and a parent that stays away ends the wait with this reason
+            return _Retry(f"the call broke before the parent answered ({e.code().name}: {e.details()})")
         return JoinError(f"{self.node}: parent {self.parent_addr}: {e.code().name}: {e.details()}")
 
     def _check_welcome(self, first: Any, rejoin: bool, close: Callable[[], None]) -> None:
@@ -471,11 +480,12 @@ class ChildSession:
         mark(f"rejoining-{self.node}")  # test hooks (common/testhooks.py): the tests await states, not log lines
         self.parent_up.clear()  # posted tasks wait: their reports must reach the parent, and a resumed one rolls back
         end = time.monotonic() + self.transport.reconnect_s
-        delay = 0.25
+        delay, why = 0.25, "no attempt finished"
         while time.monotonic() < end:
             try:
                 self._open(rejoin=True)
             except _StillConnected as e:
+                why = f"it still held this node's old session: {e}"
                 if not old_ended:
                     log.info("%s: parent %s still holds this node's session (%s); staying on it", self.node,
                              self.parent_addr, e)
@@ -485,7 +495,8 @@ class ChildSession:
                 time.sleep(max(0.0, min(delay, end - time.monotonic())))
                 delay = min(delay * 2, 5.0)
                 continue
-            except _Retry:
+            except _Retry as e:
+                why = str(e)
                 time.sleep(max(0.0, min(delay, end - time.monotonic())))
                 delay = min(delay * 2, 5.0)
                 continue
@@ -500,8 +511,8 @@ class ChildSession:
             mark(f"rejoined-{self.node}")
             self.parent_up.set()
             return None
-        log.error("%s: parent %s did not come back within transport.reconnect_s = %gs; giving up", self.node,
-                  self.parent_addr, self.transport.reconnect_s)
+        log.error("%s: parent %s did not come back within transport.reconnect_s = %gs (last: %s); giving up",
+                  self.node, self.parent_addr, self.transport.reconnect_s, why)
         return ExitCode.PARENT_LOST
 
     # -- state --------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+import grpc
 import pytest
 
 from fedhop.common.exit_codes import ExitCode
@@ -134,6 +135,42 @@ def test_rejoin_to_a_parent_running_another_run_is_refused() -> None:
             s._open(rejoin=True)
         assert e.value.code == ExitCode.RUN_MISMATCH
         assert "run-b" not in str(e.value)  # no refusal says the parent's run id (issue 20)
+    finally:
+        s.close()
+        server.stop(0)
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED])
+def test_a_call_broken_before_the_welcome_is_retried_and_a_parent_that_stays_away_is_lost(code, caplog) -> None:
+    # gRPC's core ends a Session call with INTERNAL ("Internal error from Core") or CANCELLED when the parent's
+    # server shuts down while the call is set up (CI, 2026-11-26: a re-joining client exited 3, an error, where a
+    # lost parent is exit 11); a server that always answers so stands for a parent that never comes back
+    attempts: list[int] = []
+
+    def session(requests, context):
+        attempts.append(1)
+        context.abort(code, "Internal error from Core")
+
+    server = make_server(4)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
+        "fedhop.v1.Parent", {"Session": grpc.stream_stream_rpc_method_handler(session)})])
+    addr = f"127.0.0.1:{add_port(server, '127.0.0.1:0')}"
+    server.start()
+    spec = small_spec("fedavg", clients=2, rounds=1)
+    s = ChildSession(NodeConfig("client-0", addr, connect_timeout_s=2), "client")
+    try:
+        with pytest.raises(JoinError, match=rf"unreachable for 2s \(the call broke before the parent answered "
+                                            rf"\({code.name}: Internal error from Core\)\)") as e:
+            s.connect()
+        assert e.value.code == ExitCode.JOIN_FAILED
+        first = len(attempts)
+        assert first >= 2  # retried, not given up at the first answer
+        s.run_id, s.transport = "run-a", spec.transport.model_copy(update={"reconnect_s": 1.5})
+        with caplog.at_level("ERROR", logger="fedhop.child"):
+            assert s._rejoin(old_ended=True) == ExitCode.PARENT_LOST
+        assert len(attempts) >= first + 2
+        assert any("did not come back within transport.reconnect_s = 1.5s (last: the call broke before the "
+                   f"parent answered ({code.name}" in r.getMessage() for r in caplog.records), caplog.text
     finally:
         s.close()
         server.stop(0)
