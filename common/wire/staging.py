@@ -22,7 +22,7 @@ Which memory, and how much
     The buffers come from torch's caching host allocator (``torch.empty(n, dtype=uint8, pin_memory=True)``), not
     from a mapping of our own registered with ``cudaHostRegister``: torch pins with ``cudaHostAlloc``, raises a
     plain ``RuntimeError`` when pinning fails and clears CUDA's error state (a failed raw ``cudaHostRegister``
-    leaves its error for the next kernel launch check to report as if the kernel had failed), and it knows the
+    can leave its error for the next kernel launch check to report as if the kernel had failed), and it knows the
     memory is pinned (``is_pinned``, asynchronous copies). Its price: it rounds each block up to a power of two
     (a 256 MiB model pins 256 MiB, a 100 MB one 128 MiB) and keeps freed blocks in its own cache, which
     :func:`release` empties.
