@@ -74,9 +74,16 @@ class HostAllocator(Protocol):
         """Give the allocator's cached, unused pinned blocks back to the system."""
         ...
 
+    def cuda_ready(self) -> bool:
+        """Whether this process may hold CUDA tensors at all (False: every bundle is on the host; nothing to scan)."""
+        ...
+
 
 class TorchPinned:
     """The real allocator: torch's caching host allocator and the device's current stream."""
+
+    def cuda_ready(self) -> bool:
+        return torch.cuda.is_initialized()  # a CUDA tensor initialises CUDA (torch.cuda._lazy_init) first
 
     def pinned(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -85,7 +92,7 @@ class TorchPinned:
         torch.cuda.current_stream(device).synchronize()
 
     def empty_cache(self) -> None:
-        empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)  # torch >= 2.13
+        empty = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None)  # newer torch
         if empty is None:
             empty = getattr(torch._C, "_host_emptyCache", None)  # older torch
         if empty is not None:
@@ -190,7 +197,7 @@ def to_host(bundle: Mapping[str, Any]) -> dict[str, Any] | None:
     """``bundle`` with its CUDA tensors copied into the pinned staging buffer (views of it, in bundle order); CPU
     tensors ``detach`` ed, other values unchanged. None when there is nothing to stage this way (no CUDA tensor,
     fewer than :data:`PINNED_MIN_BYTES` of them, the buffer in use, pinning off): the caller copies as before."""
-    if _disabled is not None:
+    if _disabled is not None or not ALLOCATOR.cuda_ready():  # a CPU node: no scan, no cost
         return None
     spans: dict[str, tuple[int, int]] = {}
     at = 0
@@ -233,7 +240,7 @@ def to_host(bundle: Mapping[str, Any]) -> dict[str, Any] | None:
 def decode_buffer(size: int) -> np.ndarray | None:
     """A pinned decode buffer of ``size`` bytes where this process receives for a CUDA device (:func:`receive_on`),
     else None (the codec allocates pageable memory, as on every CPU node)."""
-    if _receiving is None or size < PINNED_MIN_BYTES:
+    if _receiving is None or size < max(PINNED_MIN_BYTES, 1):
         return None
     return _decode.take(size)
 

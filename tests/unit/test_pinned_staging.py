@@ -64,6 +64,9 @@ class RecordingHost:
     def empty_cache(self) -> None:
         self.emptied += 1
 
+    def cuda_ready(self) -> bool:
+        return True  # as if CUDA were initialised: CPU bundles are scanned, and must still not be staged
+
     def owns(self, t: torch.Tensor) -> bool:
         """``t`` lies in one of the buffers handed out."""
         p = t.data_ptr()
@@ -275,3 +278,14 @@ def _reader(payload: bytes):
         return n
 
     return recv_into
+
+
+def test_without_cuda_initialised_nothing_is_scanned_or_pinned() -> None:
+    """The real allocator: in a process where CUDA was never initialised (a CPU node; this machine) no tensor can
+    be on CUDA, so the bundle is not even looked at (a tensor that only says so is not staged either)."""
+    staging.reset()
+    assert isinstance(staging.ALLOCATOR, staging.TorchPinned)
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is initialised in this process")
+    assert staging.to_host({"w": cuda(torch.randn(MIB))}) is None
+    assert staging.held() == staging.Held(0, 0, 0, 0, None)
