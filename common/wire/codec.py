@@ -232,10 +232,10 @@ def encode_parts(
         raise CodecError("the wire format is little-endian; big-endian hosts are not supported")
     if not isinstance(bundle, Mapping):
         raise CodecError(f"a bundle is a mapping of names to tensors, got {type(bundle).__name__}")
+    started = time.perf_counter() if timing.ENABLED else 0.0
     staged = staging.to_host(bundle)  # CUDA tensors: copied into one pinned staging buffer (staging.py)
     if staged is not None:
         bundle = staged
-    started = time.perf_counter() if timing.ENABLED else 0.0
     hasher = CHECKSUMS[checksum]()
     views: list[memoryview] = []
     layout: list[tuple[str, str, tuple[int, ...]]] = []
