@@ -12,9 +12,11 @@ Payload stream
 Memory
     :func:`encode` hashes the tensors in place (one read pass, no copy) and then yields chunks lazily from
     memoryview slices of the tensors' own storage, so the sender holds one chunk at a time beyond the
-    bundle itself (a non-contiguous or non-CPU tensor is first made a contiguous CPU copy). Do not mutate
+    bundle itself (a non-contiguous or non-CPU tensor is first made a contiguous CPU copy; CUDA tensors go through
+    a pinned staging buffer kept across bundles, ``staging.py``). Do not mutate
     the bundle until the chunk iterator is exhausted: the receiver would see a checksum mismatch.
-    :class:`BundleDecoder` allocates one uint8 buffer for the whole bundle when it reads the header and
+    :class:`BundleDecoder` allocates one uint8 buffer (pinned where the process receives for a CUDA device,
+    ``staging.py``) for the whole bundle when it reads the header and
     copies each chunk into place; the decoded tensors are views of that buffer. Inside the buffer each
     tensor starts at a multiple of its element size (of 64 bytes when it holds at least 4 KiB), so the
     buffer is at most a few bytes per tensor larger than the payload. A freed buffer of at least 32 MiB is kept
@@ -46,6 +48,7 @@ import torch
 import xxhash
 
 from fedhop.common import timing
+from fedhop.common.wire import staging
 from fedhop.common.wire.bundle import Bundle
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -230,6 +233,9 @@ def encode_parts(
     if not isinstance(bundle, Mapping):
         raise CodecError(f"a bundle is a mapping of names to tensors, got {type(bundle).__name__}")
     started = time.perf_counter() if timing.ENABLED else 0.0
+    staged = staging.to_host(bundle)  # CUDA tensors: copied into one pinned staging buffer (staging.py)
+    if staged is not None:
+        bundle = staged
     hasher = CHECKSUMS[checksum]()
     views: list[memoryview] = []
     layout: list[tuple[str, str, tuple[int, ...]]] = []
@@ -502,9 +508,12 @@ class BufferStats:
 BUFFERS = BufferStats()
 
 
-def allocate(size: int) -> np.ndarray:
-    """A decode buffer of ``size`` bytes (see :func:`_allocate`), counted in :data:`BUFFERS` while alive."""
-    buf = _allocate(size)
+def allocate(size: int, *, pinned: bool = False) -> np.ndarray:
+    """A decode buffer of ``size`` bytes (see :func:`_allocate`), counted in :data:`BUFFERS` while alive; with
+    ``pinned``, page-locked where this process moves what it receives to a CUDA device (``staging.decode_buffer``)."""
+    buf = staging.decode_buffer(size) if pinned else None
+    if buf is None:
+        buf = _allocate(size)
     BUFFERS._add(size)
     weakref.finalize(buf, BUFFERS._sub, size)  # torch.from_numpy(buf) keeps buf alive
     return buf
@@ -535,11 +544,12 @@ def _keep(m: mmap.mmap) -> None:
 
 
 def release_pool() -> int:
-    """Unmap the kept decode buffers now; how many bytes they held."""
+    """Unmap the kept decode buffers now, and drop the kept pinned ones (``staging.release``); how many bytes they
+    held."""
     with _pool_lock:
         held = sum(len(m) for m in _pool)
         _pool.clear()
-    return held
+    return held + staging.release()
 
 
 def _allocate(size: int) -> np.ndarray:
@@ -609,7 +619,7 @@ class BundleDecoder:
         self._view: memoryview | None = None
         if sink is None:
             try:
-                self._buf = allocate(layout.size)
+                self._buf = allocate(layout.size, pinned=True)
             except (ValueError, MemoryError, OverflowError, OSError) as e:
                 raise CodecError(f"cannot allocate {_fmt_bytes(layout.size)} to decode the bundle: {e}") from e
             self._view = memoryview(self._buf)

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import torch
 
+from fedhop.common.wire import staging
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.codec import (
     DEFAULT_CHECKSUM,
@@ -571,10 +572,19 @@ def on_host(bundle: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     every request it still waits for was fully received) or its deadline passed (the streams still in
     flight then belong to calls already given up: a torn bundle fails its checksum there and is refused);
     a hand-off returns on its acknowledgement. A handler's reply is sent before the next task arrives.
+
+    CUDA tensors (at least ``staging.PINNED_MIN_BYTES`` of them) are copied into the process's pinned staging buffer
+    (``staging.to_host``: asynchronous copies, then a synchronisation); the buffer is reused once this bundle and
+    every chunk of it are gone. Otherwise (a CPU bundle: no cost; a small one; the buffer in use; pinning off)
+    each tensor is copied as before.
     """
+    staged = staging.to_host(bundle)
+    if staged is not None:
+        return staged
     return {k: v.detach() if v.device.type == "cpu" else v.detach().to("cpu") for k, v in bundle.items()}
 
 
 def to_device(bundle: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    """A received (CPU) bundle on this node's device."""
-    return bundle if device.type == "cpu" else {k: v.to(device) for k, v in bundle.items()}
+    """A received (CPU) bundle on this node's device. To a CUDA device the copies are asynchronous and synchronised
+    before this returns (``staging.to_device``), and this process's next decode buffers are pinned."""
+    return bundle if device.type == "cpu" else staging.to_device(bundle, device)

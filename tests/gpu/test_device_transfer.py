@@ -1,9 +1,11 @@
-"""Transfer between device memory and the wire: a bundle of CUDA tensors encoded by the wire codec (which reads
-CUDA tensors through a host copy) and decoded (into a host buffer), then moved back to the GPU as a node does
-(``messages.on_host`` / ``messages.to_device``), is bit-exact for every dtype the wire carries. The timing test
-prints each step's throughput for a 256 MiB model next to a plain device-to-host copy into pageable and into pinned
-host memory (the codec does not use pinned buffers: its encoder copies with ``.cpu()``, its decoder fills a fresh
-pageable buffer).
+"""Transfer between device memory and the wire: a bundle of CUDA tensors encoded by the wire codec and decoded, then
+moved back to the GPU as a node does (``messages.on_host`` / ``messages.to_device``), is bit-exact for every dtype
+the wire carries, through both of the codec's host paths: the pinned one (``common/wire/staging.py``: CUDA tensors
+copied into a pinned staging buffer kept across bundles; a CUDA receiver decodes into a pinned buffer and moves it
+with ``non_blocking=True`` and a synchronisation) and the pageable one (bundles under ``staging.PINNED_MIN_BYTES``,
+or pinning off). The timing test prints each step's throughput for a 256 MiB model: the codec's encode and
+decode + to_device through pinned buffers next to the pageable path and the test's own prototype rows (a plain
+device-to-host copy into pageable and into pinned host memory, pinned staging by hand).
 
 Run by `make test-gpu`; skipped where torch sees no CUDA device."""
 
@@ -11,10 +13,13 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
+import pytest
 import torch
 
+from fedhop.common.wire import staging
 from fedhop.common.wire.codec import BundleDecoder, decode, encode_views
 from fedhop.common.wire.messages import on_host, to_device
 from tests.gpu.gpuutil import cuda_only
@@ -52,15 +57,49 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.cpu(), b.cpu())
 
 
-def test_cuda_bundle_round_trips_bit_exactly() -> None:
+@pytest.fixture
+def fresh_staging() -> Iterator[None]:
+    """A fresh process's staging state (no buffers kept, not yet a CUDA receiver), restored afterwards."""
+    staging.reset()
+    yield
+    staging.reset()
+
+
+@contextmanager
+def pageable() -> Iterator[None]:
+    """The codec's pageable host path for every bundle (as before pinned staging was built)."""
+    saved = staging.PINNED_MIN_BYTES
+    staging.PINNED_MIN_BYTES = 1 << 62
+    try:
+        yield
+    finally:
+        staging.PINNED_MIN_BYTES = saved
+
+
+@pytest.mark.parametrize("path", ["pinned", "pageable"])
+def test_cuda_bundle_round_trips_bit_exactly(path: str, monkeypatch: pytest.MonkeyPatch, fresh_staging: None) -> None:
+    pinned = path == "pinned"
+    monkeypatch.setattr(staging, "PINNED_MIN_BYTES", 0 if pinned else 1 << 62)  # the bundle is < 1 MiB
     bundle = _bundle()
-    for name, via_host in (("encoded from CUDA tensors", bundle), ("encoded after on_host", on_host(bundle))):
-        header, chunks = encode_views(via_host, 4096)
-        back = to_device(decode(header, chunks), CUDA)
+    staged_bytes = sum(-(-v.numel() * v.element_size() // 64) * 64 for v in bundle.values())
+    for i, name in enumerate(("encoded from CUDA tensors", "encoded after on_host")):
+        source = bundle if i == 0 else on_host(bundle)
+        if i == 1:
+            assert all(v.is_pinned() == pinned for v in source.values() if v.numel()), name
+        header, chunks = encode_views(source, 4096)
+        assert staging.held().staging_live == (staged_bytes if pinned else 0), name
+        decoded = decode(header, chunks)
+        # the first to_device to CUDA makes this process a CUDA receiver: its next decode buffers are pinned
+        assert all(v.is_pinned() == (pinned and i == 1) for v in decoded.values() if v.numel()), name
+        back = to_device(decoded, CUDA)
         assert list(back) == list(bundle), name
         for k, v in bundle.items():
             assert back[k].device == CUDA, (name, k)
-            assert _same_bits(back[k], v), f"{name}: {k} changed on the way"
+            assert _same_bits(back[k], v), f"{name} ({path}): {k} changed on the way"
+        del source, header, chunks, decoded, back  # the buffers go back for the next bundle
+    held = staging.held()
+    assert held.disabled is None, held.disabled
+    assert held.total == (staged_bytes + held.decode_idle if pinned else 0)  # one buffer of each kind, kept idle
 
 
 def _median_s(fn: Callable[[], object], repeat: int = 5) -> float:
@@ -74,7 +113,7 @@ def _median_s(fn: Callable[[], object], repeat: int = 5) -> float:
     return statistics.median(times)
 
 
-def test_device_transfer_throughput_256mib() -> None:
+def test_device_transfer_throughput_256mib(fresh_staging: None) -> None:
     n = 64 << 20  # 64 Mi float32 = 256 MiB, as tests/bench/bench_transfer.py
     model = {f"layer{i}.weight": torch.randn(n // 4, device=CUDA) for i in range(4)}
     nbytes = sum(v.numel() * 4 for v in model.values())
@@ -102,14 +141,26 @@ def test_device_transfer_throughput_256mib() -> None:
         header, chunks = encode_views(model, chunk)
         return [header, list(chunks)]
 
+    def encode_pageable() -> list:
+        with pageable():
+            return encode_all()
+
     def encode_pinned_staging() -> list:
         d2h_pinned()
         torch.cuda.synchronize()
         header, chunks = encode_views(pinned, chunk)
         return [header, list(chunks)]
 
-    encoded = encode_all()
+    def send_path() -> list:  # what a node does: on_host (the scatter's snapshot), then the encoder
+        header, chunks = encode_views(on_host(model), chunk)
+        return [header, list(chunks)]
+
+    staged = on_host(model)
+    assert all(v.is_pinned() for v in staged.values()), "the codec's staging buffer is not pinned"
+    del staged
+    encoded = encode_pageable()  # its chunks are views of pageable copies: the staging buffer stays free
     assert encode_pinned_staging()[0] == encoded[0]  # same header, checksum included
+    assert encode_all()[0] == encoded[0]
 
     def decode_all() -> dict[str, torch.Tensor]:
         dec = BundleDecoder(encoded[0])
@@ -117,21 +168,45 @@ def test_device_transfer_throughput_256mib() -> None:
             dec.feed(c)
         return dec.finish()
 
-    decoded = decode_all()
+    def decode_pageable() -> dict[str, torch.Tensor]:
+        with pageable():
+            return decode_all()
+
+    def receive() -> dict[str, torch.Tensor]:
+        return to_device(decode_all(), CUDA)
+
+    def receive_pageable() -> dict[str, torch.Tensor]:
+        with pageable():
+            return to_device(decode_all(), CUDA)
+
+    decoded = decode_pageable()
+    assert not any(v.is_pinned() for v in decoded.values())
     rows = {
         "device->host .cpu() (pageable)": _median_s(d2h_pageable),
         "device->host into reused pageable buffers (pages mapped)": _median_s(d2h_pageable_reused),
         "device->host into pinned buffers": _median_s(d2h_pinned),
-        "codec encode of CUDA tensors (host copy + xxh64 + chunk views)": _median_s(encode_all),
-        "the same through pinned staging buffers (not the codec's path)": _median_s(encode_pinned_staging),
-        "codec decode (1 MiB chunks into a fresh buffer + xxh64)": _median_s(decode_all),
+        "codec encode of CUDA tensors, pageable (.cpu() + xxh64 + chunk views)": _median_s(encode_pageable),
+        "the same through pinned buffers (the test's prototype)": _median_s(encode_pinned_staging),
+        "codec encode of CUDA tensors, its pinned staging (kept across calls)": _median_s(encode_all),
+        "on_host + codec encode (a node's send path), pinned staging": _median_s(send_path),
+        "codec decode into a pageable buffer (1 MiB chunks + xxh64)": _median_s(decode_pageable),
         "host->device of decoded tensors (to_device, pageable)": _median_s(lambda: to_device(decoded, CUDA)),
         "host->device from pinned buffers": _median_s(h2d_pinned),
+        "codec decode + to_device, pageable (as before)": _median_s(receive_pageable),
     }
-    back = to_device(decoded, CUDA)
+    staging.receive_on(CUDA)  # what the first to_device above already said; the decode buffer is pinned from now on
+    rows["codec decode into its pinned buffer (kept across calls)"] = _median_s(decode_all)
+    rows["codec decode + to_device, pinned + non_blocking"] = _median_s(receive)
+    received = decode_all()
+    assert all(v.is_pinned() for v in received.values()), "the codec's decode buffer is not pinned"
+    back = to_device(received, CUDA)
+    del received
     for k, v in model.items():
         assert torch.equal(back[k], v), f"{k} changed on the way"
+    held = staging.held()
+    assert held.disabled is None, held.disabled
+    assert held.staging_idle == held.decode_idle == nbytes and held.total == 2 * nbytes  # one bundle of each kind
     print(f"\n[gpu] transfer of a {nbytes / (1 << 20):.0f} MiB float32 model on {torch.cuda.get_device_name(0)} "
           f"(median of 5):")
     for what, s in rows.items():
-        print(f"[gpu]   {what:68s} {s * 1e3:8.1f} ms  {nbytes / s / 1e9:6.2f} GB/s")
+        print(f"[gpu]   {what:72s} {s * 1e3:8.1f} ms  {nbytes / s / 1e9:6.2f} GB/s")
