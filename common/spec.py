@@ -192,7 +192,7 @@ class TransportSpec(Strict):
                                    "unlinked temporary file ($TMPDIR) at each round's start when they hold at least "
                                    "this many bytes, and lets their pages leave its memory once the round's requests "
                                    "are out (one model less at its peak, for one write of the model per round into "
-                                   "the page cache); 0 = never")
+                                   "the page cache); its edges do the same with the model of each scatter; 0 = never")
     handshake_timeout_s: float = Field(10.0, gt=0, le=600, description="a peer that connects and has not said "
                                        "Hello (or not finished its TLS handshake) this long after is disconnected")
     max_open_bundles: int = Field(4, ge=1, description="bundles one peer may have arriving at once (a child's "

@@ -14,20 +14,21 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhop.common.engine.api import NodeContext
+from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
+from fedhop.common.engine.spill import spiller
 from fedhop.common.exit_codes import ExitCode, describe
 from fedhop.common.malloc_tuning import fix_mmap_threshold
 from fedhop.common.user_code import CODE_DIGEST
 from fedhop.common.wire.meter import ByteMeter
 from fedhop.common.wire.scalars import get_scalars
+from fedhop.edge.comm import EdgeComm
 from fedhop.transport.aio_server import LoopServer, make_loop_server
 from fedhop.transport.channels import add_port
 from fedhop.transport.child import ChildSession, JoinError
 from fedhop.transport.credentials import Security
 from fedhop.transport.health import add_health
-from fedhop.transport.netcomm import NetComm
 from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.peer import EdgeService, advertised
@@ -110,8 +111,10 @@ def run_edge(config: NodeConfig) -> int:
         hub = ParentHub(HubConfig(node_id, spec, ws.topology, welcome.run_id, welcome_info, security), meter,
                         missing, listener=_TellParent(session, lambda: hub.data_sizes()))
         pending.serve(hub)
-        comm = NetComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security,
-                       up=session.post_up)
+        # its scatters give their model's pages back once sent (edge/comm.py; issue 19)
+        spills = spiller(get_algorithm(spec.algorithm.name), spec.transport.spill_model_bytes)
+        comm = EdgeComm(node_id, ws.topology, missing, hub, spec, peers=session.peers, security=security,
+                        up=session.post_up, spills=spills)
         comm.peer_client.epoch = session.epoch  # its posts say which PS incarnation they were sent under
         ctx = NodeContext(node_id=node_id, role="edge", ws=ws, comm=comm)  # binds comm to ctx
         try:

@@ -30,7 +30,7 @@ from fedhop.common import timing
 from fedhop.common.engine.api import SETUP_ROUND, Algorithm, NodeContext
 from fedhop.common.engine.base import BaseComm
 from fedhop.common.engine.events import RunEvents
-from fedhop.common.engine.spill import Spiller
+from fedhop.common.engine.spill import Spiller, dropping, spiller
 from fedhop.common.engine.state_io import StateSnapshot, check_savable, snapshot_state
 from fedhop.common.wire.bundle import Bundle
 
@@ -60,7 +60,7 @@ def drive(algo: Algorithm, ctx: NodeContext, start: Start = Start(), commit: Com
     state's tensors are spilled at each round's start when they hold at least this many bytes (0: never; see
     the module's docstring)."""
     events = events or RunEvents()
-    spill = Spiller(spill_bytes if algo.round_replaces_tensors else 0)
+    spill = spiller(algo, spill_bytes)
     t0 = start.next_round
     state = start.state
     if state is None:
@@ -101,16 +101,12 @@ def _attempt(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callab
     transport = ctx.spec.transport
     retries = transport.round_retries
     comm = ctx.comm
-    spilled = spill.spill(state) if spill is not None and isinstance(comm, BaseComm) else None  # before the snapshot
+    base = comm if isinstance(comm, BaseComm) else None
+    spilled = spill.spill(state) if spill is not None and base is not None else None  # before the snapshot
     before = snapshot_state(state, share_tensors=algo.round_replaces_tensors) \
         if retries > 0 and comm.can_fail else None
-    if spilled is not None:
-        comm.on_model_sent = spilled.drop
-    try:
+    with dropping(base, spilled):
         return _tries(algo, ctx, t, state, step, on_redo, before)
-    finally:
-        if spilled is not None:
-            comm.on_model_sent = None
 
 
 def _tries(algo: Algorithm, ctx: NodeContext, t: int, state: Any, step: Callable[[NodeContext, Any], Any],

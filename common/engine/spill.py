@@ -1,26 +1,31 @@
-"""The round's starting model out of the PS's resident memory while the round runs (issue 19).
+"""A round's starting model out of a node's resident memory while the round runs (issue 19): the PS's, an edge's.
 
 A FedAvg round at the PS holds its starting model M0 (the state it was given: sent to every child, kept for a
-retry and for a round without a usable reply) beside the aggregate being folded. M0 is read only while the
-requests go out and again if the round is redone or ends without a usable reply, yet many holders keep a
-reference to it (the round loop, the algorithm's locals, the scatter's calls). :func:`spill_state` moves its
-bytes instead of its references: at the round's start, between rounds (no reader of ``ctx.state`` runs then),
-the state's tensors are written into an unlinked temporary file (``tempfile``'s directory, ``TMPDIR``, as the
-fold's undo log) and each tensor is pointed at a shared mapping of that file (``Tensor.set_``: the same tensor
-objects, shapes, strides and bytes; each storage's span sits at the same address modulo the page size as
-before, so every kernel sees the alignment it saw). The anonymous copy is freed. :meth:`Spill.drop` then takes
-the mapping's pages out of the process's resident memory (``madvise(MADV_DONTNEED)``): a later read (a retry,
-an empty round, a resend) faults the same bytes back from the page cache, so a drop is safe at any moment,
-even during a send. The round loop drops when the first reply of a scatter starts to be folded (its child
-received its request: in practice every request has left by then; one that has not reads its remaining
-pages back and the next drop takes them out again), before each reply is settled and when a scatter ends.
-At the run's end the final model goes the same way once ``model.pt`` is written (``results._save_model``).
+retry and for a round without a usable reply) beside the aggregate being folded; an edge holds the model its
+parent sent (decoded from the request, sent to its clients, kept for a child's resend and for a round without a
+usable reply) beside its own aggregate. That model is read only while the requests go out and again if the
+round is redone or ends without a usable reply, yet many holders keep a reference to it (the round loop or the
+task handler, the algorithm's locals, the scatter's calls). :func:`spill_state` moves its bytes instead of its
+references: the tensors are written into an unlinked temporary file (``tempfile``'s directory, ``TMPDIR``, as
+the fold's undo log) and each tensor is pointed at a shared mapping of that file (``Tensor.set_``: the same
+tensor objects, shapes, strides and bytes; each storage's span sits at the same address modulo the page size
+as before, so every kernel sees the alignment it saw). The anonymous copy is freed. :meth:`Spill.drop` then
+takes the mapping's pages out of the process's resident memory (``madvise(MADV_DONTNEED)``): a later read (a
+retry, an empty round, a resend) faults the same bytes back from the page cache, so a drop is safe at any
+moment, even during a send. A swap must happen where no other thread reads the tensors' memory: the PS's round
+loop spills at each round's start, between rounds (no reader of ``ctx.state`` runs then); an edge spills the
+model of each of its scatters before the scatter sends it (``edge/comm.py``; the task handler's thread is
+the only reader then). The drop comes through the node's Comm (:func:`dropping`, ``BaseComm.model_sent``)
+when the first reply of a scatter starts to be folded (its child received its request: in practice every
+request has left by then; one that has not reads its remaining pages back and the next drop takes them out
+again), before each reply is settled and when a scatter ends. At the run's end the PS's final model goes the
+same way once ``model.pt`` is written (``results._save_model``).
 
 Cost: one write of the model per round into the page cache (memory the kernel may reclaim, being file pages,
-but memory: with ``TMPDIR`` on a tmpfs the bytes stay in RAM as shared memory, out of the PS's RSS only).
-Applies where :func:`spill_state` is asked to: the networked engine's PS, for an algorithm that never changes
-the state's tensors in place (``Algorithm.round_replaces_tensors``), when they hold at least
-``transport.spill_model_bytes`` bytes.
+but memory: with ``TMPDIR`` on a tmpfs the bytes stay in RAM as shared memory, out of the node's RSS only).
+Applies where :func:`spill_state` is asked to: the networked engine's PS and edges, for an algorithm that never
+changes the state's tensors in place (``Algorithm.round_replaces_tensors``), when they hold at least
+``transport.spill_model_bytes`` bytes (:func:`spiller`).
 """
 
 from __future__ import annotations
@@ -31,12 +36,15 @@ import mmap
 import os
 import tempfile
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 from pydantic import BaseModel
 
+from fedhop.common.engine.api import Algorithm
+from fedhop.common.engine.base import BaseComm
 from fedhop.common.spec import TransportSpec
 from fedhop.common.wire.codec import release_pool
 
@@ -139,7 +147,8 @@ def spill_bytes(transport: TransportSpec, engine: str) -> int:
 
 
 class Spiller:
-    """The round loop's spills, one run's: :meth:`spill` at each round's start."""
+    """One node's spills, one run's: the round loop's (:meth:`spill` at each round's start) or an edge's (at
+    each of its scatters, ``edge/comm.py``)."""
 
     def __init__(self, min_bytes: int) -> None:
         self.min_bytes = min_bytes
@@ -154,6 +163,29 @@ class Spiller:
         s = spill_state(state, self.min_bytes, self.last)
         self.last = s
         return s
+
+
+def spiller(algo: Algorithm, min_bytes: int) -> Spiller:
+    """The spills of a node that runs ``algo``: at ``min_bytes`` (``transport.spill_model_bytes``; 0: never) for an
+    algorithm that never changes its models' tensors in place (``round_replaces_tensors``), never for the others
+    (their rounds write tensors in place, so the round loop clones the state for a retry: there is no model
+    held only for reading to give back)."""
+    return Spiller(min_bytes if algo.round_replaces_tensors else 0)
+
+
+@contextmanager
+def dropping(comm: BaseComm | None, spilled: Spill | None) -> Iterator[None]:
+    """While inside: ``comm``'s :meth:`~BaseComm.model_sent` (a reply starts to be folded or is settled, a scatter
+    ended) drops ``spilled``'s pages; nothing when either is None. The PS's round loop and an edge's scatters
+    share it."""
+    if comm is None or spilled is None:
+        yield
+        return
+    comm.on_model_sent = spilled.drop
+    try:
+        yield
+    finally:
+        comm.on_model_sent = None
 
 
 def spill_state(state: Any, min_bytes: int, previous: Spill | None = None) -> Spill | None:

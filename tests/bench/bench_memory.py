@@ -5,6 +5,7 @@
     .venv/bin/python tests/bench/bench_memory.py --clients-per-process 4   # the 4 clients in one client host
     .venv/bin/python tests/bench/bench_memory.py --compare --repeat 3    # issue 19: streamed fold vs decoded replies
     .venv/bin/python tests/bench/bench_memory.py --compare-spill --repeat 3   # issue 19: M0 spilled or kept
+    .venv/bin/python tests/bench/bench_memory.py --rounds 2 --edges 2 --maps --maps-role edge   # an edge's smaps
 
 The job is the one of ``bench_vs_flower.py`` (FedAvg, digits IID, MLP 64-h-h-10, 12 local steps of batch 32)
 with ``rounds`` rounds, one ``fedhop client`` process per client unless ``--clients-per-process`` says
@@ -67,7 +68,8 @@ class Poller:
 
     root: psutil.Process
     every_s: float = 0.02
-    maps: bool = False  # also keep the root's mappings at its peak and about every second (``Maps``)
+    maps: bool = False  # also keep one process's mappings at its peak and about every second (``Maps``)
+    maps_role: str = "ps"  # whose: the PS (the root), or the first process of this role (e.g. "edge")
     series: dict[int, tuple[str, list[tuple[float, int]]]] = field(default_factory=dict)
     peak_maps: list[Mapping] = field(default_factory=list)
     timed_maps: list[tuple[float, list[Mapping]]] = field(default_factory=list)
@@ -94,11 +96,17 @@ class Poller:
                             continue
                         self.series[p.pid] = (role, [])
                     rss = p.memory_info().rss
-                    if self.maps and p.pid == self.root.pid:
+                    if self.maps and p.pid == self._mapped():
                         self._snap(p.pid, now, rss)
                     self.series[p.pid][1].append((now, rss))
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
+
+    def _mapped(self) -> int | None:
+        """The pid whose mappings are kept: the root for "ps", else the first process of ``maps_role`` seen."""
+        if self.maps_role == "ps":
+            return self.root.pid
+        return next((pid for pid, (role, _) in self.series.items() if role == self.maps_role), None)
 
     def _snap(self, pid: int, now: float, rss: int) -> None:
         series = self.series[pid][1]
@@ -154,7 +162,7 @@ def classify(maps: list[Mapping]) -> dict[str, int]:
     out: dict[str, int] = {}
     for m in maps:
         if "fedhop-m0-" in m.name:
-            kind = "file-backed: the spilled starting model (engine/spill.py)"
+            kind = "file-backed: the spilled model (engine/spill.py)"
         elif m.name.startswith("/"):
             kind = "file-backed (libraries and their data)"
         elif m.name:
@@ -199,7 +207,7 @@ AUTO_WINDOW_LAUNCH = ("import sys; from fedhop.transport import channels; channe
 
 def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, timeout: float,
             trace: Path | None = None, per_process: str = "1", maps: bool = False, auto_window: bool = False,
-            stream: bool = True, edges: int = 0, spill: int | None = None) -> Job:
+            stream: bool = True, edges: int = 0, spill: int | None = None, maps_role: str = "ps") -> Job:
     spec = work / "spec.toml"
     text = fedavg_job(hidden, clients, rounds, steps, name="bench-memory")
     if spill is not None:  # the job's spec ends with its [transport] table
@@ -216,7 +224,7 @@ def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, time
     p = subprocess.Popen([sys.executable, *fedhop, "launch", str(spec), "--out", str(out), "--device", "cpu",
                           "--quiet", "--http", "off", "--clients-per-process", per_process],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    poller = Poller(psutil.Process(p.pid), maps=maps).start()
+    poller = Poller(psutil.Process(p.pid), maps=maps, maps_role=maps_role).start()
     try:
         output, _ = p.communicate(timeout=timeout)
     finally:
@@ -246,14 +254,16 @@ def run_job(hidden: int, clients: int, rounds: int, steps: int, work: Path, time
 
 
 def print_maps(job: Job, model: int) -> None:
-    """The PS's resident memory by kind of mapping at idle (the last snapshot before round 1) and at its peak."""
+    """One process's resident memory (the PS's, or ``--maps-role``'s) by kind of mapping at idle (the last
+    snapshot before round 1) and at its peak."""
+    who = "PS" if job.poller.maps_role == "ps" else f"First {job.poller.maps_role}"
     idle = [m for t, m in job.poller.timed_maps if t <= job.ready]
     if not idle or not job.poller.peak_maps:
         print("no mappings captured")
         return
     a, b = classify(idle[-1]), classify(job.poller.peak_maps)
     mb = 1 << 20
-    print("\nPS resident memory by mapping kind (/proc/PID/smaps), MiB")
+    print(f"\n{who}'s resident memory by mapping kind (/proc/PID/smaps), MiB")
     print("| kind | idle | peak | peak - idle | / model |")
     print("|---|---:|---:|---:|---:|")
     for k in sorted(set(a) | set(b), key=lambda k: -(b.get(k, 0) - a.get(k, 0))):
@@ -277,7 +287,7 @@ def print_maps(job: Job, model: int) -> None:
         return out
 
     sa, sb = by_size(idle[-1]), by_size(job.poller.peak_maps)
-    print("\nPS single blocks >= 256 KiB by mapping size: count and resident MiB, idle -> peak")
+    print(f"\n{who}'s single blocks >= 256 KiB by mapping size: count and resident MiB, idle -> peak")
     print("| mapping size | idle | peak | peak - idle (MiB) |")
     print("|---|---:|---:|---:|")
     for _, name in buckets:
@@ -384,6 +394,8 @@ def main() -> None:
                     help="only time the fold of --clients replies in this process: decoded whole vs streamed")
     ap.add_argument("--maps", action="store_true",
                     help="also print the PS's resident memory by kind of mapping (smaps) at idle and at its peak")
+    ap.add_argument("--maps-role", default="ps", choices=("ps", "edge", "client"),
+                    help="with --maps: whose mappings, the PS's (default) or the first edge's / client's")
     a = ap.parse_args()
     if min(a.hidden, a.clients, a.rounds, a.steps, a.repeat) < 1:
         ap.error("--hidden, --clients, --rounds, --steps and --repeat must be at least 1")
@@ -420,7 +432,7 @@ def main() -> None:
             label = f"{name}, run {i + 1}"
             with tempfile.TemporaryDirectory(prefix="fedhop-bench-memory-") as tmp:
                 job = run_job(a.hidden, a.clients, a.rounds, a.steps, Path(tmp), a.timeout, a.trace,
-                              a.clients_per_process, a.maps, a.auto_window, stream, a.edges, spill)
+                              a.clients_per_process, a.maps, a.auto_window, stream, a.edges, spill, a.maps_role)
             runs[name].append((report(job, a, model, floor, label), job.mean_round_s))
     print(f"\nMedians over {a.repeat} run(s) per mode; load average at the end "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}")

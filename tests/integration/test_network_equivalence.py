@@ -46,6 +46,10 @@ CASES: dict[str, dict[str, Any]] = {
     # the PS spills each round's starting model into a file mapping and drops its pages once the requests are
     # out (common/engine/spill.py; by default only from 64 MiB of state): the same bits as the in-process engine
     "fedavg-spill": dict(algorithm="fedavg", clients=3, edges=0, transport={"spill_model_bytes": 1}),
+    # the same at the edges: each edge spills the model of each of its scatters (the PS's, then its own aggregate
+    # for the second client round) and drops its pages once its requests are out (edge/comm.py)
+    "hierfavg-spill": dict(algorithm="hierfavg", clients=4, edges=2, options={"edge_rounds": 2},
+                           transport={"spill_model_bytes": 1}),
     # edge -> edge hand-offs and describes (Fed-CHS walks the model over a ring of edges)
     "fedchs-handoff": dict(algorithm="fedchs", clients=3, edges=3, edge_graph="ring", options={"K": 2}),
     # the paper's flow: no PS message during training; the model is posted edge -> edge (fedchs.round), which

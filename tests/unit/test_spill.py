@@ -17,8 +17,9 @@ import torch
 from fedhop.common.engine import results
 from fedhop.common.engine import run as run_module
 from fedhop.common.engine import spill as spill_module
+from fedhop.common.engine.api import get_algorithm
 from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
-from fedhop.common.engine.spill import PAGE, Spill, Spiller, spill_state, state_tensors
+from fedhop.common.engine.spill import PAGE, Spill, Spiller, spill_state, spiller, state_tensors
 from fedhop.common.wire import codec
 from tests.smaps import mapped_rss
 from tests.specs import DIGITS, FailsFirstAttempt, run_spec
@@ -204,3 +205,18 @@ def test_the_buffer_a_spill_frees_is_not_kept_by_the_decode_pool(monkeypatch) ->
     assert len(codec._pool) == 1
     s.drop()  # ... until the drop
     assert codec._pool == []
+
+
+def test_only_an_algorithm_that_replaces_its_tensors_spills() -> None:
+    """``spill.spiller``, the rule of the PS's round loop and of an edge's scatters: FedAvg / HierFAVG
+    (``round_replaces_tensors``) spill from the threshold on; an algorithm whose rounds write tensors in place
+    (Fed-CHS) never; a threshold of 0 never."""
+    for name, moves in (("fedavg", True), ("hierfavg", True), ("fedchs", False)):
+        model, buf = aggregate_like(1000, seed=3)
+        ptr = model["w"].data_ptr()
+        s = spiller(get_algorithm(name), 1).spill({"model": model})
+        assert (s is not None) is moves, name
+        assert (model["w"].data_ptr() != ptr) is moves, name
+        del buf
+    model, buf = aggregate_like(1000, seed=3)
+    assert spiller(get_algorithm("fedavg"), 0).spill({"model": model}) is None
