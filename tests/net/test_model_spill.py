@@ -155,8 +155,8 @@ def received(model: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch) ->
     buffers: list[weakref.ref] = []
     allocate = codec.allocate
 
-    def recorded(size: int):  # type: ignore[no-untyped-def]
-        buf = allocate(size)
+    def recorded(size: int, **kw):  # type: ignore[no-untyped-def]
+        buf = allocate(size, **kw)
         buffers.append(weakref.ref(buf))
         return buf
 
