@@ -339,7 +339,7 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
     addr = f"127.0.0.1:{_free_port()}"
     load0 = psutil.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "fedhop", "server", str(spec_file), "--out", str(out),
+    proc = subprocess.Popen([*_fedhop("server", f"ps-fleet-{clients}"), str(spec_file), "--out", str(out),
                              "--listen", addr, "--device", "cpu", "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=(folder / "server.err").open("wb"))
     ps = psutil.Process(proc.pid)
@@ -410,12 +410,13 @@ def main() -> None:
     ap.add_argument("--keepalive-s", type=float, default=None,
                     help="transport.keepalive_s of the runs (a parent's keep-alive on each quiet session; default 5)")
     ap.add_argument("--profile", type=Path, default=None,
-                    help="with --by-hand: run the PS and the hosts under cProfile (every thread), the profiles "
+                    help="with --by-hand or --fleet: run the PS (and the hosts) under cProfile (every thread), the "
+                         "profiles "
                          "into this folder (ps-N.prof, host-N-LO.prof; tests/bench/profile_process.py)")
     a = ap.parse_args()
     if a.profile is not None:
-        if not a.by_hand:
-            raise SystemExit("--profile profiles the processes started --by-hand")
+        if not (a.by_hand or a.fleet):
+            raise SystemExit("--profile profiles the processes started --by-hand or --fleet's PS")
         a.profile.mkdir(parents=True, exist_ok=True)
         PROFILE.append(a.profile.resolve())
     if a.keepalive_s is not None:
