@@ -39,6 +39,8 @@ time (``tests/bench/profile_process.py``; ``DIR/ps-N.prof``, ``DIR/host-N-LO.pro
 
     .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand --profile /tmp/prof
 
+With ``--fleet``, ``--profile DIR`` profiles the PS alone (``DIR/ps-fleet-N.prof``).
+
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
 """
