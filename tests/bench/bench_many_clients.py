@@ -345,7 +345,7 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
                              "--listen", addr, "--device", "cpu", "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=(folder / "server.err").open("wb"))
     ps = psutil.Process(proc.pid)
-    peaks = {"rss": 0.0, "threads": 0}
+    peaks = {"rss": 0.0, "threads": 0, "cpu": 0.0}
     errors: list[str] = []
     n_joined = [0]
     journal = out / "rounds.jsonl"
@@ -370,6 +370,7 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
             while proc.poll() is None:
                 peaks["rss"] = max(peaks["rss"], _rss(ps))
                 peaks["threads"] = max(peaks["threads"], _threads(ps))
+                peaks["cpu"] = max(peaks["cpu"], _cpu(ps))  # the PS's CPU seconds (the last reading before it exits)
                 if not first_end and journal.is_file() and journal.read_text().strip():
                     first_end.append(time.monotonic())
                 await asyncio.sleep(0.05)
@@ -391,7 +392,7 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
         print(f"  {len(errors)} client errors, e.g. {errors[:3]}", file=sys.stderr)
     return Row(clients, clients, 0, join, mean_round, peaks["rss"] / 2**20, 0.0,
                proc.returncode == 0 and not errors and len(rows) == rounds, 0, "fleet (no training)",
-               int(peaks["threads"]), (load0, psutil.getloadavg()[0]))
+               int(peaks["threads"]), (load0, psutil.getloadavg()[0]), ps_cpu_s=peaks["cpu"])
 
 
 def main() -> None:
