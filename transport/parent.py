@@ -169,10 +169,7 @@ class AsyncParentServicer:
             async for frame in frames:
                 if calls is not None and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "result" \
                         and frame.result.has_bundle:
-                    if link.node_id is None:  # its Hello is not handled yet: the frames before it first
-                        await feed.idle.wait()
-                    # (else the frames before it, e.g. the round's Report, need not be handled first: they stay
-                    # ahead of it in the feed, and one job takes the Report, the Result, its header and its chunk)
+                    await feed.idle.wait()  # the frames before it are handled (its Hello, surely, by now)
                     if link.node_id is not None:
                         await self._admitted(calls, link, frame)
                 if feed.add(frame):  # a lane's payload follows, or enough was read ahead of the protocol's work
