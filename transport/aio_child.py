@@ -16,6 +16,7 @@ import asyncio
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -36,6 +37,56 @@ from fedhop.v1 import fedhop_pb2 as pb
 log = logging.getLogger("fedhop.child")
 
 T = TypeVar("T")
+
+
+class LoopCalls:
+    """Calls onto one event loop from other threads, carried in batches: the calls made while the loop has not
+    run the previous ones yet share one ``call_soon_threadsafe`` (a self-pipe write and a loop wake-up), not one
+    each (issue 19: a host's ids' task threads each queued their Result and their Report with a wake-up of their
+    own; the PS's sessions do the same with ``AsyncParentServicer._wake_soon``). Calls run in the order made.
+    One per loop (:meth:`of`), shared by the sessions on it."""
+
+    _all: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopCalls] = weakref.WeakKeyDictionary()
+    _all_lock = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._batch: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.calls = 0  # counted, for the tests: calls made ...
+        self.wakes = 0  # ... and the call_soon_threadsafe that carried them
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> LoopCalls:
+        with cls._all_lock:
+            calls = cls._all.get(loop)
+            if calls is None:
+                calls = cls._all[loop] = cls(loop)
+            return calls
+
+    def soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop soon (RuntimeError, as ``call_soon_threadsafe``'s, once it is closed)."""
+        with self._lock:
+            self.calls += 1
+            self._batch.append((fn, args))
+            if len(self._batch) > 1:
+                return  # the loop has not run the batch yet: it takes this one with it
+            self.wakes += 1
+        try:
+            self.loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the loop is closed: nothing will run them (later calls raise too)
+            with self._lock:
+                self._batch.clear()
+            raise
+
+    def _run(self) -> None:
+        with self._lock:
+            batch, self._batch = self._batch, []
+        for fn, args in batch:
+            try:
+                fn(*args)
+            except Exception:  # one session's failure must not keep the others' calls from running
+                log.exception("a call queued onto the loop failed")
 
 
 class _Outbox:
@@ -129,10 +180,11 @@ class AioChildSession(ChildSession):
         self.joins = joins
         self.workers = workers
         self._events: asyncio.Queue = asyncio.Queue()  # type: ignore[assignment]
+        self._calls = LoopCalls.of(loop)
 
     # -- outbound: from any thread, onto the stream that is current when the loop takes it ------------------
     def send(self, frames: Iterable[pb.Frame | bytes]) -> None:
-        self.loop.call_soon_threadsafe(self._send_now, frames)
+        self._calls.soon(self._send_now, frames)  # batched with the host's other ids' sends (LoopCalls)
 
     def _send_now(self, frames: Iterable[pb.Frame | bytes]) -> None:
         stream = self._stream
@@ -205,9 +257,9 @@ class AioChildSession(ChildSession):
                     log.warning("%s: nothing from parent %s for %.0fs (stalled or gone); re-joining", self.node,
                                 self.parent_addr, quiet_s)
                     step, got = _REJOIN, False
-                elif self._stream is not None and self._stream.lane is not None:
+                elif self._reads_lane(*event):
                     # a payload on the lane is read inside the frame's handling: on the executor, where it blocks
-                    # none of the host's other sessions
+                    # none of the host's other sessions (only there: every other frame is handled on the loop)
                     step, got = await self.loop.run_in_executor(None, self._on_event, proto, asms, *event)
                 else:
                     step, got = self._on_event(proto, asms, *event)
@@ -224,6 +276,16 @@ class AioChildSession(ChildSession):
                     return self._outcome(got)
         finally:
             silence.cancel()
+
+    def _reads_lane(self, sid: int, kind: Any, item: Any) -> bool:
+        """Whether handling this event reads a payload from a bulk lane, which blocks: a bundle header whose
+        payload follows on its stream's lane (the assembler's own rule, ``MessageAssembler.feed``). Every other
+        event is handled on the loop: a hop to the executor and back per frame of every id whose session has a lane
+        (Tasks, chunks, keep-alives, the Bye) cost ~6,000 hops a host of 500 ids in 3 rounds (issue 19)."""
+        if kind is not _FRAME or not isinstance(item, pb.Frame) or item.WhichOneof("body") != "header":
+            return False
+        lane = next((s.lane for s in self._streams if s.sid == sid), None)
+        return lane is not None and lane.carries(int(item.header.total_bytes))
 
     async def _next_event(self, timeout: float) -> tuple[int, str, Any] | None:
         try:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 
 from fedhop.common.engine.api import NodeId, Reply, Scalar
 from fedhop.common.wire.bundle import Bundle
-from fedhop.common.wire.codec import DTYPES, CodecError, bundle_layout
-from fedhop.common.wire.fold import AxpySink, FoldedBundle, UndoLog
+from fedhop.common.wire.codec import DTYPES, CodecError, Layout, bundle_layout
+from fedhop.common.wire.fold import AxpySink, FoldedBundle, FoldPlan, UndoLog
 from fedhop.v1 import fedhop_pb2 as pb
 
 STREAM_ENV = "FEDHOP_FOLD_STREAM"  # "0": replies are decoded whole before they are folded (an ablation)
@@ -48,6 +48,8 @@ class WeightedMean:
         self._acc: Bundle | None = None
         self._sinks: dict[int, tuple[NodeId, float]] = {}  # id(sink) -> its node and weight, until committed
         self.undo = UndoLog()  # the aggregate's bytes a streamed reply changes, until it is committed
+        # the last reply's layout and aggregate (its tensors' ids) and the plan made for them (``_plan``)
+        self._last_plan: tuple[tuple[Layout, tuple[int, ...] | None], FoldPlan | None] | None = None
 
     def sink(self, node: NodeId, scalars: Mapping[str, Scalar], header: pb.BundleHeader) -> AxpySink | None:
         """Fold ``node``'s reply chunk by chunk as its bundle arrives (the engine asks when its header comes and
@@ -59,19 +61,35 @@ class WeightedMean:
         if w == 0:
             return None
         try:
-            layout = bundle_layout(header)
+            layout = bundle_layout(header)  # the codec's cached object: the same one for a scatter's replies
         except CodecError:
             return None
-        if not all(DTYPES[s.dtype].is_floating_point for s in layout.slots):
+        plan = self._plan(layout)
+        if plan is None:
             return None
-        if self._acc is not None:
-            same = [(k, v.dtype, tuple(v.shape)) for k, v in self._acc.items()] == \
-                [(s.name, DTYPES[s.dtype], s.shape) for s in layout.slots]
-            if not same or not all(v.device.type == "cpu" and v.is_contiguous() for v in self._acc.values()):
-                return None
-        s = AxpySink(header, w / self.expected, self._acc, self.undo if self._acc is not None else None)
+        s = AxpySink(header, w / self.expected, self._acc, self.undo if self._acc is not None else None, plan)
         self._sinks[id(s)] = (node, w)
         return s
+
+    def _plan(self, layout: Layout) -> FoldPlan | None:
+        """The fold plan of ``layout`` into the current aggregate (None: the reply must come whole), kept for the
+        next reply: a scatter's replies share their layout object (``bundle_layout`` caches it) and go into the
+        same aggregate tensors, so this is decided and built once per scatter, not once per reply."""
+        acc = self._acc
+        key = (layout, None if acc is None else tuple(map(id, acc.values())))  # the plan holds those tensors
+        last = self._last_plan
+        if last is not None and last[0][0] is key[0] and last[0][1] == key[1]:
+            return last[1]
+        plan: FoldPlan | None = None
+        if all(DTYPES[s.dtype].is_floating_point for s in layout.slots):
+            plan = FoldPlan.of(layout) if acc is None else None
+            if acc is not None:
+                same = [(k, v.dtype, tuple(v.shape)) for k, v in acc.items()] == \
+                    [(s.name, DTYPES[s.dtype], s.shape) for s in layout.slots]
+                if same and all(v.device.type == "cpu" and v.is_contiguous() for v in acc.values()):
+                    plan = FoldPlan.of(layout, acc)
+        self._last_plan = (key, plan)
+        return plan
 
     def __call__(self, node: NodeId, reply: Reply) -> None:
         if isinstance(reply.bundle, FoldedBundle):
@@ -113,6 +131,7 @@ class WeightedMean:
     def result(self) -> Bundle:
         """The mean of the folded replies (raises ValueError when none was folded)."""
         self.undo.close()
+        self._last_plan = None  # its views of the aggregate go with it
         if self._acc is None:
             raise ValueError("weighted mean of no replies")
         if self.total != self.expected:

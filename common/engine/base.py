@@ -15,6 +15,7 @@ from fedhop.common.engine.api import NodeContext, NodeId, Post, Reply, Scalar
 from fedhop.common.engine.size_claims import SIZE_KEY, size_claim_error
 from fedhop.common.topology import Topology
 from fedhop.common.wire.bundle import Bundle, non_finite
+from fedhop.common.wire.fold import FoldedBundle
 
 
 class HandOffError(RuntimeError):
@@ -90,7 +91,11 @@ def trained_nothing(scalars: Mapping[str, Any]) -> bool:
 
 
 def check_bundle(bundle: Mapping[str, torch.Tensor], expect: Mapping[str, torch.Tensor] | None = None) -> str | None:
-    """Why ``bundle`` must be rejected, or None. Checks names/shapes/dtypes against ``expect`` and finiteness."""
+    """Why ``bundle`` must be rejected, or None. Checks names/shapes/dtypes against ``expect`` and finiteness.
+
+    A reply folded as it streamed (:class:`~fedhop.common.wire.fold.FoldedBundle`) was checked for NaN/Inf piece
+    by piece while it was folded: its ``non_finite`` names the bad tensors (the same names, in the same order, as
+    testing its stand-ins would give), so it is not tested a second time."""
     if expect is not None:
         if list(bundle) != list(expect):
             missing = [k for k in expect if k not in bundle]
@@ -102,7 +107,7 @@ def check_bundle(bundle: Mapping[str, torch.Tensor], expect: Mapping[str, torch.
                 return f"tensor {k!r} has shape {tuple(v.shape)}, expected {tuple(e.shape)}"
             if v.dtype != e.dtype:
                 return f"tensor {k!r} has dtype {v.dtype}, expected {e.dtype}"
-    bad = non_finite(bundle)
+    bad = list(bundle.non_finite) if isinstance(bundle, FoldedBundle) else non_finite(bundle)
     if bad:
         return f"non-finite values (NaN/Inf) in {bad}"
     return None

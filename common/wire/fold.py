@@ -36,6 +36,7 @@ import os
 import tempfile
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -63,11 +64,54 @@ class StreamingFold(Protocol):
 
 class FoldedBundle(dict[str, torch.Tensor]):
     """The bundle of a reply already folded by ``sink``: stand-in tensors of the reply's names, dtypes and
-    shapes (one element each, expanded: no memory), zero, or NaN where the reply had a non-finite value."""
+    shapes (one element each, expanded: no memory), zero, or NaN where the reply had a non-finite value.
 
-    def __init__(self, items: Mapping[str, torch.Tensor], sink: AxpySink) -> None:
+    ``non_finite`` names those NaN ones, in the bundle's order: the sink checked every element of the reply as
+    it was folded (each piece, ``_bad``), so the engine's finiteness check (``check_bundle``) reads this list
+    instead of testing the stand-ins again (the same names, the same words)."""
+
+    def __init__(self, items: Mapping[str, torch.Tensor], sink: AxpySink, non_finite: tuple[str, ...] = ()) -> None:
         super().__init__(items)
         self.sink = sink
+        self.non_finite = non_finite
+
+
+def _stand_in(dtype: torch.dtype, shape: tuple[int, ...], nan: bool) -> torch.Tensor:
+    return torch.full((), float("nan") if nan else 0.0, dtype=dtype).expand(shape)
+
+
+@dataclass(frozen=True, eq=False)
+class FoldPlan:
+    """What every reply of one layout folded into one aggregate shares, built once (``WeightedMean.sink`` keeps
+    the last one: a scatter's replies have the same layout and go into the same aggregate), not per reply: each
+    tensor's dtype and element size, the zero stand-ins :meth:`AxpySink.finish` returns for a finite reply, and,
+    for an existing aggregate (``acc``), its tensors' flat views and bytes, which the sinks write through.
+
+    A plan is only read: the sinks built from it share its views (one sink folds at a time: the reply gate's
+    order), and a first reply's sink builds its own over its fresh buffer."""
+
+    layout: Layout
+    dtypes: tuple[torch.dtype, ...]
+    sizes: tuple[int, ...]  # bytes per element
+    zeros: tuple[torch.Tensor, ...]  # the stand-ins of a finite reply (expanded, read-only)
+    acc: tuple[torch.Tensor, ...] | None = None  # the aggregate's tensors, in the layout's order
+    flat: tuple[torch.Tensor, ...] = ()  # ... flattened
+    bytes: tuple[memoryview, ...] = ()  # ... as bytes
+
+    @classmethod
+    def of(cls, layout: Layout, acc: Mapping[str, torch.Tensor] | None = None) -> FoldPlan:
+        """The plan of ``layout`` (folding into ``acc``'s tensors, in order, when given: the caller checked that
+        they are the layout's, on the CPU and contiguous)."""
+        dtypes = tuple(DTYPES[s.dtype] for s in layout.slots)
+        zeros = tuple(_stand_in(d, s.shape, False) for s, d in zip(layout.slots, dtypes, strict=True))
+        plan = cls(layout, dtypes, tuple(d.itemsize for d in dtypes), zeros)
+        if acc is None:
+            return plan
+        tensors = tuple(acc.values())
+        if len(tensors) != len(layout.slots):
+            raise ValueError(f"a fold plan of {len(layout.slots)} tensors for an aggregate of {len(tensors)}")
+        return cls(plan.layout, plan.dtypes, plan.sizes, plan.zeros, tensors,
+                   tuple(t.reshape(-1) for t in tensors), tuple(_flat_bytes(t) for t in tensors))
 
 
 class UndoLog:
@@ -173,15 +217,23 @@ class AxpySink:
     open or finished; a write after an abort is ignored: the call was given up)."""
 
     def __init__(self, header: pb.BundleHeader, alpha: float, acc: Mapping[str, torch.Tensor] | None,
-                 undo: UndoLog | None) -> None:
-        layout: Layout = bundle_layout(header)
+                 undo: UndoLog | None, plan: FoldPlan | None = None) -> None:
+        """``plan``: what this reply shares with the others of its scatter (:class:`FoldPlan`, made for
+        ``header``'s layout and, when ``acc`` is given, for ``acc``); None: made here."""
+        if plan is None:
+            plan = FoldPlan.of(bundle_layout(header), acc)
+        elif (plan.acc is None) != (acc is None):
+            raise ValueError("a fold plan made for " + ("no aggregate" if plan.acc is None else "an aggregate")
+                             + " given a sink " + ("into an aggregate" if acc is not None else "of a first reply"))
+        layout: Layout = plan.layout
         self.layout = layout
+        self.plan = plan
         self.alpha = alpha
         self._lock = threading.Lock()
         self.state = "open"
         self.bad: set[int] = set()  # tensors with a non-finite value
-        self._dtypes = [DTYPES[s.dtype] for s in layout.slots]
-        self._sizes = [torch.empty(0, dtype=d).element_size() for d in self._dtypes]
+        self._dtypes = plan.dtypes
+        self._sizes = plan.sizes
         self._buf: np.ndarray | None = None
         if acc is None:  # the first reply: its buffer becomes the aggregate (laid out as the decoder would)
             self._buf = allocate(layout.size)
@@ -189,14 +241,16 @@ class AxpySink:
             tensors = [base[s.at:s.at + s.nbytes].view(d).view(s.shape) if s.nbytes else torch.empty(s.shape, dtype=d)
                        for s, d in zip(layout.slots, self._dtypes, strict=True)]
             self._undo = None
+            self._flat: list[torch.Tensor] | tuple[torch.Tensor, ...] = [t.reshape(-1) for t in tensors]
+            self._bytes: list[memoryview] | tuple[memoryview, ...] = [_flat_bytes(t) for t in tensors]
         else:
-            tensors = list(acc.values())
+            assert plan.acc is not None
+            tensors = list(plan.acc)
             if undo is None:
                 raise ValueError("folding into an existing aggregate needs an undo log")
             self._undo = undo
+            self._flat, self._bytes = plan.flat, plan.bytes  # shared with the scatter's other sinks (read only)
         self.tensors: dict[str, torch.Tensor] = {s.name: t for s, t in zip(layout.slots, tensors, strict=True)}
-        self._flat = [t.reshape(-1) for t in tensors]
-        self._bytes = [_flat_bytes(t) for t in tensors]
         self._done = [0] * len(tensors)  # elements received and checked per tensor (a carry aside)
         self._added = [0] * len(tensors)  # ... of which added into the aggregate (saved in the undo log first)
         self._carry = _NO_BYTES  # bytes after the folded ones of the tensor being received
@@ -283,11 +337,12 @@ class AxpySink:
                 self._restore()
             elif self.state == "open":
                 self.state = "finished"
-            stand = {}
-            for i, s in enumerate(self.layout.slots):
-                v = torch.full((), float("nan") if i in self.bad else 0.0, dtype=self._dtypes[i])
-                stand[s.name] = v.expand(s.shape)
-            return FoldedBundle(stand, self)
+            slots, zeros = self.layout.slots, self.plan.zeros
+            if not self.bad:  # the plan's zero stand-ins (read-only: expanded), shared by the scatter's replies
+                return FoldedBundle({s.name: z for s, z in zip(slots, zeros, strict=True)}, self)
+            stand = {s.name: _stand_in(self._dtypes[i], s.shape, True) if i in self.bad else zeros[i]
+                     for i, s in enumerate(slots)}
+            return FoldedBundle(stand, self, tuple(s.name for i, s in enumerate(slots) if i in self.bad))
 
     # -- the node's side ------------------------------------------------------------------------------------------
     def commit(self) -> dict[str, torch.Tensor]:

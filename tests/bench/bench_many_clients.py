@@ -39,6 +39,8 @@ time (``tests/bench/profile_process.py``; ``DIR/ps-N.prof``, ``DIR/host-N-LO.pro
 
     .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand --profile /tmp/prof
 
+With ``--fleet``, ``--profile DIR`` profiles the PS alone (``DIR/ps-fleet-N.prof``).
+
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
 """
@@ -339,11 +341,11 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
     addr = f"127.0.0.1:{_free_port()}"
     load0 = psutil.getloadavg()[0]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "fedhop", "server", str(spec_file), "--out", str(out),
+    proc = subprocess.Popen([*_fedhop("server", f"ps-fleet-{clients}"), str(spec_file), "--out", str(out),
                              "--listen", addr, "--device", "cpu", "--log-level", "warning"],
                             stdout=subprocess.DEVNULL, stderr=(folder / "server.err").open("wb"))
     ps = psutil.Process(proc.pid)
-    peaks = {"rss": 0.0, "threads": 0}
+    peaks = {"rss": 0.0, "threads": 0, "cpu": 0.0}
     errors: list[str] = []
     n_joined = [0]
     journal = out / "rounds.jsonl"
@@ -368,6 +370,7 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
             while proc.poll() is None:
                 peaks["rss"] = max(peaks["rss"], _rss(ps))
                 peaks["threads"] = max(peaks["threads"], _threads(ps))
+                peaks["cpu"] = max(peaks["cpu"], _cpu(ps))  # the PS's CPU seconds (the last reading before it exits)
                 if not first_end and journal.is_file() and journal.read_text().strip():
                     first_end.append(time.monotonic())
                 await asyncio.sleep(0.05)
@@ -389,7 +392,7 @@ def run_fleet(clients: int, rounds: int, work: Path) -> Row:
         print(f"  {len(errors)} client errors, e.g. {errors[:3]}", file=sys.stderr)
     return Row(clients, clients, 0, join, mean_round, peaks["rss"] / 2**20, 0.0,
                proc.returncode == 0 and not errors and len(rows) == rounds, 0, "fleet (no training)",
-               int(peaks["threads"]), (load0, psutil.getloadavg()[0]))
+               int(peaks["threads"]), (load0, psutil.getloadavg()[0]), ps_cpu_s=peaks["cpu"])
 
 
 def main() -> None:
@@ -410,12 +413,13 @@ def main() -> None:
     ap.add_argument("--keepalive-s", type=float, default=None,
                     help="transport.keepalive_s of the runs (a parent's keep-alive on each quiet session; default 5)")
     ap.add_argument("--profile", type=Path, default=None,
-                    help="with --by-hand: run the PS and the hosts under cProfile (every thread), the profiles "
+                    help="with --by-hand or --fleet: run the PS (and the hosts) under cProfile (every thread), the "
+                         "profiles "
                          "into this folder (ps-N.prof, host-N-LO.prof; tests/bench/profile_process.py)")
     a = ap.parse_args()
     if a.profile is not None:
-        if not a.by_hand:
-            raise SystemExit("--profile profiles the processes started --by-hand")
+        if not (a.by_hand or a.fleet):
+            raise SystemExit("--profile profiles the processes started --by-hand or --fleet's PS")
         a.profile.mkdir(parents=True, exist_ok=True)
         PROFILE.append(a.profile.resolve())
     if a.keepalive_s is not None:

@@ -81,3 +81,21 @@ def test_a_tensor_changed_in_place_between_two_calls_is_encoded_again() -> None:
         assert torch.equal(_decoded(to_a)["w"], torch.zeros(50))
         assert torch.equal(_decoded(_sent(b))["w"], torch.ones(50))  # not the bytes or checksum of the first
         assert torch.equal(_decoded(_sent(c))["v"], torch.arange(7))
+
+
+def test_a_task_frame_copied_from_the_last_call_is_the_one_built_for_its_own_args() -> None:
+    """The Task frame is copied from the previous call's while task, args, deadline and round are the same
+    (``CallTable._task_frame``); args equal in Python but not on the wire (1, 1.0, True) get their own."""
+    spec = spec_for(clients=6)
+    cases = [({"x": 1}, 0, 30.0), ({"x": 1}, 0, 30.0), ({"x": True}, 0, 30.0), ({"x": 1.0}, 0, 30.0),
+             ({"x": 1.0}, 1, 30.0), ({"x": 1.0}, 1, 20.0)]
+    with configured_hub(spec) as (hub, _):
+        links = [join(hub, f"client-{k}", peer=f"ipv4:127.0.0.1:{40000 + k}") for k in range(len(cases))]
+        hub.start()
+        for link in links:
+            drain(link)
+        for k, (args, rnd, deadline) in enumerate(cases):
+            call = hub.call(f"client-{k}", TASK, {}, args, rnd, deadline)
+            assert not hasattr(call, "reason"), call
+            want = task_frame(call.call_id, TASK, args, deadline_s=deadline, has_bundle=False, round_idx=rnd)
+            assert _sent(links[k]) == [serialize_frame(want)], (k, args)
