@@ -9,7 +9,9 @@ import contextlib
 import dataclasses
 import io
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +35,25 @@ def fedhop(*args: str) -> subprocess.CompletedProcess[str]:
     """``fedhop ARGS`` through the command line's ``main`` in this process: its exit code (a usage error's
     SystemExit too) and what it printed. The check starts the processes it needs itself (the networked run's
     children, the crash and fault launches); run here, it saves a new interpreter and fork server (two torch
-    imports). An exception out of ``main`` fails the test, as a traceback of the command would."""
+    imports). An exception out of ``main`` fails the test, as a traceback of the command would.
+
+    What the command puts on this process's ``PYTHONPATH`` and ``sys.path`` (the spec's folder, for user code:
+    ``cli/spec_fields._importable``) is taken back afterwards: left there, it made the session's fork server
+    (started before it) differ from this process's environment, and every later test of the worker that asserts a
+    forked child got a new interpreter instead (tests/integration/test_forkstart.py, seen on 2026-11-26)."""
     out, err = io.StringIO(), io.StringIO()
+    path, pythonpath = list(sys.path), os.environ.get("PYTHONPATH")
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(list(args))
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
+        finally:
+            sys.path[:] = path
+            if pythonpath is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = pythonpath
     return subprocess.CompletedProcess(["fedhop", *args], code, out.getvalue(), err.getvalue())
 
 

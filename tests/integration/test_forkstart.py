@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from fedhop import forkstart
 from fedhop.forkstart import ForkedChild, fedhop_argv, import_time_differences, server_defaults
 from fedhop.launch import Processes
 
@@ -22,6 +23,14 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "least_squares"
 
 def fedhop(*args: str) -> list[str]:
     return [sys.executable, "-m", "fedhop", *args]
+
+
+def _not_forked_because() -> str:
+    """What made :class:`Processes` start a new interpreter (the variables on which this process's environment and
+    the fork server's differ), for an assertion's message."""
+    differ = import_time_differences(dict(os.environ))
+    return ", ".join(f"{k}: {os.environ.get(k)!r} here, {forkstart._server_env.get(k)!r} at the server's start"
+                     for k in differ) or "no environment difference"
 
 
 def test_only_fedhop_commands_are_forked() -> None:
@@ -43,7 +52,7 @@ def test_forked_child_runs_in_the_callers_folder_with_its_environment(tmp_path: 
     procs = Processes(tmp_path / "logs")
     try:
         p = procs.start("probe", fedhop("spec", "fedavg.toml"))
-        assert isinstance(p, ForkedChild)
+        assert isinstance(p, ForkedChild), f"started as a new interpreter: {_not_forked_because()}"
         assert p.wait(120) == 0, (tmp_path / "logs" / "probe.log").read_text()
     finally:
         procs.kill_all()
@@ -71,6 +80,7 @@ def test_forked_child_has_its_own_session_and_dies_by_signal(tmp_path: Path) -> 
         # a client that keeps dialling a port nobody listens on
         p = procs.start("client-0", fedhop("client", "--id", "client-0", "--connect", "127.0.0.1:9",
                                            "--connect-timeout", "600"))
+        assert isinstance(p, ForkedChild), f"started as a new interpreter: {_not_forked_because()}"
         deadline = time.monotonic() + 60  # the child calls setsid() right after the fork
         while os.getsid(p.pid) != p.pid and time.monotonic() < deadline:
             time.sleep(0.01)
