@@ -89,9 +89,11 @@ class UndoLog:
     bytes reach the file (a byte is read before any add changes it: the add waits for the writer); ``clear`` and
     ``restore`` stop the writer first."""
 
-    # the writer's write size: a reply's first save waits for one (~4 ms); smaller ones cost CPU in hand-offs between
-    # the two threads (1 MiB: +18% of the fold's CPU, 4 MiB +12%, 16 MiB +1%; bench_fold_cpu.py --part fold)
+    # the writer's write size (after a first one of FIRST bytes, which the reply's first save waits for): smaller ones
+    # cost CPU in hand-offs between the two threads (1 MiB: +18% of the fold's CPU, 4 MiB +12%, 16 MiB +1%;
+    # bench_fold_cpu.py --part fold)
     PIECE = 16 << 20
+    FIRST = 1 << 20
 
     def __init__(self) -> None:
         self._fd: int | None = None
@@ -151,15 +153,19 @@ class UndoLog:
 
     def _write_ahead(self, spans: list[tuple[int, memoryview]]) -> None:
         """The writer: the aggregate's bytes into the file, piece by piece in payload order, until done or stopped."""
+        size = min(self.PIECE, self.FIRST)  # the reply's first save waits for this one
         try:
             for offset, view in spans:
-                for pos in range(0, view.nbytes, self.PIECE):
+                pos = 0
+                while pos < view.nbytes:
                     if self._stop:
                         return
-                    piece = view[pos:pos + self.PIECE]
+                    piece = view[pos:pos + size]
+                    size = self.PIECE
                     self._save_file(offset + pos, piece)
+                    pos += piece.nbytes
                     with self._cond:
-                        self._ahead = offset + pos + piece.nbytes
+                        self._ahead = offset + pos
                         self._end = max(self._end, self._ahead)
                         self.saved += piece.nbytes
                         self.saved_total += piece.nbytes
