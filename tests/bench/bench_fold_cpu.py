@@ -6,7 +6,9 @@
 
 * ``fold``: 4 replies of the 25M MLP (99.9 MB) folded through ``WeightedMean.sink`` and ``BundleDecoder.fill`` over a
   reader that returns at most the rest of a 1 MiB chunk frame per call (as a lane's does), one thread; checked bit for
-  bit against the whole-tensor fold. The reader's copy stands in for the receive.
+  bit against the whole-tensor fold. The reader's copy stands in for the receive. Then the undo log written ahead by
+  its own thread (as built) against written by the receiving thread, interleaved: process CPU, the receiving
+  thread's CPU and the wall per round.
 * ``undo``: where the undo log's 3 x 100 MB a round could go (the ext4 file as built, tmpfs/memfd, memory, O_DIRECT).
 * ``loopback``: CPU per GB through 127.0.0.1 (both ends in this process) and per GB of memcpy: what moving a round's
   800 MB costs at the least.
