@@ -89,11 +89,11 @@ class UndoLog:
     bytes reach the file (a byte is read before any add changes it: the add waits for the writer); ``clear`` and
     ``restore`` stop the writer first."""
 
-    # the writer's write size (after a first one of FIRST bytes, which the reply's first save waits for): smaller ones
-    # cost CPU in hand-offs between the two threads (1 MiB: +18% of the fold's CPU, 4 MiB +12%, 16 MiB +1%;
-    # bench_fold_cpu.py --part fold)
-    PIECE = 16 << 20
-    FIRST = 1 << 20
+    # the writer's write size, what a save may wait for beyond its own bytes: bench_fold_cpu.py --part fold, 4 replies
+    # of 100 MB, wall of the fold 0.14-0.15 s written by the receiver; written ahead in 1 MiB pieces 0.106-0.112 s in 3
+    # runs of 3 (+0.02 CPU s for the hand-offs), in 4 or 16 MiB pieces 0.10-0.20 s (a wait for a whole piece that the
+    # writer, on a busy machine, finishes late)
+    PIECE = 1 << 20
 
     def __init__(self) -> None:
         self._fd: int | None = None
@@ -153,7 +153,7 @@ class UndoLog:
 
     def _write_ahead(self, spans: list[tuple[int, memoryview]]) -> None:
         """The writer: the aggregate's bytes into the file, piece by piece in payload order, until done or stopped."""
-        size = min(self.PIECE, self.FIRST)  # the reply's first save waits for this one
+        size = self.PIECE
         try:
             for offset, view in spans:
                 pos = 0
@@ -161,7 +161,6 @@ class UndoLog:
                     if self._stop:
                         return
                     piece = view[pos:pos + size]
-                    size = self.PIECE
                     self._save_file(offset + pos, piece)
                     pos += piece.nbytes
                     with self._cond:
