@@ -6,7 +6,9 @@
 
 * ``fold``: 4 replies of the 25M MLP (99.9 MB) folded through ``WeightedMean.sink`` and ``BundleDecoder.fill`` over a
   reader that returns at most the rest of a 1 MiB chunk frame per call (as a lane's does), one thread; checked bit for
-  bit against the whole-tensor fold. The reader's copy stands in for the receive.
+  bit against the whole-tensor fold. The reader's copy stands in for the receive. Then the undo log written ahead by
+  its own thread (as built) against written by the receiving thread, interleaved: process CPU, the receiving
+  thread's CPU and the wall per round.
 * ``undo``: where the undo log's 3 x 100 MB a round could go (the ext4 file as built, tmpfs/memfd, memory, O_DIRECT).
 * ``loopback``: CPU per GB through 127.0.0.1 (both ends in this process) and per GB of memcpy: what moving a round's
   800 MB costs at the least.
@@ -46,6 +48,7 @@ def fold(reps: int) -> None:
     from fedhop.common.algorithms.aggregate import WeightedMean
     from fedhop.common.engine.api import Reply
     from fedhop.common.wire.codec import BundleDecoder, encode_parts
+    from fedhop.common.wire.fold import UndoLog
 
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
@@ -81,6 +84,27 @@ def fold(reps: int) -> None:
     got = one_round()
     assert all(torch.equal(got[k], want[k]) for k in SHAPES), "the streamed fold changed a bit"
     print(f"fold of 4 replies of 99.9 MB (streamed, fill): {cpu(one_round, reps):.3f} CPU s per round (bit-identical)")
+
+    # the undo log written ahead by its own thread (as built) or by the receiving thread (its saves made in place):
+    # process CPU, the receiving thread's CPU and the wall per round, the two interleaved
+    ahead = UndoLog._wait
+
+    def in_place(self: UndoLog, end: int, whole: object) -> bool:
+        return False
+
+    rows: dict[str, list[tuple[float, float, float]]] = {"written ahead": [], "written by the receiver": []}
+    for _ in range(reps):
+        for name, wait in (("written ahead", ahead), ("written by the receiver", in_place)):
+            UndoLog._wait = wait  # type: ignore[method-assign]
+            c, t, w = time.process_time(), time.thread_time(), time.perf_counter()
+            got = one_round()
+            rows[name].append((time.process_time() - c, time.thread_time() - t, time.perf_counter() - w))
+            assert all(torch.equal(got[k], want[k]) for k in SHAPES), "the streamed fold changed a bit"
+    UndoLog._wait = ahead  # type: ignore[method-assign]
+    for name, got_rows in rows.items():
+        med = [statistics.median(r[i] for r in got_rows) for i in range(3)]
+        print(f"  undo log {name}: {med[0]:.3f} CPU s (the receiving thread {med[1]:.3f}), wall {med[2]:.3f} s "
+              f"per round (median of {reps})")
 
 
 def undo(reps: int) -> None:

@@ -26,7 +26,11 @@ started together in the same run, right before and right after the job (a round 
 slowest client), then the PS's evaluation of the round's model on the test set (one thread, as the PS runs it
 between two rounds in both engines; the ratio is printed with and without it). The CPU accounting line sums
 every process's CPU per round (the events' ``cpu`` stamps): what the transport costs beside the training, which
-on a machine whose cores the training fills is taken from the training. The machine is shared (other work runs
+on a machine whose cores the training fills is taken from the training; it includes the PS's work after its
+scatter (FedAvg: the evaluation, which the floor counts too), printed apart. The critical-path line gives the
+round's gaps (:data:`LATENCY`): the model's way down to the last client's training, the replies' way up once
+every client trained (the fold takes them one at a time, in canonical order), the evaluation, the gap between
+rounds. The machine is shared (other work runs
 beside): compare figures within one run, not across runs.
 """
 
@@ -127,6 +131,14 @@ def cpu_accounting(events: list[dict], windows: list[tuple[float, float]]) -> di
     starts = [e for e in marks if e["kind"] == "round"]
     ends = [e for e in marks if e["kind"] == "round_end"]
     ps_cpu = [b["cpu"] - a["cpu"] for a, b in zip(starts, ends, strict=True)][1:]
+    # the PS's work after its round's last scatter (FedAvg: the evaluation of the new model, which the floor also
+    # counts), the CPU of the PS from the scatter's end to the round's end
+    scatter_ends = sorted((e for e in events if e.get("at", e["node"]) == "ps" and e["kind"] == "scatter_end"),
+                          key=lambda e: e["t"])
+    after = []
+    for a, b in list(zip(starts, ends, strict=True))[1:]:
+        last = [e for e in scatter_ends if a["t"] <= e["t"] <= b["t"]]
+        after.append(b["cpu"] - last[-1]["cpu"] if last else 0.0)
 
     def window(t: float) -> int | None:
         return next((i for i, (a, b) in enumerate(windows) if a <= t <= b), None)
@@ -143,10 +155,56 @@ def cpu_accounting(events: list[dict], windows: list[tuple[float, float]]) -> di
                 clients[i] += now["ran"] - last["ran"]
                 training[i] += now["ran"] - now["run"]
     n = len(ps_cpu)
-    out = {"ps": sum(ps_cpu) / n, "clients": sum(clients[1:]) / n, "training": sum(training[1:]) / n}
+    out = {"ps": sum(ps_cpu) / n, "clients": sum(clients[1:]) / n, "training": sum(training[1:]) / n,
+           "ps_after": sum(after) / n}
     out["other"] = out["ps"] + out["clients"] - out["training"]
     out.update({f"other_{i + 1}": ps_cpu[i - 1] + clients[i] - training[i] for i in range(1, len(windows))})
     return out
+
+
+LATENCY = (("lead", "round start -> first request sent (the starting model spilled, the scatter set up)"),
+           ("down", "first request sent -> the last client starts training (model down, hand-off to training)"),
+           ("handoff", "a client holds its request -> its training starts (mean over the clients)"),
+           ("skew", "the first client's training ends -> the last one's"),
+           ("tail", "the last client's training ends -> the PS holds the last reply (encode, gate, uploads)"),
+           ("settle", "the last reply held -> the scatter ends (its fold committed)"),
+           ("after", "the scatter ends -> the round ends (the evaluation; its CPU as after_cpu)"),
+           ("between", "the round ends -> the next one starts"))
+
+
+def latency(events: list[dict]) -> dict[str, float]:
+    """The critical path's gaps of a one-scatter round (FedAvg), mean seconds over the rounds after the first
+    (:data:`LATENCY`); empty where a round's events are incomplete (e.g. several scatters a round)."""
+    ps = sorted((e for e in events if e.get("at", e["node"]) == "ps"
+                 and e["kind"] in ("round", "round_end", "scatter_end", "call", "reply")), key=lambda e: e["t"])
+    starts = [e for e in ps if e["kind"] == "round" and e["round"] >= 0]
+    ends = [e for e in ps if e["kind"] == "round_end" and e["round"] >= 0]
+    child: dict[int, dict[str, float]] = defaultdict(dict)
+    for e in events:
+        if e["kind"] in ("task_in", "run", "ran"):
+            child[e["call"]][e["kind"]] = e["t"]
+    rows = []
+    for i, (a, b) in enumerate(zip(starts, ends, strict=True)):
+        inside = [e for e in ps if a["t"] <= e["t"] <= b["t"]]
+        calls = [e for e in inside if e["kind"] == "call"]
+        replies = [e for e in inside if e["kind"] == "reply"]
+        scatter_ends = [e for e in inside if e["kind"] == "scatter_end"]
+        if i == 0 or len(scatter_ends) != 1 or not calls or not all(
+                {"task_in", "run", "ran"} <= child[c["call"]].keys() for c in calls):
+            continue
+        c = [child[x["call"]] for x in calls]
+        last_reply, end = max(r["t"] for r in replies), scatter_ends[0]
+        row = {"lead": calls[0]["t"] - a["t"], "down": max(x["run"] for x in c) - calls[0]["t"],
+               "handoff": statistics.mean(x["run"] - x["task_in"] for x in c),
+               "skew": max(x["ran"] for x in c) - min(x["ran"] for x in c),
+               "tail": last_reply - max(x["ran"] for x in c), "settle": end["t"] - last_reply,
+               "after": b["t"] - end["t"], "after_cpu": b["cpu"] - end["cpu"]}
+        if i + 1 < len(starts):
+            row["between"] = starts[i + 1]["t"] - b["t"]
+        rows.append(row)
+    if not rows:
+        return {}
+    return {k: statistics.mean(r[k] for r in rows if k in r) for k in rows[0]}
 
 
 def breakdown(timers: Path) -> tuple[list[float], dict[str, dict[str, float]]]:
@@ -214,6 +272,9 @@ def breakdown(timers: Path) -> tuple[list[float], dict[str, dict[str, float]]]:
     cpu = cpu_accounting(events, windows)
     if cpu:
         out["cpu"] = cpu
+    gaps = latency(events)
+    if gaps:
+        out["latency"] = gaps
     return walls, out
 
 
@@ -250,6 +311,9 @@ def _floor_worker(spec_json: str, client: str, rounds: int, barrier: mp.Barrier,
             t0 = time.perf_counter()
             ws.evaluate(w)
             evals.append(time.perf_counter() - t0)
+        # nobody leaves while it evaluates: the last round's evaluation ran beside the other workers' exit and took
+        # 0.40-0.85 s instead of 0.20 (a floor too high by 0.07-0.2 s, the ratio too low by 0.02-0.05)
+        barrier.wait()
     q.put((client, times, cpus, evals))
 
 
@@ -330,7 +394,13 @@ def main() -> None:
                 print(f"\nCPU seconds per round (rounds after the first, all processes): PS {c['ps']:.2f}, clients "
                       f"{c['clients']:.2f}, of which training {c['training']:.2f}; beside the training "
                       f"{c['other']:.2f} s = {c['other'] / cores:.2f} s of wall on {cores} cores if nothing overlaps "
-                      f"(by round: {', '.join(f'{k[6:]}: {v:.2f}' for k, v in c.items() if k.startswith('other_'))})")
+                      f"(by round: {', '.join(f'{k[6:]}: {v:.2f}' for k, v in c.items() if k.startswith('other_'))}); "
+                      f"of it the PS after its scatter (the evaluation) {c['ps_after']:.2f}, the rest "
+                      f"{c['other'] - c['ps_after']:.2f}")
+            if "latency" in parts:
+                g = parts["latency"]
+                print("\ncritical path, seconds per round (rounds after the first): " + ", ".join(
+                    f"{k} {g[k]:.3f}" for k, _ in LATENCY if k in g) + f" (CPU {g['after_cpu']:.3f})")
             if name == "fedavg-25M":
                 floor_after, cpu_after, eval_after = compute_floor(work / f"{name}.toml", rounds)
                 mean_round = statistics.mean(walls)
@@ -347,6 +417,11 @@ def main() -> None:
                       f"{mean_round / (mean_floor + evaluation):.2f} (target <= 1.15); "
                       f"round - floor = {mean_round - mean_floor - evaluation:.2f} s; the floor's training CPU "
                       f"{(cpu_before + cpu_after) / 2:.2f} s per round ({a.clients} clients)")
+                in_run = parts.get("latency", {}).get("after")
+                floor_evals = ", ".join(f"{x:.2f}" for x in eval_before + eval_after)
+                run_eval = (f"; in the run (the PS's scatter end -> round end, rounds after the first): {in_run:.2f} s"
+                            if in_run is not None else "")
+                print(f"the evaluation per round in the floor: {floor_evals} s{run_eval}")
             print(flush=True)
 
 
