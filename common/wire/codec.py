@@ -21,8 +21,7 @@ Memory
     tensor starts at a multiple of its element size (of 64 bytes when it holds at least 4 KiB), so the
     buffer is at most a few bytes per tensor larger than the payload. A freed buffer of at least 32 MiB is kept
     for the next bundle of its size (:data:`POOL_KEEP`, two at most): a node receives the same model every
-    round, and fresh memory costs a page fault and a zeroing per page. A client puts one of its first model's size
-    (:func:`decode_size`) there at its join (:func:`warm_pool`), so that its first round finds warm memory too.
+    round, and fresh memory costs a page fault and a zeroing per page.
 
 Checksums
     ``xxh3_64`` (default; about 14 GB/s on one core here, against about 2 GB/s for ``zlib.crc32``, see
