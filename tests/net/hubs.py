@@ -31,6 +31,7 @@ from fedhop.transport.node_config import NodeConfig
 from fedhop.transport.parent import serve_parent
 from fedhop.transport.session import HubConfig, ParentHub, child_assembler, hello_frame
 from fedhop.v1 import fedhop_pb2 as pb
+from tests.specs import DIGITS, run_spec
 from tests.waiting import wait_until
 
 
@@ -46,6 +47,19 @@ def parent_with_children(spec: RunSpec, sizes: Mapping[str, int], *,
     sec = dict(security or {})
     with mock.patch.dict(os.environ, {ENV_SWITCH: "1" if lane else "0"}):
         yield from _parent_with_children(spec, sizes, child_transport, sec)
+
+
+@contextlib.contextmanager
+def fedavg_parent(name: str, weights: Mapping[str, int], chunk_bytes: int,
+                  ) -> Iterator[tuple[ParentHub, dict[str, ChildSession], tuple[RunSpec, Topology]]]:
+    """:func:`parent_with_children` for a flat FedAvg run of ``len(weights)`` clients (a 4-unit MLP on digits; the
+    children's bundles are the tests' own), ``chunk_bytes`` per chunk, 30 s per call: the PS the fold and spill
+    tests scatter from; yields (hub, children, (spec, topology))."""
+    spec = run_spec("fedavg", {}, clients=len(weights), edges=0, name=name, rounds=1, data=DIGITS,
+                    model={"name": "mlp", "hidden": [4]},
+                    transport={"chunk_bytes": chunk_bytes, "rpc_timeout_s": 30.0})
+    with parent_with_children(spec, weights) as (hub, children, topo):
+        yield hub, children, (spec, topo)
 
 
 def _parent_with_children(spec: RunSpec, sizes: Mapping[str, int], child_transport: bool,

@@ -25,8 +25,7 @@ from fedhop.common.wire.messages import result_frame
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.session import ParentHub
-from tests.net.hubs import next_task, parent_with_children
-from tests.specs import DIGITS, run_spec
+from tests.net.hubs import fedavg_parent, next_task
 
 CHUNK = 64 << 10
 SHAPES = {"w": (96, 1000), "b": (1000,)}  # 388,000 bytes: six chunks, one spanning the two tensors
@@ -37,10 +36,8 @@ WEIGHTS = {"client-0": 10, "client-1": 25, "client-2": 7}
 
 @pytest.fixture
 def parent() -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
-    spec = run_spec("fedavg", {}, clients=3, edges=0, name="fold", rounds=1, data=DIGITS,
-                    model={"name": "mlp", "hidden": [4]}, transport={"chunk_bytes": CHUNK, "rpc_timeout_s": 30.0})
-    with parent_with_children(spec, WEIGHTS) as (hub, children, topo):
-        yield hub, children, (spec, topo)
+    with fedavg_parent("fold", WEIGHTS, CHUNK) as p:
+        yield p
 
 
 def replies(seed: int = 0) -> dict[str, dict[str, torch.Tensor]]:

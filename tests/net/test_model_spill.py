@@ -28,9 +28,8 @@ from fedhop.edge.comm import EdgeComm
 from fedhop.transport.child import ChildSession
 from fedhop.transport.netcomm import NetComm
 from fedhop.transport.session import ParentHub
-from tests.net.hubs import parent_with_children, take_task
+from tests.net.hubs import fedavg_parent, take_task
 from tests.smaps import mapped_rss
-from tests.specs import DIGITS, run_spec
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not spill_module.CAN_DROP,
                                 reason="reads /proc/self/smaps; needs madvise(MADV_DONTNEED)")
@@ -43,10 +42,8 @@ WEIGHTS = {"client-0": 10, "client-1": 25, "client-2": 7}
 
 @pytest.fixture
 def parent() -> Iterator[tuple[ParentHub, dict[str, ChildSession], object]]:
-    spec = run_spec("fedavg", {}, clients=3, edges=0, name="spill", rounds=1, data=DIGITS,
-                    model={"name": "mlp", "hidden": [4]}, transport={"chunk_bytes": CHUNK, "rpc_timeout_s": 30.0})
-    with parent_with_children(spec, WEIGHTS) as (hub, children, topo):
-        yield hub, children, (spec, topo)
+    with fedavg_parent("spill", WEIGHTS, CHUNK) as p:
+        yield p
 
 
 def resident(spill: Spill) -> int:
