@@ -16,7 +16,6 @@ import asyncio
 import functools
 import logging
 import threading
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -30,6 +29,7 @@ from fedhop.common.wire.messages import BundleMessage, MessageAssembler
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, make_aio_channel
 from fedhop.transport.child import _BYE, _END, _FRAME, _HEARD, _REJOIN, BYE_WAIT_S, ChildSession, _Stream
 from fedhop.transport.lane import Lane, LaneOffer, dial_lane
+from fedhop.transport.loop_calls import LoopCalls
 from fedhop.transport.session import CLOSE
 from fedhop.transport.workers import DaemonPool
 from fedhop.v1 import fedhop_pb2 as pb
@@ -37,56 +37,6 @@ from fedhop.v1 import fedhop_pb2 as pb
 log = logging.getLogger("fedhop.child")
 
 T = TypeVar("T")
-
-
-class LoopCalls:
-    """Calls onto one event loop from other threads, carried in batches: the calls made while the loop has not
-    run the previous ones yet share one ``call_soon_threadsafe`` (a self-pipe write and a loop wake-up), not one
-    each (issue 19: a host's ids' task threads each queued their Result and their Report with a wake-up of their
-    own; the PS's sessions do the same with ``AsyncParentServicer._wake_soon``). Calls run in the order made.
-    One per loop (:meth:`of`), shared by the sessions on it."""
-
-    _all: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopCalls] = weakref.WeakKeyDictionary()
-    _all_lock = threading.Lock()
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._lock = threading.Lock()
-        self._batch: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
-        self.calls = 0  # counted, for the tests: calls made ...
-        self.wakes = 0  # ... and the call_soon_threadsafe that carried them
-
-    @classmethod
-    def of(cls, loop: asyncio.AbstractEventLoop) -> LoopCalls:
-        with cls._all_lock:
-            calls = cls._all.get(loop)
-            if calls is None:
-                calls = cls._all[loop] = cls(loop)
-            return calls
-
-    def soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop soon (RuntimeError, as ``call_soon_threadsafe``'s, once it is closed)."""
-        with self._lock:
-            self.calls += 1
-            self._batch.append((fn, args))
-            if len(self._batch) > 1:
-                return  # the loop has not run the batch yet: it takes this one with it
-            self.wakes += 1
-        try:
-            self.loop.call_soon_threadsafe(self._run)
-        except RuntimeError:  # the loop is closed: nothing will run them (later calls raise too)
-            with self._lock:
-                self._batch.clear()
-            raise
-
-    def _run(self) -> None:
-        with self._lock:
-            batch, self._batch = self._batch, []
-        for fn, args in batch:
-            try:
-                fn(*args)
-            except Exception:  # one session's failure must not keep the others' calls from running
-                log.exception("a call queued onto the loop failed")
 
 
 class _Outbox:

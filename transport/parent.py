@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -26,6 +25,7 @@ import grpc
 from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame
 from fedhop.transport.aio_server import LoopServer
 from fedhop.transport.credentials import Security, Unauthenticated, peer_identity
+from fedhop.transport.loop_calls import LoopCalls
 from fedhop.transport.session import CLOSE, CallTable, ChildLink, Frame
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -71,9 +71,12 @@ class AsyncParentServicer:
         self.frames_read = 0
         self.jobs = 0
         self.wakeups = 0
-        self.loop_wakes = 0  # ... and the self-pipe writes that carried them to the loop (one for many sessions)
-        self._to_wake: list[Callable[[], None]] = []  # sessions' wake-ups not yet run by the loop
-        self._to_wake_lock = threading.Lock()
+        # ... carried to the loop in batches: loop_wakes counts the self-pipe writes (one for many sessions)
+        self._wakes = LoopCalls(self.loop, f"{hub.node}: a session's wake-up")
+
+    @property
+    def loop_wakes(self) -> int:
+        return self._wakes.wakes
 
     def register(self, server: LoopServer) -> None:
         handler = grpc.stream_stream_rpc_method_handler(
@@ -143,23 +146,9 @@ class AsyncParentServicer:
     def _wake_soon(self, woken: Callable[[], None]) -> None:
         """Run ``woken`` on the loop soon, from any thread: the wake-ups queued by other threads meanwhile (a
         scatter's Tasks, a keep-alive tick's frames: one per session) share one ``call_soon_threadsafe`` (a
-        self-pipe write and a loop wake-up each), not one each (issue 19)."""
-        with self._to_wake_lock:
-            self._to_wake.append(woken)
-            if len(self._to_wake) > 1:
-                return  # the loop has not run the batch yet: it takes this one with it
-        self.loop_wakes += 1
+        self-pipe write and a loop wake-up each), not one each (:class:`LoopCalls`)."""
         with contextlib.suppress(RuntimeError):  # the server stopped: nobody streams these sessions any more
-            self.loop.call_soon_threadsafe(self._wake_all)
-
-    def _wake_all(self) -> None:
-        with self._to_wake_lock:
-            batch, self._to_wake = self._to_wake, []
-        for woken in batch:
-            try:
-                woken()
-            except Exception:  # one session's failure must not keep the others' wake-ups from running
-                log.exception("%s: a session's wake-up failed", self.hub.node)
+            self._wakes.soon(woken)
 
     async def _read(self, link: ChildLink, frames: AsyncIterator[Any]) -> None:
         why = "the child closed its stream"

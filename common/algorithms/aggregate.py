@@ -81,13 +81,14 @@ class WeightedMean:
         if last is not None and last[0][0] is key[0] and last[0][1] == key[1]:
             return last[1]
         plan: FoldPlan | None = None
-        if all(DTYPES[s.dtype].is_floating_point for s in layout.slots):
-            plan = FoldPlan.of(layout) if acc is None else None
-            if acc is not None:
-                same = [(k, v.dtype, tuple(v.shape)) for k, v in acc.items()] == \
-                    [(s.name, DTYPES[s.dtype], s.shape) for s in layout.slots]
-                if same and all(v.device.type == "cpu" and v.is_contiguous() for v in acc.values()):
-                    plan = FoldPlan.of(layout, acc)
+        if not all(DTYPES[s.dtype].is_floating_point for s in layout.slots):
+            pass
+        elif acc is None:
+            plan = FoldPlan.of(layout)
+        elif [(k, v.dtype, tuple(v.shape)) for k, v in acc.items()] == \
+                [(s.name, DTYPES[s.dtype], s.shape) for s in layout.slots] \
+                and all(v.device.type == "cpu" and v.is_contiguous() for v in acc.values()):
+            plan = FoldPlan.of(layout, acc)
         self._last_plan = (key, plan)
         return plan
 

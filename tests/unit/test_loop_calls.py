@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fedhop.transport.aio_child import LoopCalls
+from fedhop.transport.loop_calls import LoopCalls
 
 
 @pytest.fixture
