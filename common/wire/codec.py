@@ -544,12 +544,13 @@ def _keep(m: mmap.mmap) -> None:
 
 
 def release_pool() -> int:
-    """Unmap the kept decode buffers now, and drop the kept pinned ones (``staging.release``); how many bytes they
-    held."""
+    """Unmap the kept (pageable) decode buffers now; how many bytes they held. The pinned buffers of a GPU node are
+    not these (``staging.release`` drops them): the spill calls this at every drop (``engine/spill.py``), and
+    re-pinning a buffer each reply would cost what keeping it saves."""
     with _pool_lock:
         held = sum(len(m) for m in _pool)
         _pool.clear()
-    return held + staging.release()
+    return held
 
 
 def _allocate(size: int) -> np.ndarray:

@@ -31,7 +31,8 @@ Which memory, and how much
     round: the pinning, ~as costly as the copy it saves, is paid once). A bundle that needs a buffer while its kind
     is in use (a second reply being decoded, two clients of one process staging at once) or that is smaller than
     :data:`PINNED_MIN_BYTES` takes the pageable path, as before this module. A buffer of another size replaces the
-    kept one. :func:`release` (``codec.release_pool``) drops the kept buffers.
+    kept one. :func:`release` drops the kept buffers (``codec.release_pool``, which the spill calls at every
+    drop, does not: it empties the pageable pool only).
     CPU nodes never reach any of this: no CUDA tensor to stage, no CUDA device to receive for.
 
 Pinning can fail (locked-memory limits, a host short of memory). Then this module says so ONCE in the log (a
