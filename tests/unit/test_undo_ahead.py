@@ -152,20 +152,3 @@ def test_a_save_past_what_the_writer_covers_is_made_by_the_caller() -> None:
     log.restore(4096, out)
     assert bytes(out) == bytes(data)
     log.close()
-
-
-@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
-def test_non_finite_judges_an_expanded_tensor_by_its_distinct_elements_as_its_dense_copy(bad) -> None:
-    """The fold's stand-ins are expanded (stride 0): ``non_finite`` tests their distinct elements only, with the
-    verdict of the same tensor made dense, whatever dimensions repeat."""
-    from fedhop.common.wire.bundle import non_finite
-
-    base = torch.zeros(3, 1, 5, 1)
-    if bad is not None:
-        base[1, 0, 2, 0] = bad
-    cases = {"all": base.view(-1)[:1].view(()).expand(7, 9), "some": base.expand(3, 4, 5, 2),
-             "none": base.clone(), "empty": torch.zeros(0, 1).expand(0, 6),
-             "strided": base.reshape(-1).as_strided((15, 3), (1, 0))}
-    dense = {k: v.contiguous() for k, v in cases.items()}
-    assert non_finite(cases) == non_finite(dense)
-    assert ("some" in non_finite(cases)) == (bad is not None)
