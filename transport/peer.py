@@ -268,8 +268,9 @@ class EdgeService:
 
     async def HandOff(self, frames: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> pb.Ack:  # noqa: N802
         """One hand-off or post: its frames are assembled in the session pool as they come (one gRPC message at a
-        time: a Batch's frames in one job), then validated and kept (or queued) there; the Ack says whether it was taken. A sender that stops half-way
-        holds no thread, and its call is cancelled (``CANCELLED``) at ``transport.rpc_timeout_s``."""
+        time: a Batch's frames in one job), then validated and kept (or queued) there; the Ack says whether it was
+        taken. A sender that stops half-way holds no thread, and its call is cancelled (``CANCELLED``) at
+        ``transport.rpc_timeout_s``."""
         sender, slot = self._caller(context)
         md = dict(context.invocation_metadata() or ())
         pid = str(md.get(POST_HEADER, ""))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedhop.common.wire import messages
 from fedhop.common.wire.frames import (
     CALL_ID_BASE,
     DESCRIBE,
@@ -23,7 +24,6 @@ from fedhop.common.wire.frames import (
     task_frame,
     unbatched,
 )
-from fedhop.common.wire import messages
 from fedhop.v1 import fedhop_pb2 as pb
 
 BUNDLES = {
