@@ -24,7 +24,7 @@ import grpc
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.wire.codec import CodecError
-from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame, unbatched
 from fedhop.common.wire.messages import BundleMessage, MessageAssembler
 from fedhop.transport.channels import HANDSHAKE_TIMEOUT_S, make_aio_channel
 from fedhop.transport.child import _BYE, _END, _FRAME, _HEARD, _REJOIN, BYE_WAIT_S, ChildSession, _Stream
@@ -95,8 +95,9 @@ class _AioStream:
     async def _read(self, events: asyncio.Queue) -> None:
         why = "the parent closed the stream"
         try:
-            while (frame := await self.call.read()) is not grpc.aio.EOF:
-                events.put_nowait((self.sid, _FRAME, frame))
+            while (message := await self.call.read()) is not grpc.aio.EOF:
+                for frame in unbatched(message):  # a Batch's frames (a small Task's) as if they came one by one
+                    events.put_nowait((self.sid, _FRAME, frame))
         except grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
         events.put_nowait((self.sid, _END, why))

@@ -39,7 +39,7 @@ from fedhop.common.topology import Topology
 from fedhop.common.user_code import UserCodeError, check_parent_code
 from fedhop.common.wire.bundle import Bundle
 from fedhop.common.wire.codec import CodecError
-from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame
+from fedhop.common.wire.framing import parse_frame_lenient, serialize_frame, unbatched
 from fedhop.common.wire.messages import (
     POST_ID_BASE,
     BundleMessage,
@@ -193,8 +193,9 @@ class _Stream:
         def run() -> None:
             why = "the parent closed the stream"
             try:
-                for frame in self.responses:
-                    events.put((self.sid, _FRAME, frame))
+                for message in self.responses:
+                    for frame in unbatched(message):  # a Batch's frames (a small Task's) as if they came one by one
+                        events.put((self.sid, _FRAME, frame))
             except grpc.RpcError as e:
                 why = f"{e.code().name}: {e.details()}"
             events.put((self.sid, _END, why))

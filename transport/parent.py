@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame
+from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame, unbatched
 from fedhop.transport.aio_server import LoopServer
 from fedhop.transport.credentials import Security, Unauthenticated, peer_identity
 from fedhop.transport.loop_calls import LoopCalls
@@ -66,8 +66,10 @@ class AsyncParentServicer:
         self.loop = server.loop
         self.pool = server.sessions
         self.transfers = server.transfers
-        # counted, for the tests of the batching (issue 19): frames read, jobs handed to the session pool for them,
-        # wake-ups of the sessions' handlers scheduled from other threads
+        # counted, for the tests of the batching (issue 19): gRPC messages read, frames read (a Batch's inner frames
+        # each), jobs handed to the session pool for them, wake-ups of the sessions' handlers scheduled from other
+        # threads
+        self.messages_read = 0
         self.frames_read = 0
         self.jobs = 0
         self.wakeups = 0
@@ -155,13 +157,21 @@ class AsyncParentServicer:
         feed = _Feed(self, link, asyncio.current_task())
         calls: CallTable | None = getattr(self.hub, "calls", None)  # a ParentHub's (a PendingHub has none)
         try:
-            async for frame in frames:
-                if calls is not None and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "result" \
-                        and frame.result.has_bundle:
-                    await feed.idle.wait()  # the frames before it are handled (its Hello, surely, by now)
-                    if link.node_id is not None:
-                        await self._admitted(calls, link, frame)
-                if feed.add(frame):  # a lane's payload follows, or enough was read ahead of the protocol's work
+            async for message in frames:
+                self.messages_read += 1
+                # a Batch's frames (a small message: Result, header, chunk) go to the protocol together, one job
+                batch: list[Any] = []
+                for frame in unbatched(message):
+                    if calls is not None and isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "result" \
+                            and frame.result.has_bundle:
+                        if batch:
+                            feed.add(batch)
+                            batch = []
+                        await feed.idle.wait()  # the frames before it are handled (its Hello, surely, by now)
+                        if link.node_id is not None:
+                            await self._admitted(calls, link, frame)
+                    batch.append(frame)
+                if feed.add(batch):  # a lane's payload follows, or enough was read ahead of the protocol's work
                     await feed.idle.wait()
             await feed.idle.wait()  # every frame read is handled before the session is lost
         except grpc.RpcError as e:
@@ -222,18 +232,21 @@ class _Feed:
         self.idle.set()
         self.stopped = ""  # why the frames stopped being handled ("" while they are not)
 
-    def add(self, frame: Any) -> bool:
-        """Queue ``frame`` (a job starts when none is scheduled); whether the reader must wait for :attr:`idle`
-        before it reads on."""
-        self.servicer.frames_read += 1
-        self.ahead += frame_size(frame)
-        self.ahead_frames += 1
-        self.pending.append(frame)
+    def add(self, frames: list[Any]) -> bool:
+        """Queue ``frames`` (one gRPC message's: a Batch's, in order; one job drains them all, as one starts only
+        once they are all queued, when none is scheduled); whether the reader must wait for :attr:`idle` before it
+        reads on."""
+        lane = False
+        for frame in frames:
+            self.ahead += frame_size(frame)
+            lane = lane or _lane_payload(self.link, frame)
+        self.servicer.frames_read += len(frames)
+        self.ahead_frames += len(frames)
+        self.pending.extend(frames)
         self.idle.clear()
         if not self.scheduled:
             self._schedule()
-        return _lane_payload(self.link, frame) or self.ahead >= READ_AHEAD_BYTES \
-            or self.ahead_frames >= READ_AHEAD_FRAMES
+        return lane or self.ahead >= READ_AHEAD_BYTES or self.ahead_frames >= READ_AHEAD_FRAMES
 
     def _schedule(self) -> None:
         self.scheduled = True

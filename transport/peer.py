@@ -30,7 +30,7 @@ from fedhop.common.engine.base import HandOffError, MissingLog, PostError, inbox
 from fedhop.common.spec import TransportSpec
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.bundle import Bundle, payload_bytes
-from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame
+from fedhop.common.wire.framing import frame_size, parse_frame_lenient, serialize_frame, unbatched
 from fedhop.common.wire.messages import (
     CALL_ID_BASE,
     DESCRIBE,
@@ -267,9 +267,10 @@ class EdgeService:
         return None
 
     async def HandOff(self, frames: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> pb.Ack:  # noqa: N802
-        """One hand-off or post: its frames are assembled in the session pool as they come (one at a time), then
-        validated and kept (or queued) there; the Ack says whether it was taken. A sender that stops half-way
-        holds no thread, and its call is cancelled (``CANCELLED``) at ``transport.rpc_timeout_s``."""
+        """One hand-off or post: its frames are assembled in the session pool as they come (one gRPC message at a
+        time: a Batch's frames in one job), then validated and kept (or queued) there; the Ack says whether it was
+        taken. A sender that stops half-way holds no thread, and its call is cancelled (``CANCELLED``) at
+        ``transport.rpc_timeout_s``."""
         sender, slot = self._caller(context)
         md = dict(context.invocation_metadata() or ())
         pid = str(md.get(POST_HEADER, ""))
@@ -283,15 +284,20 @@ class EdgeService:
                                accept=lambda head: None if head.WhichOneof("body") == "task" else "not a Task")
         feeding = threading.Lock()  # the assembler is closed only once the frame being fed (in the pool) is in
 
-        def feed(frame: Any) -> Message | None:
+        def feed(batch: tuple[Any, ...]) -> Message | None:
+            """One gRPC message's frames (a Batch's, in one job), until the message is whole."""
             with feeding:
-                return asm.feed(frame)
+                for frame in batch:
+                    done = asm.feed(frame)
+                    if done is not None:
+                        return done
+                return None
 
         msg = None
         try:
             async with asyncio.timeout(transport.rpc_timeout_s):
                 async for f in frames:
-                    msg = await self._work(feed, f)
+                    msg = await self._work(feed, unbatched(f))
                     if msg is not None:
                         break
         except FrameError as e:

@@ -3,7 +3,8 @@
 The implementation is split by concern:
 
 * ``scalars.py``: typed control values (``pb.Scalar`` maps);
-* ``framing.py``: frames as bytes (serialize, parse, size; the zero-copy chunk path);
+* ``framing.py``: frames as bytes (serialize, parse, size; the zero-copy chunk path; batches of a small message's
+  frames);
 * ``messages.py``: Task / Result messages with their bundles, the :class:`MessageAssembler`, and
   :func:`message_bytes`, which the in-process engine counts with the same frame builders the networked
   engine sends;
@@ -24,7 +25,10 @@ from fedhop.common.wire.control import (
 from fedhop.common.wire.framing import (
     MAX_MESSAGE,
     BadFrame,
+    BatchBytes,
     ChunkFrame,
+    FrameBatch,
+    batch_frame_bytes,
     bundle_frames,
     chunk_frame_bytes,
     chunk_frame_head,
@@ -33,8 +37,11 @@ from fedhop.common.wire.framing import (
     parse_frame,
     parse_frame_lenient,
     serialize_frame,
+    unbatched,
 )
 from fedhop.common.wire.messages import (
+    BATCH_ENV,
+    BATCH_MAX_BYTES,
     CALL_ID_BASE,
     DESCRIBE,
     HANDOFF,
@@ -60,6 +67,7 @@ from fedhop.common.wire.scalars import Scalar, from_scalar, get_scalars, put_sca
 __all__ = [
     "CALL_ID_BASE", "CONTROL_KINDS", "DESCRIBE", "HANDOFF", "MAX_MESSAGE", "MIN_DEADLINE_S", "PROTOCOL_VERSION",
     "REPORT", "ROUND_ARG", "BadFrame", "ChunkFrame", "FrameError", "Message", "MessageAssembler", "ReportCursor",
+    "BATCH_ENV", "BATCH_MAX_BYTES", "BatchBytes", "FrameBatch", "batch_frame_bytes", "unbatched",
     "Scalar", "bundle_frames", "bundle_frames_bytes", "bye_frame", "chunk_frame_bytes", "chunk_frame_head",
     "describe_reply", "error_frame", "error_result_frame", "frame_kind", "frame_size", "from_scalar",
     "get_scalars", "message_bytes", "message_frames", "meter_rows_from_pb", "meter_rows_to_pb",

@@ -11,6 +11,14 @@ Two equivalent ways to put a bundle on the stream:
   bytes are identical to protobuf's own serialization (tests/unit/test_codec_frames.py checks this), so
   the peer may use either path. Register RPCs with :func:`serialize_frame` / :func:`parse_frame_lenient`.
 
+Batches (protocol version 2): a message whose bundle is small travels as ONE ``Batch`` frame holding its frames
+(:func:`batch_frame_bytes`, hand-encoded with one copy of the payload; sent as a :class:`BatchBytes`), one gRPC
+message instead of three. :func:`parse_frame` returns a received batch as a :class:`FrameBatch` of its inner frames,
+each parsed as a frame of its own would be (chunks zero-copy, a malformed one a :class:`BadFrame`); every reader
+flattens it with :func:`unbatched`. A batch with a nested batch, a Hello, a Welcome or a keep-alive in it, an empty
+one and one with a call id are malformed. The byte meter counts the inner frames, not the batch around them
+(:func:`frame_size`): the envelope is framing, as gRPC's own 5-byte message prefix is.
+
 Message bytes for the byte meter: :func:`frame_size` (``len`` of a raw frame, ``ByteSize()`` otherwise);
 :func:`chunk_frame_head` is the one encoder of a chunk frame's head, shared with the byte counting of the
 in-process engine (``messages.message_bytes``).
@@ -19,7 +27,7 @@ in-process engine (``messages.message_bytes``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import torch
@@ -49,6 +57,24 @@ class BadFrame(NamedTuple):
     size: int
 
 
+class BatchBytes(NamedTuple):
+    """An outbound Batch frame, serialized (``data``, what :func:`serialize_frame` hands gRPC), and ``size``: its
+    inner frames' serialized bytes, which is what the byte meter counts (:func:`frame_size`)."""
+
+    data: bytes
+    size: int
+
+
+class FrameBatch(NamedTuple):
+    """A received Batch frame: its inner frames in order, each parsed by :func:`parse_frame_lenient`'s rules (a
+    chunk frame a zero-copy :class:`ChunkFrame` viewing the received message, a malformed one a :class:`BadFrame`),
+    and ``size``, the inner frames' serialized bytes (the byte meter's message bytes). Readers flatten it
+    (:func:`unbatched`) and handle the inner frames as if they had come one by one."""
+
+    frames: tuple[pb.Frame | ChunkFrame | BadFrame, ...]
+    size: int
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while n > 0x7F:
@@ -72,8 +98,10 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 # Field tags of Frame.call_id (1, varint), Frame.chunk (7, length-delimited), Chunk.offset (1, varint) and
-# Chunk.data (2, length-delimited).
+# Chunk.data (2, length-delimited); Frame.batch (13, length-delimited) and Batch.frames (1, length-delimited).
 _TAG_CALL_ID, _TAG_CHUNK, _TAG_OFFSET, _TAG_DATA = 0x08, 0x3A, 0x08, 0x12
+_TAG_BATCH, _TAG_ENTRY = 0x6A, 0x0A
+NEVER_BATCHED = ("batch", "hello", "welcome", None)  # bodies a batch never holds (None: a keep-alive)
 
 
 def chunk_frame_head(call_id: int, offset: int, n: int) -> bytes:
@@ -114,8 +142,30 @@ def _parse_chunk_frame(buf: bytes) -> ChunkFrame | None:
     return ChunkFrame(call_id, offset, memoryview(buf)[pos:], n)
 
 
-def parse_frame(buf: bytes) -> pb.Frame | ChunkFrame:
-    """Deserializer for ``stream Frame`` RPCs: chunk frames as :class:`ChunkFrame`, others as ``pb.Frame``."""
+def batch_frame_bytes(frames: Sequence[Sequence[bytes | memoryview]]) -> BatchBytes:
+    """``pb.Frame(batch=pb.Batch(frames=[...])).SerializeToString()`` with one copy of every buffer: each entry of
+    ``frames`` is one serialized inner frame given as its buffers (e.g. a chunk frame's head and views of the
+    tensors' memory, :meth:`~fedhop.common.wire.messages.BundleMessage.lane_buffers`), in order. The sender's
+    rules (never a batch, Hello, Welcome or keep-alive inside; never empty) are the caller's to keep; an empty
+    list or an empty inner frame (a keep-alive) raises ValueError."""
+    if not frames:
+        raise ValueError("an empty batch is malformed: a batch holds at least one frame")
+    pieces: list[bytes | memoryview] = []
+    inner = body = 0
+    for parts in frames:
+        n = sum(memoryview(p).nbytes for p in parts)
+        if n == 0:
+            raise ValueError("a keep-alive (an empty frame) never goes in a batch")
+        prefix = bytes([_TAG_ENTRY]) + _varint(n)
+        pieces.append(prefix)
+        pieces.extend(parts)
+        inner += n
+        body += len(prefix) + n
+    return BatchBytes(b"".join([bytes([_TAG_BATCH]) + _varint(body), *pieces]), inner)
+
+
+def _parse_inner(buf: bytes | memoryview) -> pb.Frame | ChunkFrame | BadFrame:
+    """One inner frame of a batch (a view of the received message): parsed as a frame of its own would be."""
     try:
         chunk = _parse_chunk_frame(buf)
     except (IndexError, ValueError):
@@ -126,11 +176,89 @@ def parse_frame(buf: bytes) -> pb.Frame | ChunkFrame:
     try:
         frame.ParseFromString(buf)
     except DecodeError as e:
-        raise CodecError(f"malformed Frame ({len(buf)} bytes): {e}") from e
+        return BadFrame(f"malformed Frame in a batch ({len(buf)} bytes): {e}", len(buf))
     return frame
 
 
-def parse_frame_lenient(buf: bytes) -> pb.Frame | ChunkFrame | BadFrame:
+def _batch_of(entries: Iterator[bytes | memoryview], total: int) -> FrameBatch:
+    """The :class:`FrameBatch` of a received batch's entries; CodecError for a batch that is malformed as a whole
+    (``total``: the batch frame's bytes, for the message)."""
+    frames: list[pb.Frame | ChunkFrame | BadFrame] = []
+    size = 0
+    for entry in entries:
+        inner = _parse_inner(entry)
+        if isinstance(inner, pb.Frame) and inner.WhichOneof("body") in NEVER_BATCHED:
+            what = inner.WhichOneof("body") or "keep-alive"
+            raise CodecError(f"malformed Frame ({total} bytes): a batch holding a {what} frame "
+                             f"(a batch never holds a batch, a hello, a welcome or a keep-alive)")
+        frames.append(inner)
+        size += len(entry)
+    if not frames:
+        raise CodecError(f"malformed Frame ({total} bytes): an empty batch")
+    return FrameBatch(tuple(frames), size)
+
+
+def _batch_entries(buf: bytes, pos: int) -> Iterator[memoryview]:
+    """The entries of a canonically encoded batch whose Batch message starts at ``pos`` and ends with ``buf``:
+    views of ``buf`` (no copy); CodecError for bytes that are not a Batch."""
+    view, n = memoryview(buf), len(buf)
+    while pos < n:
+        if buf[pos] != _TAG_ENTRY:
+            raise CodecError(f"malformed Frame ({n} bytes): a batch with a field other than its frames")
+        try:
+            length, pos = _read_varint(buf, pos + 1)
+        except (IndexError, ValueError):
+            raise CodecError(f"malformed Frame ({n} bytes): a batch entry's length is cut off") from None
+        if pos + length > n:
+            raise CodecError(f"malformed Frame ({n} bytes): a batch entry of {length} bytes runs past the frame")
+        yield view[pos:pos + length]
+        pos += length
+
+
+def _parse_batch(buf: bytes) -> FrameBatch | None:
+    """A batch as :func:`batch_frame_bytes` encodes it (no call id, the Batch field alone), or None for anything
+    else (other encodings of a batch go through protobuf)."""
+    if not buf or buf[0] != _TAG_BATCH:
+        return None
+    try:
+        length, pos = _read_varint(buf, 1)
+    except (IndexError, ValueError):
+        return None
+    if pos + length != len(buf):
+        return None
+    return _batch_of(_batch_entries(buf, pos), len(buf))
+
+
+def parse_frame(buf: bytes) -> pb.Frame | ChunkFrame | FrameBatch:
+    """Deserializer for ``stream Frame`` RPCs: chunk frames as :class:`ChunkFrame`, batches as
+    :class:`FrameBatch`, others as ``pb.Frame``; CodecError for bytes that are not a Frame (or a malformed batch)."""
+    try:
+        chunk = _parse_chunk_frame(buf)
+    except (IndexError, ValueError):
+        chunk = None
+    if chunk is not None:
+        return chunk
+    batch = _parse_batch(buf)
+    if batch is not None:
+        return batch
+    frame = pb.Frame()
+    try:
+        frame.ParseFromString(buf)
+    except DecodeError as e:
+        raise CodecError(f"malformed Frame ({len(buf)} bytes): {e}") from e
+    if frame.WhichOneof("body") == "batch":  # encoded otherwise than batch_frame_bytes does (e.g. by protobuf)
+        if frame.call_id:
+            raise CodecError(f"malformed Frame ({len(buf)} bytes): a batch with a call id ({frame.call_id})")
+        return _batch_of(iter(frame.batch.frames), len(buf))
+    return frame
+
+
+def unbatched(frame: pb.Frame | ChunkFrame | BadFrame | FrameBatch) -> tuple[pb.Frame | ChunkFrame | BadFrame, ...]:
+    """What a reader handles for one received frame: a batch's inner frames, in order, or the frame itself."""
+    return frame.frames if isinstance(frame, FrameBatch) else (frame,)
+
+
+def parse_frame_lenient(buf: bytes) -> pb.Frame | ChunkFrame | FrameBatch | BadFrame:
     """Like :func:`parse_frame`, but a malformed frame becomes a :class:`BadFrame` instead of an
     exception, so that gRPC does not tear the whole stream down for one bad frame."""
     try:
@@ -139,27 +267,35 @@ def parse_frame_lenient(buf: bytes) -> pb.Frame | ChunkFrame | BadFrame:
         return BadFrame(str(e), len(buf))
 
 
-def serialize_frame(frame: pb.Frame | bytes) -> bytes:
-    """Serializer for ``stream Frame`` RPCs: passes raw frames (``bytes``) through."""
-    return frame if isinstance(frame, bytes) else frame.SerializeToString()
+def serialize_frame(frame: pb.Frame | bytes | BatchBytes) -> bytes:
+    """Serializer for ``stream Frame`` RPCs: passes raw frames (``bytes``, a :class:`BatchBytes`' data) through."""
+    if isinstance(frame, bytes):
+        return frame
+    if isinstance(frame, BatchBytes):
+        return frame.data
+    return frame.SerializeToString()
 
 
-def frame_size(frame: pb.Frame | ChunkFrame | BadFrame | bytes) -> int:
+def frame_size(frame: pb.Frame | ChunkFrame | BadFrame | FrameBatch | BatchBytes | bytes) -> int:
     """Serialized size of a frame in bytes: the byte meter's *message* level (a :class:`BadFrame`: the bytes
-    received that were not a Frame)."""
+    received that were not a Frame; a batch, either way: its inner frames' bytes, without the batch around them)."""
     if isinstance(frame, bytes):
         return len(frame)
-    if isinstance(frame, ChunkFrame | BadFrame):
+    if isinstance(frame, ChunkFrame | BadFrame | FrameBatch | BatchBytes):
         return frame.size
     return frame.ByteSize()
 
 
-def frame_kind(frame: pb.Frame | ChunkFrame | bytes) -> str:
-    """``"chunk"``, ``"task"``, ... (the body's field name), or ``"keepalive"`` for an empty frame."""
+def frame_kind(frame: pb.Frame | ChunkFrame | FrameBatch | BatchBytes | bytes) -> str:
+    """``"chunk"``, ``"task"``, ``"batch"``, ... (the body's field name), or ``"keepalive"`` for an empty frame."""
+    if isinstance(frame, BatchBytes):
+        return "batch"
     if isinstance(frame, bytes):
         frame = parse_frame(frame)
     if isinstance(frame, ChunkFrame):
         return "chunk"
+    if isinstance(frame, FrameBatch):
+        return "batch"
     return frame.WhichOneof("body") or "keepalive"
 
 

@@ -15,10 +15,17 @@ make the size a function of (kind, phase, bundle, scalars, chunk_bytes) alone:
 
 Session frames (Hello, Welcome, Ready, Bye, keep-alives) are set-up and tear-down, not messages; Report
 frames (``control.py``) are counted under their own kind.
+
+A message whose payload is small (at most :data:`BATCH_MAX_BYTES`, and one chunk) is sent as ONE Batch frame
+holding its head, header and chunk frames (:meth:`BundleMessage.__iter__`, ``framing.batch_frame_bytes``): one
+gRPC message instead of three, whose message bytes are still those of the frames in it (the batch around them is
+framing, not counted), so this module's counts do not depend on it.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -26,6 +33,7 @@ from typing import Protocol
 
 import torch
 
+from fedhop.common import timing
 from fedhop.common.wire import staging
 from fedhop.common.wire.budget import InflightBudget
 from fedhop.common.wire.codec import (
@@ -41,11 +49,19 @@ from fedhop.common.wire.codec import (
     chunk_spans,
     encode_parts,
 )
-from fedhop.common.wire.framing import BadFrame, ChunkFrame, _frames, chunk_frame_head, frame_size
+from fedhop.common.wire.framing import (
+    BadFrame,
+    BatchBytes,
+    ChunkFrame,
+    _frames,
+    batch_frame_bytes,
+    chunk_frame_head,
+    frame_size,
+)
 from fedhop.common.wire.scalars import put_scalars
 from fedhop.v1 import fedhop_pb2 as pb
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the Batch frame (a small message's frames in one gRPC message)
 CALL_ID_BASE = 1 << 56
 POST_ID_BASE = 1 << 60  # a child numbers its Posts to its parent from here (never a call id of the parent)
 ROUND_ARG = "_round"
@@ -54,6 +70,30 @@ DESCRIBE = "describe"
 MIN_DEADLINE_S = 1e-3  # a Task's deadline_s is never 0 (0 would change its encoded size)
 
 _DTYPE_NAME = {v: k for k, v in DTYPES.items()}
+
+BATCH_ENV = "FEDHOP_BATCH_MAX_BYTES"
+DEFAULT_BATCH_MAX_BYTES = 64 << 10
+
+
+def batch_max_bytes(env: Mapping[str, str]) -> int:
+    """The largest payload whose message is sent as one Batch frame, from ``env``'s :data:`BATCH_ENV` (unset or
+    empty: :data:`DEFAULT_BATCH_MAX_BYTES`; 0: never batch); ValueError naming the variable for anything but a
+    whole number of bytes >= 0."""
+    raw = env.get(BATCH_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BATCH_MAX_BYTES
+    try:
+        n = int(raw)
+    except ValueError:
+        raise ValueError(f"{BATCH_ENV}={raw!r}: expected a whole number of bytes (0: never batch), "
+                         f"default {DEFAULT_BATCH_MAX_BYTES}") from None
+    if n < 0:
+        raise ValueError(f"{BATCH_ENV}={raw!r}: expected a whole number of bytes >= 0 (0: never batch)")
+    return n
+
+
+# read once, when the process starts (a bad value stops it at once, naming the variable); tests may patch it
+BATCH_MAX_BYTES = batch_max_bytes(os.environ)
 
 
 def task_frame(call_id: int, name: str, args: Mapping[str, object], *, deadline_s: float,
@@ -119,9 +159,11 @@ def error_frame(call_id: int, code: int, message: str) -> pb.Frame:
 
 class BundleMessage:
     """A message with a bundle, ready to send: iterating it yields ``head``, the bundle's header frame and its chunk
-    frames (built lazily from the tensors' storage, once). A transport with a bulk lane (``transport/lane.py``)
-    sends only :meth:`control_frames` on the stream and writes :meth:`lane_buffers` (the chunk frames) on the lane;
-    :attr:`message_bytes` counts all the frames, so the byte meter counts the same either way.
+    frames (built lazily from the tensors' storage, once), or, when the payload is small (:attr:`batched`), ONE
+    Batch frame holding all three (:meth:`batch`). A transport with a bulk lane (``transport/lane.py``) sends only
+    :meth:`control_frames` on the stream and writes :meth:`lane_buffers` (the chunk frames) on the lane (a payload
+    the lane carries is never batched: the caller asks the lane first); :attr:`message_bytes` counts all the
+    frames, so the byte meter counts the same every way.
     """
 
     def __init__(self, head: pb.Frame, header: pb.BundleHeader, views: list[memoryview], chunk_bytes: int) -> None:
@@ -130,9 +172,34 @@ class BundleMessage:
         self.views = views
         self.chunk_bytes = chunk_bytes
 
-    def __iter__(self) -> Iterator[pb.Frame | bytes]:
+    def __iter__(self) -> Iterator[pb.Frame | bytes | BatchBytes]:
+        if self.batched:
+            yield self.batch()
+            return
         yield self.head
         yield from _frames(self.head.call_id, self.header, _chunks(self.views, self.chunk_bytes), True)
+
+    @property
+    def batched(self) -> bool:
+        """Whether this message travels as one Batch frame: its payload is at most :data:`BATCH_MAX_BYTES` (0:
+        never) and one chunk (at most ``chunk_bytes``)."""
+        n = self.payload_bytes
+        return n <= BATCH_MAX_BYTES and n <= self.chunk_bytes
+
+    def batch(self) -> BatchBytes:
+        """The message's frames (head, header, chunk) as one serialized Batch frame, built with one copy of the
+        payload (the chunk's data is joined straight from the tensors' memory); its ``size`` is
+        :attr:`message_bytes`."""
+        started = time.perf_counter() if timing.ENABLED else 0.0
+        cid = self.head.call_id
+        parts: list[list[bytes | memoryview]] = [
+            [self.head.SerializeToString()], [pb.Frame(call_id=cid, header=self.header).SerializeToString()]]
+        for offset, views in chunk_parts(self.views, self.chunk_bytes):
+            parts.append([chunk_frame_head(cid, offset, sum(v.nbytes for v in views)), *views])
+        out = batch_frame_bytes(parts)
+        if timing.ENABLED:
+            timing.add("encode_s", time.perf_counter() - started)
+        return out
 
     def lane_buffers(self) -> Iterator[list[bytes | memoryview]]:
         """The chunk frames of the payload as buffers, one list per chunk: the frame's head (the bytes before its

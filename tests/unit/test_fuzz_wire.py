@@ -25,6 +25,7 @@ from fedhop.common.wire.codec import DTYPES, BundleDecoder, CodecError, RawChunk
 from fedhop.common.wire.frames import (
     BadFrame,
     ChunkFrame,
+    FrameBatch,
     FrameError,
     Message,
     MessageAssembler,
@@ -34,6 +35,7 @@ from fedhop.common.wire.frames import (
     result_frame,
     serialize_frame,
     task_frame,
+    unbatched,
 )
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -124,20 +126,23 @@ def feed_all(asm: MessageAssembler, wire: list[bytes]) -> Outcome:
     """Parse and feed every frame; any exception other than the module's own fails the test."""
     out = Outcome()
     for buf in wire:
-        frame = parse_frame_lenient(buf)
-        assert isinstance(frame, pb.Frame | ChunkFrame | BadFrame)
-        if isinstance(frame, BadFrame):
-            out.bad += 1
-            assert frame.error and frame.size == len(buf)
-        try:
-            msg = asm.feed(frame)
-        except FrameError as e:
-            assert str(e)
-            out.frame_errors.append(str(e))
-            continue
-        if msg is not None:
-            assert isinstance(msg, Message)
-            out.messages.append(msg)
+        parsed = parse_frame_lenient(buf)
+        assert isinstance(parsed, pb.Frame | ChunkFrame | BadFrame | FrameBatch)
+        if isinstance(parsed, BadFrame):
+            assert parsed.error and parsed.size == len(buf)
+        for frame in unbatched(parsed):  # a batch's frames one by one, as every reader hands them on
+            assert isinstance(frame, pb.Frame | ChunkFrame | BadFrame)
+            if isinstance(frame, BadFrame):
+                out.bad += 1
+            try:
+                msg = asm.feed(frame)
+            except FrameError as e:
+                assert str(e)
+                out.frame_errors.append(str(e))
+                continue
+            if msg is not None:
+                assert isinstance(msg, Message)
+                out.messages.append(msg)
     return out
 
 
@@ -148,9 +153,11 @@ def feed_all(asm: MessageAssembler, wire: list[bytes]) -> Outcome:
 @given(st.binary(max_size=256))
 def test_parser_takes_any_bytes(buf):
     frame = parse_frame_lenient(buf)
-    assert isinstance(frame, pb.Frame | ChunkFrame | BadFrame)
+    assert isinstance(frame, pb.Frame | ChunkFrame | BadFrame | FrameBatch)
     if isinstance(frame, ChunkFrame):
         assert frame.size == len(buf)
+    if isinstance(frame, FrameBatch):
+        assert frame.frames and all(isinstance(f, pb.Frame | ChunkFrame | BadFrame) for f in frame.frames)
 
 
 def _varint(n: int) -> bytes:
@@ -200,10 +207,74 @@ def test_raw_chunk_parser_agrees_with_protobuf(buf):
         assert ref is not None, f"the raw path accepted bytes protobuf rejects: {buf.hex()}"
         assert ref.WhichOneof("body") == "chunk"
         assert (frame.call_id, frame.offset, bytes(frame.data)) == (ref.call_id, ref.chunk.offset, ref.chunk.data)
+    elif isinstance(frame, FrameBatch):  # a flip made the first byte a batch's tag
+        _agrees_with_protobuf(frame, ref, buf)
     elif ref is None:
         assert isinstance(frame, BadFrame)
     else:
         assert frame == ref
+
+
+def _agrees_with_protobuf(batch: FrameBatch, ref: pb.Frame | None, buf: bytes) -> None:
+    """A batch the parser accepted is one protobuf reads too, with the same entries, each parsed alike."""
+    assert ref is not None, f"the batch parser accepted bytes protobuf rejects: {buf.hex()}"
+    assert ref.WhichOneof("body") == "batch" and ref.call_id == 0
+    assert len(batch.frames) == len(ref.batch.frames) and batch.size == sum(map(len, ref.batch.frames))
+    for got, entry in zip(batch.frames, ref.batch.frames, strict=True):
+        if isinstance(got, ChunkFrame):
+            assert (got.call_id, got.offset, bytes(got.data), got.size) == _chunk_of(entry)
+        elif isinstance(got, pb.Frame):
+            assert got == pb.Frame.FromString(entry)
+        else:
+            assert got.size == len(entry)
+
+
+def _chunk_of(entry: bytes) -> tuple[int, int, bytes, int]:
+    f = pb.Frame.FromString(entry)
+    assert f.WhichOneof("body") == "chunk"
+    return f.call_id, f.chunk.offset, f.chunk.data, len(entry)
+
+
+@st.composite
+def batchish_frames(draw) -> bytes:
+    """Bytes near a batch's encoding: one to three frames (Task, Result, header, chunk) in a batch, then bytes
+    flipped, cut, appended or a length made over-long."""
+    cid = draw(st.sampled_from([CALL_BASE, CALL_BASE + 3]))
+    pool = [serialize_frame(task_frame(cid, "t", {"a": 1}, deadline_s=1.0, has_bundle=True, round_idx=2)),
+            serialize_frame(result_frame(cid, {"n": 2}, has_bundle=False)),
+            pb.Frame(call_id=cid, header=pb.BundleHeader(total_bytes=4, chunk_bytes=4)).SerializeToString(),
+            chunk_frame_bytes(cid, 0, draw(st.binary(max_size=12)))]
+    entries = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3))
+    buf = bytearray(pb.Frame(batch=pb.Batch(frames=entries)).SerializeToString())
+    for op in draw(st.lists(st.sampled_from(["flip", "cut", "append", "overlong"]), max_size=2)):
+        i = draw(st.integers(0, len(buf) - 1))
+        if op == "flip":
+            buf[i] ^= draw(st.integers(1, 255))
+        elif op == "cut":
+            del buf[i:]
+        elif op == "append":
+            buf += draw(st.binary(min_size=1, max_size=8))
+        else:
+            buf[i:i] = b"\xff" * 10
+        if not buf:
+            break
+    return bytes(buf)
+
+
+@FUZZ
+@given(batchish_frames())
+def test_batch_parser_agrees_with_protobuf(buf):
+    """Where the parser takes bytes for a batch, protobuf reads a batch with the same entries; where protobuf
+    rejects the bytes, the parser returns a BadFrame (it may refuse more: a nested batch, unknown fields)."""
+    frame = parse_frame_lenient(buf)
+    try:
+        ref = pb.Frame.FromString(buf)
+    except Exception:  # protobuf's own DecodeError
+        ref = None
+    if isinstance(frame, FrameBatch):
+        _agrees_with_protobuf(frame, ref, buf)
+    elif ref is None:
+        assert isinstance(frame, BadFrame)
 
 
 # -- the codec, both sides -------------------------------------------------------------------------------------
@@ -309,7 +380,7 @@ def test_decoder_takes_any_header_and_chunks(allocations, header, chunks):
 
 # -- the message assembler, from the parent's side (Results) and the child's (Tasks) ---------------------------
 
-MUTATIONS = ["flip", "truncate", "drop", "duplicate", "swap", "junk", "recall", "oversize", "empty"]
+MUTATIONS = ["flip", "truncate", "drop", "duplicate", "swap", "junk", "recall", "oversize", "empty", "batch"]
 
 
 @st.composite
@@ -366,6 +437,9 @@ def hostile_streams(draw) -> tuple[list[bytes], list[bytes], int]:
             frames.insert(i, pb.Frame(call_id=cid, header=h).SerializeToString())
         elif op == "empty":
             frames.insert(i, b"")
+        elif op == "batch":  # the next one to three frames in one Batch (as a small message travels)
+            j = draw(st.integers(i + 1, min(len(frames), i + 3)))
+            frames[i:j] = [pb.Frame(batch=pb.Batch(frames=frames[i:j])).SerializeToString()]
     return frames, payloads, max_bytes
 
 
@@ -389,6 +463,8 @@ def header_tensor_counts(frames: list[bytes]) -> int:
             continue
         if p.WhichOneof("body") == "header":
             most = max(most, len(p.header.tensors))
+        if p.WhichOneof("body") == "batch":
+            most = max(most, header_tensor_counts(list(p.batch.frames)))
     return most
 
 

@@ -9,7 +9,7 @@ import torch
 
 from fedhop.common.engine.base import check_bundle
 from fedhop.common.wire.budget import InflightBudget
-from fedhop.common.wire.framing import parse_frame
+from fedhop.common.wire.framing import parse_frame, serialize_frame, unbatched
 from fedhop.common.wire.messages import (
     CALL_ID_BASE,
     MessageAssembler,
@@ -23,7 +23,9 @@ EXPECT = {"w": torch.zeros(4, 3), "b": torch.zeros(3)}
 
 
 def frames_of(bundle: dict[str, torch.Tensor], cid: int = CALL_ID_BASE) -> list:
-    return list(message_frames(result_frame(cid, {}, has_bundle=True), bundle, 1024))
+    """The frames of a Result message as the receiver handles them (a small one's Batch flattened)."""
+    return [g for f in message_frames(result_frame(cid, {}, has_bundle=True), bundle, 1024)
+            for g in unbatched(parse_frame(serialize_frame(f)))]
 
 
 @pytest.mark.parametrize("bundle", [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedhop.common.wire import messages
 from fedhop.common.wire.frames import (
     CALL_ID_BASE,
     DESCRIBE,
@@ -21,6 +22,7 @@ from fedhop.common.wire.frames import (
     result_frame,
     serialize_frame,
     task_frame,
+    unbatched,
 )
 from fedhop.v1 import fedhop_pb2 as pb
 
@@ -34,13 +36,19 @@ SCALARS = {"solver.lr": 0.1, "solver.steps": 5, "weighting": "data_size", "on": 
 
 
 def sent_bytes(head: pb.Frame, bundle: dict) -> int:
-    return sum(len(serialize_frame(f)) for f in message_frames(head, bundle, 1024))
+    """The serialized bytes of the frames sent (a Batch's inner frames, parsed back from the wire: the batch around
+    them is framing, not counted)."""
+    return sum(frame_size(g) for f in message_frames(head, bundle, 1024)
+               for g in unbatched(parse_frame(serialize_frame(f))))
 
 
 @pytest.mark.parametrize("name", list(BUNDLES))
 @pytest.mark.parametrize("call_id", [CALL_ID_BASE, CALL_ID_BASE + 1, CALL_ID_BASE + 987654321])
 @pytest.mark.parametrize("round_idx", [0, 1, 999_999])
-def test_message_bytes_equal_serialized_frames(name: str, call_id: int, round_idx: int) -> None:
+@pytest.mark.parametrize("batch_max", [0, 64 << 10])
+def test_message_bytes_equal_serialized_frames(name: str, call_id: int, round_idx: int, batch_max: int,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(messages, "BATCH_MAX_BYTES", batch_max)  # sent as 1 + 1 + chunks frames, or as one batch
     b = BUNDLES[name]
     req = task_frame(call_id, "local.train", SCALARS, deadline_s=123.5, has_bundle=bool(b), round_idx=round_idx)
     assert sent_bytes(req, b) == message_bytes("local.train", "request", b, SCALARS, 1024)

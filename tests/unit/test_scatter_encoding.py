@@ -7,7 +7,7 @@ import torch
 
 from fedhop.common.engine.api import meter_kind
 from fedhop.common.wire.codec import decode
-from fedhop.common.wire.framing import ChunkFrame, parse_frame, serialize_frame
+from fedhop.common.wire.framing import ChunkFrame, parse_frame, serialize_frame, unbatched
 from fedhop.common.wire.messages import message_bytes, message_frames, on_host, task_frame
 from fedhop.transport.session import ChildLink, ParentHub
 from tests.unit.hostile import configured_hub, drain, join, spec_for
@@ -24,7 +24,8 @@ def _sent(link: ChildLink) -> list[bytes]:
 
 
 def _decoded(frames: list[bytes]) -> dict[str, torch.Tensor]:
-    parsed = [parse_frame(f) for f in frames[1:]]  # the Task frame, then the header and the chunks
+    # the Task frame, then the header and the chunks (a small message's in one Batch)
+    parsed = [g for f in frames for g in unbatched(parse_frame(f))][1:]
     header = parsed[0].header
     chunks = [c if isinstance(c, ChunkFrame) else c.chunk for c in parsed[1:]]
     return decode(header, iter(chunks))

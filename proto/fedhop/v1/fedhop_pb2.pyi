@@ -46,7 +46,7 @@ ERROR_CODE_RUN_MISMATCH: ErrorCode
 ERROR_CODE_ALREADY_CONNECTED: ErrorCode
 
 class Frame(_message.Message):
-    __slots__ = ("call_id", "hello", "welcome", "task", "result", "header", "chunk", "error", "bye", "ready", "report", "post")
+    __slots__ = ("call_id", "hello", "welcome", "task", "result", "header", "chunk", "error", "bye", "ready", "report", "post", "batch")
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,7 @@ class Frame(_message.Message):
     READY_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
     POST_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     call_id: int
     hello: Hello
     welcome: Welcome
@@ -71,7 +72,14 @@ class Frame(_message.Message):
     ready: Ready
     report: Report
     post: Post
-    def __init__(self, call_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., header: _Optional[_Union[BundleHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., post: _Optional[_Union[Post, _Mapping]] = ...) -> None: ...
+    batch: Batch
+    def __init__(self, call_id: _Optional[int] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., result: _Optional[_Union[Result, _Mapping]] = ..., header: _Optional[_Union[BundleHeader, _Mapping]] = ..., chunk: _Optional[_Union[Chunk, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., bye: _Optional[_Union[Bye, _Mapping]] = ..., ready: _Optional[_Union[Ready, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., post: _Optional[_Union[Post, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("frames",)
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    frames: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, frames: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Ready(_message.Message):
     __slots__ = ("data_sizes", "peers")
