@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,34 @@ log = logging.getLogger("fedhop.session")
 ROLES = {"client": pb.ROLE_CLIENT, "edge": pb.ROLE_EDGE, "server": pb.ROLE_SERVER}
 ROLE_NAMES = {v: k for k, v in ROLES.items()}
 CLOSE = object()  # end of an outbound frame queue
+KEEPALIVE_FRAME = pb.Frame()  # a keep-alive: an empty frame (shared: never changed)
 Frame = pb.Frame | ChunkFrame | BadFrame
+
+
+class Outbound(deque):
+    """A session's outbound queue: a deque (one producer side, many threads; one consumer, the servicer's handler),
+    whose ``append`` and ``popleft`` are atomic, without ``queue.Queue``'s lock and condition per put and the
+    exception of an empty ``get_nowait`` per look (the handler looks two or three times per wake-up: ~550,000
+    looks at 10,000 clients in two rounds, issue 19). ``put`` / ``get_nowait`` / ``qsize`` / ``empty`` as a
+    ``queue.Queue``'s (without blocking)."""
+
+    def put(self, item: Any) -> None:
+        self.append(item)
+
+    def get_nowait(self) -> Any:
+        try:
+            return self.popleft()
+        except IndexError:
+            raise queue.Empty from None
+
+    def qsize(self) -> int:
+        return len(self)
+
+    def empty(self) -> bool:
+        return not self
+
+
+_KEEPALIVE: tuple[list[pb.Frame], None] = ([KEEPALIVE_FRAME], None)  # the queued item of every keep-alive
 
 
 class ChildLink:
@@ -46,7 +74,7 @@ class ChildLink:
         self.asm = MessageAssembler(max_bytes=max_bytes)  # replaced by the hub's, with its caps, at Hello
         self.hello_seen = threading.Event()  # the first frame arrived (the handshake timer stops)
         self.cancel: Callable[[], Any] | None = None  # ends the transport's stream (the servicer's)
-        self._q: queue.Queue = queue.Queue()
+        self._q = Outbound()
         self.last_sent = time.monotonic()
         self.missed = 0  # consecutive rounds whose tasks this child left without any reply
         self.missed_round: int | None = None  # the last round counted in ``missed``
@@ -66,24 +94,36 @@ class ChildLink:
             for f in frames:
                 if isinstance(f, pb.Frame) and f.WhichOneof("body") in SESSION_KINDS:
                     self.on_control(self, f)
-        self._q.put((frames, on_sent))
+        self._q.append((frames, on_sent))
+        if self.on_queued is not None:
+            self.on_queued()
+
+    def keepalive(self) -> None:
+        """Queue a keep-alive (:data:`KEEPALIVE_FRAME`, metered as a sent control frame, as :meth:`send` meters
+        it): the keep-alive tick's send, one per quiet session, without a new frame and list per send."""
+        if self.on_control is not None:
+            self.on_control(self, KEEPALIVE_FRAME)
+        self._q.append(_KEEPALIVE)
         if self.on_queued is not None:
             self.on_queued()
 
     def idle(self) -> bool:
-        return self._q.empty()
+        return not self._q
 
     def close(self) -> None:
-        self._q.put(CLOSE)
+        self._q.append(CLOSE)
         if self.on_queued is not None:
             self.on_queued()
 
     def poll(self) -> Any:
         """The next queued item without waiting (None: nothing queued): :data:`CLOSE`, or ``(frames, on_sent)``
         for :meth:`sent_frames` (the servicer's handler streams them; it lets go of each message once written)."""
+        q = self._q
+        if not q:
+            return None
         try:
-            return self._q.get_nowait()
-        except queue.Empty:
+            return q.popleft()
+        except IndexError:  # emptied meanwhile (discard)
             return None
 
     def sent_frames(self, item: tuple[Iterable[pb.Frame | bytes], Callable[[int], None] | None]) -> Iterator[Any]:
@@ -112,11 +152,7 @@ class ChildLink:
 
     def discard(self) -> None:
         """Forget the frames not sent yet (a dropped session's tasks: their bundles are freed)."""
-        while True:
-            try:
-                self._q.get_nowait()
-            except queue.Empty:
-                return
+        self._q.clear()
 
     def end(self, code: int, message: str) -> None:
         """End a session that was never accepted, or one dropped: one Error frame, then the stream ends."""

@@ -228,7 +228,7 @@ class Liveness:
         for link in self.roster.alive():
             if now - link.last_sent >= quiet_s and link.idle():
                 link.last_sent = now
-                link.send([pb.Frame()])
+                link.keepalive()
                 sent += 1
         return sent
 
