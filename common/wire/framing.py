@@ -164,8 +164,10 @@ def batch_frame_bytes(frames: Sequence[Sequence[bytes | memoryview]]) -> BatchBy
     return BatchBytes(b"".join([bytes([_TAG_BATCH]) + _varint(body), *pieces]), inner)
 
 
-def _parse_inner(buf: bytes | memoryview) -> pb.Frame | ChunkFrame | BadFrame:
-    """One inner frame of a batch (a view of the received message): parsed as a frame of its own would be."""
+def _parse_one(buf: bytes | memoryview, where: str = "") -> pb.Frame | ChunkFrame:
+    """A frame that is not a batch of :func:`batch_frame_bytes`' encoding: a chunk frame as a zero-copy
+    :class:`ChunkFrame`, anything else through protobuf; CodecError for bytes that are not a Frame (``where``: words
+    for the message, e.g. " in a batch")."""
     try:
         chunk = _parse_chunk_frame(buf)
     except (IndexError, ValueError):
@@ -176,8 +178,16 @@ def _parse_inner(buf: bytes | memoryview) -> pb.Frame | ChunkFrame | BadFrame:
     try:
         frame.ParseFromString(buf)
     except DecodeError as e:
-        return BadFrame(f"malformed Frame in a batch ({len(buf)} bytes): {e}", len(buf))
+        raise CodecError(f"malformed Frame{where} ({len(buf)} bytes): {e}") from e
     return frame
+
+
+def _parse_inner(buf: bytes | memoryview) -> pb.Frame | ChunkFrame | BadFrame:
+    """One inner frame of a batch (a view of the received message): parsed as a frame of its own would be."""
+    try:
+        return _parse_one(buf, " in a batch")
+    except CodecError as e:
+        return BadFrame(str(e), len(buf))
 
 
 def _batch_of(entries: Iterator[bytes | memoryview], total: int) -> FrameBatch:
@@ -232,21 +242,12 @@ def _parse_batch(buf: bytes) -> FrameBatch | None:
 def parse_frame(buf: bytes) -> pb.Frame | ChunkFrame | FrameBatch:
     """Deserializer for ``stream Frame`` RPCs: chunk frames as :class:`ChunkFrame`, batches as
     :class:`FrameBatch`, others as ``pb.Frame``; CodecError for bytes that are not a Frame (or a malformed batch)."""
-    try:
-        chunk = _parse_chunk_frame(buf)
-    except (IndexError, ValueError):
-        chunk = None
-    if chunk is not None:
-        return chunk
-    batch = _parse_batch(buf)
+    batch = _parse_batch(buf)  # its first byte, Frame.batch's tag, is never a chunk frame's (call id or chunk)
     if batch is not None:
         return batch
-    frame = pb.Frame()
-    try:
-        frame.ParseFromString(buf)
-    except DecodeError as e:
-        raise CodecError(f"malformed Frame ({len(buf)} bytes): {e}") from e
-    if frame.WhichOneof("body") == "batch":  # encoded otherwise than batch_frame_bytes does (e.g. by protobuf)
+    frame = _parse_one(buf)
+    # a batch encoded otherwise than batch_frame_bytes does (e.g. by protobuf)
+    if isinstance(frame, pb.Frame) and frame.WhichOneof("body") == "batch":
         if frame.call_id:
             raise CodecError(f"malformed Frame ({len(buf)} bytes): a batch with a call id ({frame.call_id})")
         return _batch_of(iter(frame.batch.frames), len(buf))
