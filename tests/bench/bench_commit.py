@@ -13,13 +13,15 @@ without a checkpoint (``run.store`` is unset for them), so only the timed ones w
 The script uses only what every version of fedhop has (``Run``, ``ByteMeter.record``), so the same command
 run from another tree times that tree's commit: ``cd /work/main && python /path/to/bench_commit.py`` is the
 baseline. Printed per ``--at``: the rows so far, the median of ``--repeat`` runs of the commit, of its
-checkpoint and of the checkpoint's bytes; the load average before and after.
+checkpoint and of the checkpoint folder's bytes (checkpoints and meter files); the load average before and
+after, and the process's peak RSS (the rows a meter keeps between commits show there).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -130,7 +132,8 @@ def main() -> None:
         ckpt = statistics.median(x[r][2] for x in runs)
         size = int(statistics.median(x[r][3] for x in runs))
         print(f"{a.clients:>8} {r:>4} {rows:>10,} {commit:>9.3f} {ckpt:>8.3f} {size:>18,}")
-    print(f"load average after: {os.getloadavg()}")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"load average after: {os.getloadavg()}   peak RSS of this process: {rss:,.0f} MiB")
 
 
 if __name__ == "__main__":
