@@ -5,10 +5,10 @@
 A :class:`~fedhop.common.engine.run.Run` with a byte meter filled like a networked run's (per client and round:
 the task's request and reply, a keep-alive each way and the client's Report, so 5 rows; ``--late``: that share
 of the clients also has a late reply counted in the round before, which changes an older round's rows) commits
-every round, as the round loop does; the commits after rounds ``--at`` are timed, each with a checkpoint of a
-small model state (written through the codec with fsync into a temporary folder) and a subscriber to the
-``links`` event that keeps the rows as the live page's status does (``list(rows)``). The rest of the commits run
-without a checkpoint (``run.store`` is unset for them), so only the timed ones write.
+every round, as the round loop does, each with a checkpoint (``checkpoint_every = 1``, the default) of a small
+model state, written through the codec with fsync into a temporary folder, and a subscriber to the ``links``
+event that keeps the rows as the live page's status does (``list(rows)``); the commits after rounds ``--at``
+are timed.
 
 The script uses only what every version of fedhop has (``Run``, ``ByteMeter.record``), so the same command
 run from another tree times that tree's commit: ``cd /work/main && python /path/to/bench_commit.py`` is the
@@ -81,7 +81,7 @@ def one_run(clients: int, at: list[int], late_share: float) -> dict[int, tuple[i
     out: dict[int, tuple[int, float, float, int]] = {}
     with tempfile.TemporaryDirectory() as d:
         store = CheckpointStore(Path(d) / "ps")
-        run = Run(s, topo, engine="network", meter=meter, missing=MissingLog(), run_id="bench")
+        run = Run(s, topo, engine="network", meter=meter, missing=MissingLog(), run_id="bench", store=store)
         run.events.subscribe(status)
         run._ctx = SimpleNamespace(comm=SimpleNamespace(last_ok={}))  # type: ignore[assignment]
         run.recorder = RoundRecorder(records=[], journal=None)
@@ -101,7 +101,6 @@ def one_run(clients: int, at: list[int], late_share: float) -> dict[int, tuple[i
                 fill_round(meter, topo.clients, t, late)
                 run.recorder.records.append({"round": t + 1})
                 timed = t + 1 in at
-                run.store = store if timed else None
                 saved.clear()
                 t0 = time.perf_counter()
                 run.commit(t, state)
