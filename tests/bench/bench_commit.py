@@ -10,11 +10,15 @@ model state, written through the codec with fsync into a temporary folder, and a
 event that keeps the rows as the live page's status does (``list(rows)``); the commits after rounds ``--at``
 are timed.
 
-The script uses only what every version of fedhop has (``Run``, ``ByteMeter.record``), so the same command
-run from another tree times that tree's commit: ``cd /work/main && python /path/to/bench_commit.py`` is the
-baseline. Printed per ``--at``: the rows so far, the median of ``--repeat`` runs of the commit, of its
-checkpoint and of the checkpoint folder's bytes (checkpoints and meter files); the load average before and
-after, and the process's peak RSS (the rows a meter keeps between commits show there).
+The script uses only what every version of fedhop has (``Run``, ``ByteMeter.record``), so the same command run
+with another tree first on ``PYTHONPATH`` times that tree's commit (the script's own folder comes first on
+``sys.path``, so without ``PYTHONPATH`` it times the installed tree; it prints which):
+``PYTHONPATH=/work/main python tests/bench/bench_commit.py`` is the baseline. Printed: the cost of one
+``ByteMeter.record`` (the hot path, once per message); per ``--at``, the rows so far and the medians of
+``--repeat`` runs of the commit, of its checkpoint and of the checkpoint folder's bytes (checkpoints and meter
+files); the end's cumulative bytes per round record after the last (``attach_cumulative_bytes``, in
+``Run.finish``); the load average before and after, and the process's peak RSS (the rows a meter keeps between
+commits show there).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import fedhop
 from fedhop.common.engine import run as run_module
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.checkpoint import CheckpointStore
-from fedhop.common.engine.results import RoundRecorder
+from fedhop.common.engine.results import RoundRecorder, attach_cumulative_bytes
 from fedhop.common.engine.run import Run
 from fedhop.common.spec import RunSpec
 from fedhop.common.topology import build_topology
@@ -66,8 +70,9 @@ def fill_round(meter: ByteMeter, clients: tuple[str, ...], t: int, late: int) ->
             meter.record(c, "ps", KIND, "reply", 1_066_792, 1_067_031, t - 1)
 
 
-def one_run(clients: int, at: list[int], late_share: float) -> dict[int, tuple[int, float, float, int]]:
-    """Rounds 0 .. max(at) - 1, a commit after each; per R in ``at``: (rows, commit s, checkpoint s, bytes)."""
+def one_run(clients: int, at: list[int], late_share: float) -> tuple[dict[int, tuple[int, float, float, int]], float]:
+    """Rounds 0 .. max(at) - 1, a commit after each; per R in ``at``: (rows, commit s, checkpoint s, bytes); and
+    the seconds of the end's cumulative bytes per round record (``attach_cumulative_bytes``) after them."""
     s = spec(clients, max(at))
     topo = build_topology(s.topology, 0)
     meter = ByteMeter()
@@ -111,7 +116,24 @@ def one_run(clients: int, at: list[int], late_share: float) -> dict[int, tuple[i
                     out[t + 1] = (len(kept[0]), took, saved[0] if saved else 0.0, size)
         finally:
             run_module.save = real_save  # type: ignore[assignment]
-    return out
+    rows = meter.rows()
+    t0 = time.perf_counter()
+    attach_cumulative_bytes(run.recorder.records, rows)
+    return out, time.perf_counter() - t0
+
+
+def record_us(clients: int, repeat: int) -> float:
+    """Microseconds per ``ByteMeter.record`` (the hot path a meter that keeps its rows adds to): a round's rows
+    recorded twice into a fresh meter (new keys, then the same keys again), median of ``repeat``."""
+    names = tuple(f"client-{i}" for i in range(clients))
+    times = []
+    for _ in range(repeat):
+        meter = ByteMeter()
+        t0 = time.perf_counter()
+        fill_round(meter, names, 0, 0)
+        fill_round(meter, names, 0, 0)
+        times.append((time.perf_counter() - t0) / (10 * clients) * 1e6)
+    return statistics.median(times)
 
 
 def main() -> None:
@@ -122,7 +144,9 @@ def main() -> None:
     p.add_argument("--late", type=float, default=0.01, help="share of clients with a late reply each round")
     a = p.parse_args()
     print(f"tree: {Path(fedhop.__file__).resolve().parent}   load average before: {os.getloadavg()}")
-    runs = [one_run(a.clients, sorted(a.at), a.late) for _ in range(a.repeat)]
+    print(f"ByteMeter.record: {record_us(a.clients, a.repeat):.2f} us a call (median of {a.repeat})")
+    got = [one_run(a.clients, sorted(a.at), a.late) for _ in range(a.repeat)]
+    runs = [r for r, _ in got]
     print(f"{'clients':>8} {'R':>4} {'rows':>10} {'commit s':>9} {'ckpt s':>8} {'ckpt folder bytes':>18}   "
           f"(median of {a.repeat}; commits: {', '.join(f'{r[k][1]:.3f}' for r in runs for k in sorted(r)[-1:])})")
     for r in sorted(a.at):
@@ -131,6 +155,8 @@ def main() -> None:
         ckpt = statistics.median(x[r][2] for x in runs)
         size = int(statistics.median(x[r][3] for x in runs))
         print(f"{a.clients:>8} {r:>4} {rows:>10,} {commit:>9.3f} {ckpt:>8.3f} {size:>18,}")
+    print(f"the end's cumulative bytes per round (attach_cumulative_bytes) after R = {max(a.at)}: "
+          f"{statistics.median(f for _, f in got):.3f} s (median of {a.repeat})")
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"load average after: {os.getloadavg()}   peak RSS of this process: {rss:,.0f} MiB")
 
