@@ -62,10 +62,6 @@ class MeterFiles:
             _fsync_dir(folder)
         return [name for _, (_, name) in sorted(self._written.items())]
 
-    def forget(self) -> None:
-        """Write every round again at the next call (e.g. the store's folder was emptied)."""
-        self._written.clear()
-
 
 def read_rows(store: CheckpointStore, names: list[str]) -> list[dict[str, Any]]:
     """The rows the files ``names`` hold, in the meter's order; :class:`CheckpointError` naming a file that is

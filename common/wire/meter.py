@@ -60,8 +60,8 @@ class ByteMeter:
 
     counts: dict[LinkKey, LinkCount] = field(default_factory=lambda: defaultdict(LinkCount))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _dirty: set[LinkKey] = field(default_factory=set, repr=False)  # keys changed since the cache was updated
-    _cache: RowCache = field(default_factory=RowCache, repr=False)
+    _dirty: set[LinkKey] = field(default_factory=set, repr=False, compare=False)  # changed since the cache was read
+    _cache: RowCache = field(default_factory=RowCache, repr=False, compare=False)
 
     def record(self, src: str, dst: str, kind: str, phase: str, payload: int, message: int,
                round: int = -1) -> None:
