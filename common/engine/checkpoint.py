@@ -77,11 +77,7 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
     """``(meta, state)`` from ``path``; :class:`CheckpointError` naming the file on any problem."""
     try:
         with open(path, "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
-                raise CheckpointError("not a fedhop checkpoint (bad magic)")
-            body = _exact(f, _read_u64(f), "state description")
-            if xxhash.xxh3_64_intdigest(body) != _read_u64(f):
-                raise CheckpointError("state description fails its checksum")
+            body = _description(f)
             header = pb.BundleHeader.FromString(_exact(f, _read_u64(f), "tensor header"))
             decoder = BundleDecoder(header)
             offset, total = 0, int(header.total_bytes)
@@ -101,6 +97,22 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
         raise CheckpointError(f"checkpoint {path}: {type(e).__name__}: {e}") from None
 
 
+def read_meta(path: Path) -> dict[str, Any]:
+    """Only the ``meta`` of the checkpoint at ``path`` (its description is read and checked, its tensors are
+    not); :class:`CheckpointError` naming the file on any problem."""
+    try:
+        with open(path, "rb") as f:
+            body = _description(f)
+        meta = json.loads(body)["meta"]
+        if not isinstance(meta, dict):
+            raise CheckpointError("its meta is not a table")
+        return meta
+    except CheckpointError as e:
+        raise CheckpointError(f"checkpoint {path}: {e}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {type(e).__name__}: {e}") from None
+
+
 def _load_spec_algorithm(meta: Any) -> None:
     """A checkpoint whose run names a user algorithm (``algorithm.name = "package.module:NAME"``) holds that
     algorithm's state classes: import the algorithm first (which lets :mod:`state_io` restore them). A checkpoint
@@ -110,6 +122,16 @@ def _load_spec_algorithm(meta: Any) -> None:
     name = algorithm.get("name") if isinstance(algorithm, dict) else None
     if isinstance(name, str) and ":" in name:
         get_algorithm(name)
+
+
+def _description(f: Any) -> bytes:
+    """The JSON description at the start of an open checkpoint file, checked against its magic and checksum."""
+    if f.read(len(MAGIC)) != MAGIC:
+        raise CheckpointError("not a fedhop checkpoint (bad magic)")
+    body = _exact(f, _read_u64(f), "state description")
+    if xxhash.xxh3_64_intdigest(body) != _read_u64(f):
+        raise CheckpointError("state description fails its checksum")
+    return body
 
 
 def _read_u64(f: Any) -> int:
@@ -144,6 +166,10 @@ class CheckpointStore:
     @staticmethod
     def _name(tag: int) -> str:
         return f"ckpt_{'m' if tag < 0 else ''}{abs(tag):08d}.fhck"
+
+    def path(self, tag: int) -> Path:
+        """Where tag's checkpoint is (or would be)."""
+        return self.folder / self._name(tag)
 
     def tags(self) -> list[int]:
         """Tags present, ascending."""

@@ -143,13 +143,18 @@ def file_links(links: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def attach_cumulative_bytes(records: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each round record gets ``cum_payload_bytes`` / ``cum_message_bytes``: the bytes of every message sent up
-    to and including that round (set-up included)."""
+    to and including that round (set-up included). One pass over the rows, summed per round first: a pass per
+    record was rounds x rows at the end of a long run (issue 19: ~5 rows per client and round)."""
+    per_round: dict[int, list[int]] = {}
+    for r in links:
+        acc = per_round.setdefault(r["round"], [0, 0])
+        acc[0] += r["payload_bytes"]
+        acc[1] += r["message_bytes"]
     out = []
     for rec in records:
         upto = rec["round"] - 1
-        sel = [r for r in links if r["round"] <= upto]
-        out.append({**rec, "cum_payload_bytes": sum(r["payload_bytes"] for r in sel),
-                    "cum_message_bytes": sum(r["message_bytes"] for r in sel)})
+        sums = [v for t, v in per_round.items() if t <= upto]
+        out.append({**rec, "cum_payload_bytes": sum(v[0] for v in sums), "cum_message_bytes": sum(v[1] for v in sums)})
     return out
 
 

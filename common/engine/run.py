@@ -39,6 +39,7 @@ from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.events import RunEvents
 from fedhop.common.engine.loop import RoundFailed, Start, drive
+from fedhop.common.engine.meter_files import MeterFiles
 from fedhop.common.engine.results import RoundRecorder, RunResult, attach_cumulative_bytes
 from fedhop.common.engine.run_checkpoint import RunCheckpoint, commit_due, save
 from fedhop.common.engine.snapshot import NodeSnapshot
@@ -102,6 +103,7 @@ class Run:
         self._snapshots = snapshots
         self._after_commit = after_commit
         self._sent_missing = len(missing.entries)  # a resumed run's entries came with its checkpoint
+        self._meter_files = MeterFiles(meter)  # the checkpoints' meter rows, a file per round written as it changes
         self._ctx: NodeContext | None = None
         self._started_at: float | None = None  # set by start (epoch seconds), with the round it resumed at
         self._resumed_at = 0
@@ -169,20 +171,19 @@ class Run:
         ctx, recorder = self._ctx, self.recorder
         assert ctx is not None and recorder is not None, "commit is called by the round loop of Run.drive"
         store = self.store
-        rows = self.meter.rows()  # once per commit (all the rows so far, sorted: it grows with rounds x clients)
         if store is not None and commit_due(self.spec, t):
             nodes = self._snapshots() if self._snapshots is not None else {}
-            try:
-                save(store, t, RunCheckpoint(state, rows, list(self.missing.entries),
+            try:  # the meter's rows go to their round files: the rounds changed since the last checkpoint
+                save(store, t, RunCheckpoint(state, [], list(self.missing.entries),
                                              list(recorder.records), dict(ctx.comm.last_ok), self.run_id,
-                                             nodes=nodes), self.spec)
+                                             nodes=nodes), self.spec, rows=self._meter_files)
             except OSError as e:  # a full or read-only disk: training goes on, and says what it lacks
                 last = store.tags()[-1] + 1 if store.tags() else None
                 log.error("ps: the checkpoint of round %d could not be written to %s (%s); the run goes on "
                           "without it (last checkpoint: %s)", t + 1, store.folder, e.strerror or e,
                           f"round {last}" if last else "none")
-        self._progress(rows)
-        self.events.emit("round_timeline", round=t, rows=self.round_timeline(t, rows))
+        self._progress()  # every row (the meter rebuilds only the rows changed since its last read)
+        self.events.emit("round_timeline", round=t, rows=self.round_timeline(t))
         if self._after_commit is not None:
             self._after_commit(t)
 
@@ -214,14 +215,14 @@ class Run:
     def round_timeline(self, t: int, links: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Round ``t``'s rows of ``timeline.csv`` so far (common/timeline.py's :func:`derive`); with a
         ``[network]`` table, a networked run's prediction of the round from what it holds so far (``links``: the
-        meter's rows when the caller has them, else read now)."""
+        meter's rows when the caller has them, else the round's are read now)."""
         raw = self.timeline.rows(t)
         if self.spec.network is not None and not any(r["phase"] == "p_round" for r in raw):
             from fedhop.common.virtual_clock import predict_rounds
 
             topo = self.topology
-            rows = links if links is not None else self.meter.rows()
-            raw += predict_rounds(timelines.derive(raw), [m for m in rows if m["round"] == t],
+            rows = [m for m in links if m["round"] == t] if links is not None else self.meter.rows_of_round(t)
+            raw += predict_rounds(timelines.derive(raw), rows,
                                   self.spec.network, {n: list(topo.children(n)) for n in topo.all_nodes()},
                                   topo.server)
         return timelines.derive(raw)

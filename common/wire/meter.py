@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from fedhop.common.wire.meter_rows import RowCache
 
 WIRE_KIND = "wire"  # the kind of wire-level rows: a link's TCP counters in one round
 WIRE_PHASE = "tcp"
@@ -48,23 +51,34 @@ class LinkCount:
 
 @dataclass
 class ByteMeter:
-    """Thread-safe counters keyed by :class:`LinkKey`."""
+    """Thread-safe counters keyed by :class:`LinkKey`.
+
+    Every change goes through the methods below, which note the keys they touch: :meth:`rows` rebuilds the row
+    dicts of those keys only and keeps the rest from its last call (:class:`~fedhop.common.wire.meter_rows.RowCache`),
+    so the PS's commit after each round costs what the round changed, not every row of the run so far (issue 19:
+    10,000 clients make ~5 rows each per round). ``counts`` is therefore read-only to everyone else."""
 
     counts: dict[LinkKey, LinkCount] = field(default_factory=lambda: defaultdict(LinkCount))
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _dirty: set[LinkKey] = field(default_factory=set, repr=False, compare=False)  # changed since the cache was read
+    _cache: RowCache = field(default_factory=RowCache, repr=False, compare=False)
 
     def record(self, src: str, dst: str, kind: str, phase: str, payload: int, message: int,
                round: int = -1) -> None:
+        key = LinkKey(src, dst, kind, phase, round)
         with self._lock:
-            c = self.counts[LinkKey(src, dst, kind, phase, round)]
+            c = self.counts[key]
             c.messages += 1
             c.payload_bytes += payload
             c.message_bytes += message
+            self._dirty.add(key)
 
     def record_wire(self, src: str, dst: str, round: int, wire_bytes: int, segments: int, retrans: int) -> None:
         """A wire-level row: what the kernel counted on the src -> dst connection(s) in ``round``."""
+        key = LinkKey(src, dst, WIRE_KIND, WIRE_PHASE, round)
         with self._lock:
-            c = self.counts[LinkKey(src, dst, WIRE_KIND, WIRE_PHASE, round)]
+            c = self.counts[key]
+            self._dirty.add(key)
             c.wire_bytes += wire_bytes
             c.wire_segments += segments
             c.wire_retrans += retrans
@@ -73,7 +87,9 @@ class ByteMeter:
         """Add rows produced by :meth:`rows` (e.g. a remote process's snapshot)."""
         with self._lock:
             for r in rows:
-                c = self.counts[LinkKey(r["src"], r["dst"], r["kind"], r["phase"], int(r["round"]))]
+                key = LinkKey(r["src"], r["dst"], r["kind"], r["phase"], int(r["round"]))
+                self._dirty.add(key)
+                c = self.counts[key]
                 c.messages += int(r["messages"])
                 c.payload_bytes += int(r["payload_bytes"])
                 c.message_bytes += int(r["message_bytes"])
@@ -88,22 +104,40 @@ class ByteMeter:
             moved = [k for k in self.counts if k.round >= round_idx and k.phase != phase]
             for k in moved:
                 c = self.counts.pop(k)
-                self.counts[LinkKey(k.src, k.dst, k.kind, phase, k.round)].add(c)
+                to = LinkKey(k.src, k.dst, k.kind, phase, k.round)
+                self.counts[to].add(c)
+                self._dirty.update((k, to))
         return len(moved)
 
     def rows(self) -> list[dict]:
         """One dict per (src, dst, kind, phase, round), sorted; wire rows (:data:`WIRE_KIND`) also carry
-        ``wire_bytes``, ``wire_segments`` and ``wire_retrans``."""
+        ``wire_bytes``, ``wire_segments`` and ``wire_retrans``.
+
+        The list is new; its dicts are shared with the meter's cache and with earlier calls' lists (a row not
+        changed since is the same dict): callers read them and never change them (copy one to change it)."""
         with self._lock:
-            items = sorted(self.counts.items())
-        return [
-            {"src": k.src, "dst": k.dst, "kind": k.kind, "phase": k.phase, "round": k.round,
-             "messages": c.messages,
-             "payload_bytes": c.payload_bytes, "message_bytes": c.message_bytes,
-             **({"wire_bytes": c.wire_bytes, "wire_segments": c.wire_segments, "wire_retrans": c.wire_retrans}
-                if k.kind == WIRE_KIND else {})}
-            for k, c in items
-        ]
+            self._refresh()
+            return self._cache.rows()
+
+    def rows_of_round(self, round: int) -> list[dict]:
+        """Round ``round``'s rows, in :meth:`rows`' order (the same shared dicts)."""
+        with self._lock:
+            self._refresh()
+            return self._cache.rows_of_round(round)
+
+    def changed_rounds(self, known: Mapping[int, int]) -> dict[int, tuple[int, list[dict]]]:
+        """The rounds whose rows changed since the caller saw them: ``known`` maps a round to the version it has
+        (from an earlier call); returned per round not at that version (new rounds included): its version now
+        and its rows (empty: the round has none left). One consistent view, taken under the meter's lock."""
+        with self._lock:
+            self._refresh()
+            return self._cache.changed_rounds(known)
+
+    def _refresh(self) -> None:
+        """Bring the row cache up to date with the keys changed since (the lock is held)."""
+        if self._dirty:
+            dirty, self._dirty = self._dirty, set()
+            self._cache.update(self.counts, dirty, WIRE_KIND)
 
     def totals(self) -> LinkCount:
         with self._lock:

@@ -163,7 +163,7 @@ class RunStatus:
             s.route.append(step)
 
     def _on_links(self, s: _State, d: dict[str, Any]) -> None:
-        s.links = list(d["rows"])  # the emitter hands over fresh rows (ByteMeter.rows()); not copied row by row
+        s.links = list(d["rows"])  # a fresh list of rows no one changes (ByteMeter.rows()): not copied row by row
         s.links_version += 1
 
     def _on_missing(self, s: _State, d: dict[str, Any]) -> None:

@@ -214,3 +214,28 @@ def test_round_recorder_discards_a_redone_round(tmp_path: Path) -> None:
     assert [json.loads(line)["loss"] for line in (tmp_path / "j.jsonl").read_text().splitlines()] == [1.0, 0.5]
     rec.discard(7)  # nothing reported for that round: nothing changes
     assert len(rec.records) == 2
+
+
+def test_each_commit_writes_the_meter_rows_of_its_round_not_of_the_run(tmp_path: Path) -> None:
+    """Issue 19: a checkpoint used to carry every meter row of the run so far in its state (walked node by node,
+    growing with rounds x clients); now each commit writes the rows of the rounds that changed, one file each,
+    and the checkpoint lists them: reading it back gives every row."""
+    from fedhop.common.engine import meter_files
+    from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
+    from fedhop.common.engine.run_checkpoint import load_latest
+
+    seen: set[str] = set()
+    new_rounds: list[tuple[int, set[int]]] = []
+
+    def after(t: int) -> None:
+        nonlocal seen
+        now = {p.name for p in (tmp_path / meter_files.FOLDER).iterdir()}
+        new_rounds.append((t, {int(n.split("_")[1]) for n in now - seen}))
+        seen = now
+
+    result = InProcessEngine(spec(rounds=4, edges=0)).run(checkpoints=tmp_path, after_commit=after)
+    assert [(t, rounds) for t, rounds in new_rounds if t >= 0] == [(t, {t}) for t in range(4)]
+    store = CheckpointStore(tmp_path)
+    meta, saved = read_checkpoint(store.path(store.tags()[-1]))
+    assert saved.meter == [] and len(meta[meter_files.META_KEY]) == len({r["round"] for r in result.links})
+    assert load_latest(store)[1].meter == result.links
