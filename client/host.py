@@ -178,16 +178,16 @@ async def _serve_ids(share: HostShare, config: NodeConfig, security: SecurityByN
         return True
 
     def settle_heap() -> None:
-        """Every id joined: settle the heap (common/heap.py), then look every RESETTLE_MIN_S whether sessions
-        ended since (re-joins) and settle again if so."""
+        """Every id joined: settle the heap, then tidy it every TIDY_MIN_S (common/heap.py: a host does not know
+        the rounds; its ids' tasks come and go on their own)."""
         heap.settle(f"all {len(ids)} ids of this host joined")
 
         def look() -> None:
-            heap.maybe_resettle("sessions of this host's ids ended")
-            loop.call_later(heap.RESETTLE_MIN_S, look)
+            heap.tidy("this host's ids")
+            loop.call_later(heap.TIDY_MIN_S, look)
 
         if heap.SETTLER.enabled:
-            loop.call_later(heap.RESETTLE_MIN_S, look)
+            loop.call_later(heap.TIDY_MIN_S, look)
 
     log.info("serving %d client ids under %s: %s", len(ids), config.connect, ", ".join(ids) if len(ids) <= 8 else
              f"{ids[0]} ... {ids[-1]}")

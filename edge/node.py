@@ -153,7 +153,7 @@ def run_edge(config: NodeConfig) -> int:
 
 
 def _before_task(comm: EdgeComm, node_id: str, round_idx: int | None, budget_s: float) -> None:
-    """Before each task from the PS: the heap settled again if sessions ended since (common/heap.py), then the
-    scatters' deadlines (``NetComm.begin_task``)."""
-    heap.maybe_resettle(f"{node_id}: sessions ended before a task")
+    """Before each task from the PS, a quiet point: the heap tidied (common/heap.py), then the scatters'
+    deadlines (``NetComm.begin_task``)."""
+    heap.tidy(f"{node_id}: before a task")
     comm.begin_task(round_idx, budget_s)

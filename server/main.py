@@ -153,7 +153,7 @@ def _committed(t: int, spec: RunSpec, welcome_info: dict[str, Any]) -> None:
     restarted later would drop the state it saved since, and be used with it lost); then the test gate."""
     if "resume_round" in welcome_info:
         welcome_info["resume_round"] = t + 1
-    heap.maybe_resettle(f"ps: sessions ended before round {t + 2}")  # (common/heap.py)
+    heap.tidy(f"ps: after round {t + 1}")  # a quiet point: the round's survivors frozen (common/heap.py)
     if t + 1 < spec.rounds:
         _gate(t + 1)
 

@@ -54,24 +54,55 @@ def test_settle_freezes_what_lives_and_collects_what_does_not(settler: heap.Sett
     assert alive[0].me is alive[0]
 
 
-def test_a_frozen_cycle_that_becomes_garbage_is_reclaimed_by_the_next_settle(settler: heap.Settler) -> None:
+def test_a_frozen_cycle_that_becomes_garbage_is_reclaimed_once_a_session_ended(settler: heap.Settler) -> None:
     session = Node()
     ref = weakref.ref(session)
     assert settler.settle("joined")
-    settled_at = settler.settled_at
-    assert settled_at is not None
+    t0 = settler.settled_at
+    assert t0 is not None
     del session  # the session ended: its cycle is garbage, but frozen
     gc.collect()
     assert ref() is not None  # the cost of freezing: not reclaimed while frozen
-    assert not settler.maybe_resettle("ended", now=settled_at + heap.RESETTLE_MIN_S)  # no session ended: stays
-    settler.session_ended()
-    assert not settler.maybe_resettle("ended", now=settled_at + heap.RESETTLE_MIN_S / 2)  # too soon
+    assert settler.tidy("quiet", now=t0 + heap.TIDY_MIN_S) == "young"  # no session ended: it stays frozen
     assert ref() is not None
-    assert settler.maybe_resettle("ended", now=settled_at + heap.RESETTLE_MIN_S)
+    settler.session_ended()
+    assert settler.tidy("quiet", now=t0 + heap.TIDY_MIN_S + 1) is None  # too soon after the last tidy
+    assert settler.tidy("quiet", now=t0 + heap.RESETTLE_MIN_S / 2) == "young"  # too soon for a full settle
+    assert ref() is not None
+    assert settler.tidy("quiet", now=t0 + heap.RESETTLE_MIN_S) == "full"
     assert ref() is None and not settler.stale and settler.settles == 2
 
 
-def test_no_resettle_before_the_first_settle(settler: heap.Settler) -> None:
+def test_a_tidy_freezes_what_the_round_left_and_collects_its_garbage(settler: heap.Settler) -> None:
+    assert settler.settle("joined")
+    t0 = settler.settled_at
+    assert t0 is not None
+    frozen = gc.get_freeze_count()
+    rows = [Node() for _ in range(500)]  # what a round leaves that lives on (its meter rows)
+    temp = Node()  # and a cycle that dies before the quiet point
+    ref = weakref.ref(temp)
+    del temp
+    assert any(o is rows[0] for o in gc.get_objects())
+    assert settler.tidy("after round 1", now=t0 + heap.TIDY_MIN_S) == "young"
+    assert ref() is None  # collected (it was never frozen)
+    assert not any(o is rows[0] for o in gc.get_objects()) and gc.get_freeze_count() >= frozen + len(rows)
+    assert settler.settles == 1 and settler.tidies == 1
+
+
+def test_frozen_objects_grown_twofold_make_the_tidy_a_full_settle(settler: heap.Settler) -> None:
+    assert settler.settle("joined")
+    t0 = settler.settled_at
+    assert t0 is not None
+    keep = [Node() for _ in range(settler.last_frozen * heap.GROWTH)]  # the frozen set will have doubled
+    dead = Node()
+    ref = weakref.ref(dead)
+    assert settler.tidy("round 1", now=t0 + heap.TIDY_MIN_S) == "young"  # dead is frozen with the rest
+    del dead
+    assert settler.tidy("round 2", now=t0 + 2 * heap.TIDY_MIN_S) == "full"
+    assert ref() is None and len(keep) > 0
+
+
+def test_nothing_before_the_first_settle(settler: heap.Settler) -> None:
     settler.session_ended()
-    assert not settler.maybe_resettle("ended", now=1e12)
+    assert settler.tidy("quiet", now=1e12) is None
     assert gc.get_freeze_count() == 0
