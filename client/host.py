@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from fedhop.common import heap
 from fedhop.common.engine.workspace import Workspace
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.malloc_tuning import fix_mmap_threshold
@@ -127,6 +128,7 @@ async def _serve_ids(share: HostShare, config: NodeConfig, security: SecurityByN
     ended: asyncio.Queue[tuple[str, int, bool]] = asyncio.Queue()
     joined = asyncio.Event()  # an id of this host is in the run: its parent is a fedhop parent
     started = time.monotonic()
+    readied: set[str] = set()  # the ids that were ready once
 
     def soon(fn: Callable[[], None]) -> None:  # on the loop, from the loop or a worker
         if threading.get_ident() == on_loop:
@@ -144,6 +146,9 @@ async def _serve_ids(share: HostShare, config: NodeConfig, security: SecurityByN
                 ready = True
                 joined.set()
                 slots.release()
+                readied.add(node)
+                if len(readied) == len(ids):
+                    settle_heap()
 
         await slots.acquire()
         code: int = ExitCode.FAILED
@@ -171,6 +176,18 @@ async def _serve_ids(share: HostShare, config: NodeConfig, security: SecurityByN
         log.warning("%s: no gRPC handshake in time, but other ids of this host are in the run: the parent is "
                     "busy; dialing again", node)
         return True
+
+    def settle_heap() -> None:
+        """Every id joined: settle the heap, then tidy it every TIDY_MIN_S (common/heap.py: a host does not know
+        the rounds; its ids' tasks come and go on their own)."""
+        heap.settle(f"all {len(ids)} ids of this host joined")
+
+        def look() -> None:
+            heap.tidy("this host's ids")
+            loop.call_later(heap.TIDY_MIN_S, look)
+
+        if heap.SETTLER.enabled:
+            loop.call_later(heap.TIDY_MIN_S, look)
 
     log.info("serving %d client ids under %s: %s", len(ids), config.connect, ", ".join(ids) if len(ids) <= 8 else
              f"{ids[0]} ... {ids[-1]}")

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhop.common import heap
 from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.node_store import NodeStore
@@ -130,6 +131,7 @@ def run_edge(config: NodeConfig) -> int:
         if absent:
             log.warning("%s: clients that did not join: %s", node_id, absent)
         sizes = hub.start()
+        heap.settle(f"{node_id}: {len(hub.children) - len(absent)} children joined")  # (common/heap.py)
         ctx.sizes = {**sizes, node_id: sum(sizes.values())}
         service.serve(ctx, on_received=lambda c, rnd: store.save(c, welcome.run_id, tag=rnd),
                       on_post=session.deliver_post)  # a neighbour's post runs in this edge's task loop
@@ -140,7 +142,7 @@ def run_edge(config: NodeConfig) -> int:
             hub.shutdown(spec.transport.rpc_timeout_s if finished else 2.0, finished=finished, reason=reason)
 
         code = session.serve(ctx, on_bye=bye, report=lambda: (meter.rows(), missing.entries),
-                             before_task=comm.begin_task)
+                             before_task=lambda t, budget_s: _before_task(comm, node_id, t, budget_s))
         comm.close()
         log.info("%s: leaving run %s: %s (exit code %d)", node_id, welcome.run_id,
                  "the run finished" if code == ExitCode.OK else describe(code), code)
@@ -148,3 +150,10 @@ def run_edge(config: NodeConfig) -> int:
     finally:
         session.close()
         server.stop(grace=1.0).wait(5.0)
+
+
+def _before_task(comm: EdgeComm, node_id: str, round_idx: int | None, budget_s: float) -> None:
+    """Before each task from the PS, a quiet point: the heap tidied (common/heap.py), then the scatters'
+    deadlines (``NetComm.begin_task``)."""
+    heap.tidy(f"{node_id}: before a task")
+    comm.begin_task(round_idx, budget_s)

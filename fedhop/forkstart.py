@@ -147,9 +147,10 @@ def _become(entry: str, argv: list[str], log: str, cwd: str, env: dict[str, str]
     sys.argv = ["fedhop", *argv]
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL if sig != signal.SIGINT else signal.default_int_handler)
-    from fedhop.common import timing
+    from fedhop.common import heap, timing
 
     timing.configure_from_env()
+    heap.claim()  # a role process is fedhop's own: it settles its heap once joined (common/heap.py)
     sys.exit(resolve_entry(entry)(argv))
 
 

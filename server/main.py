@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fedhop.common import run_lock
+from fedhop.common import heap, run_lock
 from fedhop.common.engine.api import NodeContext, get_algorithm
 from fedhop.common.engine.base import MissingLog
 from fedhop.common.engine.checkpoint import CheckpointStore
@@ -153,6 +153,7 @@ def _committed(t: int, spec: RunSpec, welcome_info: dict[str, Any]) -> None:
     restarted later would drop the state it saved since, and be used with it lost); then the test gate."""
     if "resume_round" in welcome_info:
         welcome_info["resume_round"] = t + 1
+    heap.tidy(f"ps: after round {t + 1}")  # a quiet point: the round's survivors frozen (common/heap.py)
     if t + 1 < spec.rounds:
         _gate(t + 1)
 
@@ -252,6 +253,7 @@ def _serve(spec: RunSpec, listen: str, *, out: Path | None, device: str | None,
         if resume is not None:
             comm.last_ok = dict(resume.checkpoint.last_ok)
         ctx.sizes = topo.subtree_sizes(hub.start(hub.peer_addresses()))
+        heap.settle(f"ps: {len(hub.children) - len(absent)} children joined")  # their sessions live until the end
         outcome = run.drive(get_algorithm(spec.algorithm.name), ctx, start, partial=True)
         reason = "run finished" if outcome.finished else f"the run did not finish: {outcome.failed or 'interrupted'}"
         hub.shutdown(spec.transport.rpc_timeout_s if outcome.finished else min(10.0, spec.transport.rpc_timeout_s),

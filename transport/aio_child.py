@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from fedhop.common import heap
 from fedhop.common.engine.api import NodeContext
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.wire.codec import CodecError
@@ -106,6 +107,7 @@ class _AioStream:
                     events.put_nowait((self.sid, _FRAME, frame))
         except grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
+        heap.session_ended()  # its objects may be frozen garbage now (common/heap.py)
         events.put_nowait((self.sid, _END, why))
 
     def hand_over(self, other: _AioStream) -> None:

@@ -55,8 +55,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         set_log_level(args.log_level)
-        rc = run_command(f"fedhop {getattr(args, 'title', args.cmd)}", lambda: args.fn(args))
+        if argv is None:  # this process's own command line (python -m fedhop, the console script)
+            from fedhop.common import heap
+
+            heap.claim()
+        rc = run_command(f"fedhop {getattr(args, 'title', args.cmd)}", lambda: _own_process() or args.fn(args))
         sys.stdout.flush()  # here, not at exit: a reader that went away is a broken pipe, handled below
         return rc
     except BrokenPipeError as e:  # `fedhop algorithms | head -1`
         return broken_pipe(e)
+
+
+def _own_process() -> None:
+    """A process fedhop owns (its command line, a forked role process: ``heap.claim()``) settles its heap once its
+    federation joined (common/heap.py); a caller that runs a command in its own process (``main([...])``, as the
+    tests do) keeps its garbage collector as it was. A bad ``FEDHOP_GC_FREEZE`` ends the command (usage)."""
+    from fedhop.common import heap
+    from fedhop.common.exit_codes import ExitCode, Fatal
+
+    if heap.SETTLER.claimed:
+        try:
+            heap.own_process()
+        except ValueError as e:
+            raise Fatal(ExitCode.USAGE, str(e)) from None
+

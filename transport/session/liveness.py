@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from fedhop.common import heap
 from fedhop.common.engine.api import NodeId
 from fedhop.common.engine.base import Failure
 from fedhop.common.spec import TransportSpec
@@ -179,6 +180,7 @@ def close_session(link: ChildLink) -> None:
     link.alive = False
     link.close()
     link.asm.close()
+    heap.session_ended()  # its objects may be frozen garbage now (common/heap.py)
 
 
 class Liveness:
