@@ -19,6 +19,8 @@ def settler() -> Iterator[heap.Settler]:
     s.own({})
     yield s
     gc.unfreeze()  # the test process's heap as it was
+    if s.thresholds_before is not None:
+        gc.set_threshold(*s.thresholds_before)
 
 
 class Node:
@@ -37,7 +39,8 @@ def test_a_process_that_is_not_owned_or_turned_off_keeps_its_collector() -> None
     s = heap.Settler()  # never own()ed: a library caller's process
     assert not s.settle("joined") and gc.get_freeze_count() == 0
     s.own({heap.ENV: "0"})
-    assert not s.settle("joined") and gc.get_freeze_count() == 0
+    threshold = gc.get_threshold()
+    assert not s.settle("joined") and gc.get_freeze_count() == 0 and gc.get_threshold() == threshold
     assert not heap.Settler().claimed  # only the command line and forked role processes claim the process
 
 
@@ -47,7 +50,9 @@ def test_settle_freezes_what_lives_and_collects_what_does_not(settler: heap.Sett
     del dead
     alive = [Node() for _ in range(1000)]
     assert any(o is alive[0] for o in gc.get_objects())  # tracked: every full collection walks it
+    before = gc.get_threshold()
     assert settler.settle("joined")
+    assert gc.get_threshold() == heap.THRESHOLDS and settler.thresholds_before == before
     assert gone() is None  # the garbage cycle was collected before the freeze
     assert gc.get_freeze_count() >= len(alive) and settler.last_frozen >= len(alive)
     assert not any(o is alive[0] for o in gc.get_objects())  # frozen: no collection walks it any more
