@@ -18,13 +18,12 @@ crash between a file and its checkpoint leaves one such file; the next save remo
 from __future__ import annotations
 
 import json
-import os
 import re
-from pathlib import Path
 from typing import Any
 
 import xxhash
 
+from fedhop.common import atomic_files
 from fedhop.common.engine.checkpoint import CheckpointError, CheckpointStore, read_meta
 from fedhop.common.wire.meter import ByteMeter
 
@@ -56,10 +55,8 @@ class MeterFiles:
             body = json.dumps(rows, separators=(",", ":")).encode()
             name = f"rows_{r}_{xxhash.xxh3_64_intdigest(body):016x}.json"
             if not (folder / name).exists():  # content-addressed: an existing file holds these very bytes
-                _write_atomic(folder / name, body)
+                atomic_files.write_bytes(folder / name, body)  # synced, renamed, the folder synced
             self._written[r] = (version, name)  # only once the file is there
-        if changed:
-            _fsync_dir(folder)
         return [name for _, (_, name) in sorted(self._written.items())]
 
 
@@ -104,24 +101,3 @@ def prune(store: CheckpointStore) -> None:
     for p in folder.iterdir():
         if _NAME.match(p.name) and p.name not in listed:
             p.unlink(missing_ok=True)
-
-
-def _write_atomic(path: Path, body: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
