@@ -50,7 +50,8 @@ def test_launch_equals_simulate_under_cpu_variant(variant: str, tmp_path: Path) 
     spec = run_spec("fedavg", {"local_steps": 2, "lr": 0.05, "batch_size": 16}, clients=2, rounds=2, seed=3,
                      data={**DIGITS, "dataset": "digits-img"}, model={"name": "cnn2"})
     (tmp_path / "spec.toml").write_text(spec.to_toml())
-    env = {**os.environ, **env_extra, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    path = [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, **env_extra, "PYTHONPATH": os.pathsep.join(path)}  # keep the caller's path (carried deps)
     cmd = [sys.executable, "-c", DRIVER, str(tmp_path)]
     if cores is not None:
         cmd = ["taskset", "-c", cores, *cmd]

@@ -1,0 +1,85 @@
+"""Where a client's arithmetic first differs between engines (issue 19, "Bit-identity on a 16-core Intel host").
+
+Put this folder first on PYTHONPATH and set BITTRACE_DIR: every Python process then wraps fedhop's
+``loss_and_grad`` (common/algorithms/local.py) and writes, for its first BITTRACE_CALLS calls (default 3), one JSON
+line per call to BITTRACE_DIR/trace-<pid>.jsonl: hashes of the parameters, the batch, the loss and the gradient,
+the inputs' alignment and strides, the thread and torch's thread count, and whether the same call repeated on the
+same tensors, and on fresh contiguous copies of them, gives the same bits. Compare a simulate run's lines with a
+launch run's: the first field that differs is where the engines part. BITTRACE_NO_MKLDNN=1 turns oneDNN off.
+"""
+
+import os
+
+if os.environ.get("BITTRACE_DIR"):
+    import hashlib
+    import json
+    import threading
+
+    import torch
+
+    if os.environ.get("BITTRACE_NO_MKLDNN") == "1":
+        torch.backends.mkldnn.enabled = False
+    import fedhop.common.algorithms.local as _local
+
+    _orig = _local.loss_and_grad
+    _calls = {"n": 0}
+    _limit = int(os.environ.get("BITTRACE_CALLS", "3"))
+
+    def _h(t: torch.Tensor) -> str:
+        return hashlib.sha256(t.detach().contiguous().cpu().numpy().tobytes()).hexdigest()[:10]
+
+    def _hb(b: dict) -> str:
+        return hashlib.sha256("".join(_h(v) for v in b.values()).encode()).hexdigest()[:10]
+
+    def _layout(t: torch.Tensor) -> str:
+        return f"{t.data_ptr() % 64}/{tuple(t.stride())}/{int(t.is_contiguous())}"
+
+    def _omp_max() -> int:
+        """omp_get_max_threads() of the calling thread (the OpenMP runtime torch loaded), -1 if none is found."""
+        import ctypes
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "gomp" in line or "libiomp" in line}
+        for lib in libs:
+            try:
+                return int(ctypes.CDLL(lib).omp_get_max_threads())
+            except (OSError, AttributeError):
+                continue
+        return -1
+
+    def _in_new_thread(fn):
+        box = []
+        t = threading.Thread(target=lambda: box.append(fn()))
+        t.start()
+        t.join()
+        return box[0]
+
+    def _traced(ws, params, x, y):
+        omp = _omp_max()
+        loss, grads = _orig(ws, params, x, y)
+        _calls["n"] += 1
+        if _calls["n"] <= _limit:
+            again = _orig(ws, params, x, y)
+            fresh = _orig(ws, {k: v.detach().clone() for k, v in params.items()}, x.clone(), y.clone())
+            other = _in_new_thread(lambda: _orig(ws, params, x, y))
+            reps = {_hb(_orig(ws, params, x, y)[1]) for _ in range(6)}
+            tiny = torch.tensor([1e-39], dtype=torch.float32)
+            state = {"matmul_precision": torch.get_float32_matmul_precision(),
+                     "deterministic": torch.are_deterministic_algorithms_enabled(),
+                     "ftz_daz": bool((tiny * 1.0 == 0).item()), "py_threads": threading.active_count(),
+                     "interop": torch.get_num_interop_threads(), "mkl_cbwr": os.environ.get("MKL_CBWR"),
+                     "distinct_of_6": len(reps)}
+            rec = {"state": state,
+                "pid": os.getpid(), "call": _calls["n"], "thread": threading.current_thread().name,
+                "threads": torch.get_num_threads(), "omp_max": omp, "mkldnn": torch.backends.mkldnn.enabled,
+                "params": _hb(params), "x": _h(x), "y": _h(y), "loss": float(loss).hex(), "grads": _hb(grads),
+                "grad_each": {k: _h(v) for k, v in grads.items()},
+                "repeat_same": _hb(again[1]) == _hb(grads), "fresh_copy_same": _hb(fresh[1]) == _hb(grads),
+                "new_thread_same": _hb(other[1]) == _hb(grads),
+                "fresh_grads": _hb(fresh[1]),
+                "x_layout": _layout(x), "param_layout": {k: _layout(v) for k, v in params.items()},
+            }
+            with open(os.path.join(os.environ["BITTRACE_DIR"], f"trace-{os.getpid()}.jsonl"), "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        return loss, grads
+
+    _local.loss_and_grad = _traced
