@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 import xxhash
 
+from fedhop.common.atomic_files import replacing
 from fedhop.common.engine.api import get_algorithm
 from fedhop.common.engine.state_io import StateError, from_tree, to_tree
 from fedhop.common.wire.codec import BundleDecoder, CodecError, RawChunk, encode_views
@@ -49,27 +49,14 @@ def write_checkpoint(path: Path, meta: dict[str, Any], state: Any) -> int:
     body = json.dumps({"meta": meta, "tree": tree}, allow_nan=True).encode()
     header, chunks = encode_views(tensors, CHUNK)
     head = header.SerializeToString()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     written = 0
-    try:
-        with open(tmp, "wb") as f:
-            for part in (MAGIC, _u64(len(body)), body, _u64(xxhash.xxh3_64_intdigest(body)), _u64(len(head)), head):
-                f.write(part)
-                written += len(part)
-            for c in chunks:
-                f.write(c.data)
-                written += len(c.data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with replacing(path) as tmp, open(tmp, "wb") as f:  # synced, renamed over path, the folder synced
+        for part in (MAGIC, _u64(len(body)), body, _u64(xxhash.xxh3_64_intdigest(body)), _u64(len(head)), head):
+            f.write(part)
+            written += len(part)
+        for c in chunks:
+            f.write(c.data)
+            written += len(c.data)
     return written
 
 
