@@ -41,6 +41,11 @@ time (``tests/bench/profile_process.py``; ``DIR/ps-N.prof``, ``DIR/host-N-LO.pro
 
 With ``--fleet``, ``--profile DIR`` profiles the PS alone (``DIR/ps-fleet-N.prof``).
 
+``--http default off`` runs each launch case with the live page (launch's default: a child process fed every
+run event, server/web/proc.py) and without it, interleaved run by run (with ``--repeat``), a row each:
+
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --http default off --repeat 2
+
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
 """
@@ -157,10 +162,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0, by_hand: bool = False) -> Row:
+def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0, by_hand: bool = False,
+        http: str | None = None) -> Row:
     """One run: ``fedhop launch`` (the launcher is the PS), or (``by_hand``) ``fedhop server``, a ``fedhop edge``
     per edge and one ``fedhop clients`` process per ``per_process`` ids of an edge (of the PS without edges),
-    started here."""
+    started here. ``http``: launch's ``--http`` (None: its default, the live page on a free port; ``off``: none)."""
     folder = Path(tempfile.mkdtemp(prefix=f"c{clients}-k{per_process}-e{edges}-", dir=work))
     spec_file = folder / "spec.toml"
     spec = spec_for(clients, rounds, edges)
@@ -195,7 +201,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
                                               stdout=subprocess.DEVNULL, stderr=err))
     else:
         proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
-                                 "--device", "cpu", "--quiet", "--clients-per-process", str(per_process)],
+                                 "--device", "cpu", "--quiet", "--clients-per-process", str(per_process),
+                                 *(["--http", http] if http is not None else [])],
                                 stdout=subprocess.DEVNULL, stderr=err)
     ps = psutil.Process(proc.pid)
     journal = out / "rounds.jsonl"
@@ -235,7 +242,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     join = (first_end - t0 - rows[0]["round_s"]) if first_end is not None and rows else float("nan")
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
-               proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
+               proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges,
+               "by hand" if by_hand else "launch" if http is None else f"launch, --http {http}",
                ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads, cpu.get(proc.pid, float("nan")),
                sum(v for pid, v in cpu.items() if pid != proc.pid), edges_peak / 2**20, edges_threads,
                sum(v for pid, v in cpu.items() if edge_pids.get(pid)))
@@ -418,7 +426,14 @@ def main() -> None:
                     help="with --by-hand or --fleet: run the PS (and the hosts) under cProfile (every thread), the "
                          "profiles "
                          "into this folder (ps-N.prof, host-N-LO.prof; tests/bench/profile_process.py)")
+    ap.add_argument("--http", nargs="+", default=[None], metavar="ADDRESS",
+                    help="launch's --http for the launch runs, each case run with each value in turn (interleaved "
+                         "with --repeat): 'default' (launch's own: the live page on a free port), 'off' (no page), "
+                         "HOST:PORT; e.g. --http default off")
     a = ap.parse_args()
+    https: list[str | None] = [None if h in (None, "default") else h for h in a.http]
+    if a.by_hand and https != [None]:
+        raise SystemExit("--http is launch's option; by hand, fedhop server serves no page unless asked")
     if a.profile is not None:
         if not (a.by_hand or a.fleet):
             raise SystemExit("--profile profiles the processes started --by-hand or --fleet's PS")
@@ -436,10 +451,19 @@ def main() -> None:
         if a.fleet:
             cases = [(n, n, 0) for n in a.clients]
         for n, k, e in cases:
-            runs = [run_fleet(n, a.rounds, Path(tmp)) if a.fleet else run(n, k, a.rounds, Path(tmp), e, a.by_hand)
-                    for _ in range(a.repeat)]
-            rows.append(median_row(runs))
-            print(f"  done: {rows[-1]}", file=sys.stderr)
+            if a.fleet:
+                runs = [run_fleet(n, a.rounds, Path(tmp)) for _ in range(a.repeat)]
+                rows.append(median_row(runs))
+                print(f"  done: {rows[-1]}", file=sys.stderr)
+                continue
+            by_http: dict[str | None, list[Row]] = {h: [] for h in https}
+            for _ in range(a.repeat):  # the --http values interleaved: one of each, then again
+                for h in https:
+                    by_http[h].append(run(n, k, a.rounds, Path(tmp), e, a.by_hand, h))
+                    print(f"  run: {by_http[h][-1]}", file=sys.stderr)
+            for h in https:
+                rows.append(median_row(by_http[h]))
+                print(f"  done: {rows[-1]}", file=sys.stderr)
     # the fleet trains nothing: its floor is 0 and its "per client" the PS's own cost of a client per round
     floors = {(n, e): 0.0 if a.fleet else inprocess_round_s(n, a.rounds, e)
               for n, e in sorted({(r.clients, r.edges) for r in rows})}
