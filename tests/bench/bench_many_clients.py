@@ -39,12 +39,15 @@ time (``tests/bench/profile_process.py``; ``DIR/ps-N.prof``, ``DIR/host-N-LO.pro
 
     .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand --profile /tmp/prof
 
-With ``--fleet``, ``--profile DIR`` profiles the PS alone (``DIR/ps-fleet-N.prof``).
+With ``--fleet``, ``--profile DIR`` profiles the PS alone (``DIR/ps-fleet-N.prof``); with ``fedhop launch``
+the launcher, which is the PS (``DIR/launch-N.prof``, ``DIR/launch-N-http-off.prof``; its client hosts, forked
+from launch's fork server, are not profiled).
 
 ``--http default off`` runs each launch case with the live page (launch's default: a child process fed every
 run event, server/web/proc.py) and without it, interleaved run by run (with ``--repeat``), a row each:
 
-    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --http default off --repeat 2
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --repeat 2 \
+        --http default off
 
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
@@ -69,7 +72,7 @@ import psutil
 from fedhop.common.spec import RunSpec
 
 KEEPALIVE_S: list[float] = []  # --keepalive-s: the runs' transport.keepalive_s (default: the spec's)
-PROFILE: list[Path] = []  # --profile DIR: the by-hand processes run under tests/bench/profile_process.py
+PROFILE: list[Path] = []  # --profile DIR: the PS (and by hand the hosts) run under tests/bench/profile_process.py
 
 
 def _fedhop(role: str, name: str) -> list[str]:
@@ -200,7 +203,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
                                                "--connect", parent, "--device", "cpu", "--log-level", "warning"],
                                               stdout=subprocess.DEVNULL, stderr=err))
     else:
-        proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
+        label = f"launch-{clients}" + ("" if http is None else f"-http-{http.replace(':', '_')}")
+        proc = subprocess.Popen([*_fedhop("launch", label), str(spec_file), "--out", str(out),
                                  "--device", "cpu", "--quiet", "--clients-per-process", str(per_process),
                                  *(["--http", http] if http is not None else [])],
                                 stdout=subprocess.DEVNULL, stderr=err)
@@ -423,9 +427,9 @@ def main() -> None:
     ap.add_argument("--keepalive-s", type=float, default=None,
                     help="transport.keepalive_s of the runs (a parent's keep-alive on each quiet session; default 5)")
     ap.add_argument("--profile", type=Path, default=None,
-                    help="with --by-hand or --fleet: run the PS (and the hosts) under cProfile (every thread), the "
-                         "profiles "
-                         "into this folder (ps-N.prof, host-N-LO.prof; tests/bench/profile_process.py)")
+                    help="run the PS under cProfile (every thread; by hand the hosts too), the profiles into this "
+                         "folder (ps-N.prof, host-N-LO.prof; launch-N.prof, launch-N-http-off.prof: the launcher, "
+                         "which is the PS; tests/bench/profile_process.py)")
     ap.add_argument("--http", nargs="+", default=[None], metavar="ADDRESS",
                     help="launch's --http for the launch runs, each case run with each value in turn (interleaved "
                          "with --repeat): 'default' (launch's own: the live page on a free port), 'off' (no page), "
@@ -435,8 +439,6 @@ def main() -> None:
     if a.by_hand and https != [None]:
         raise SystemExit("--http is launch's option; by hand, fedhop server serves no page unless asked")
     if a.profile is not None:
-        if not (a.by_hand or a.fleet):
-            raise SystemExit("--profile profiles the processes started --by-hand or --fleet's PS")
         a.profile.mkdir(parents=True, exist_ok=True)
         PROFILE.append(a.profile.resolve())
     if a.keepalive_s is not None:
