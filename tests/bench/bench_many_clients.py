@@ -245,6 +245,7 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     rows = [json.loads(line) for line in journal.read_text().splitlines()] if journal.is_file() else []
     join = (first_end - t0 - rows[0]["round_s"]) if first_end is not None and rows else float("nan")
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
+    print(f"  round_s: {[r['round_s'] for r in rows]}", file=sys.stderr)
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
                proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges,
                "by hand" if by_hand else "launch" if http is None else f"launch, --http {http}",
