@@ -214,6 +214,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     ps_threads = hosts_threads = edges_threads = 0
     edge_pids: dict[int, bool] = {}  # pid -> whether it is an edge
     first_end: float | None = None
+    at_first: dict[int, float] = {}
+    names: dict[int, str] = {}  # pid -> what it is (for the CPU by process, on stderr)
     children: set[int] = set()
     cpu: dict[int, float] = {}  # pid -> its last sampled CPU seconds
     while proc.poll() is None:
@@ -228,6 +230,12 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             kids = []
         children.update(k.pid for k in kids)
         for k in kids:
+            if k.pid not in names:
+                try:
+                    names[k.pid] = " ".join(k.cmdline()[2:5])[:60] or f"forked {k.pid}"
+                except psutil.Error:
+                    names[k.pid] = "?"
+        for k in kids:
             if k.pid not in edge_pids:
                 edge_pids[k.pid] = _is_edge(k)
         edge_kids = [k for k in kids if edge_pids[k.pid]]
@@ -240,12 +248,16 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             cpu[k.pid] = _cpu(k) or cpu.get(k.pid, 0.0)
         if first_end is None and journal.is_file() and journal.read_text().strip():
             first_end = time.monotonic()
+            at_first = dict(cpu)  # each process's CPU seconds when round 1 ended (printed at the end)
         time.sleep(0.05)
     hosts_ok = all(h.wait(60) == 0 for h in hosts)
     rows = [json.loads(line) for line in journal.read_text().splitlines()] if journal.is_file() else []
     join = (first_end - t0 - rows[0]["round_s"]) if first_end is not None and rows else float("nan")
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
     print(f"  round_s: {[r['round_s'] for r in rows]}", file=sys.stderr)
+    for pid, v in cpu.items():  # the live page's child shows here apart from the hosts
+        print(f"  CPU s {names.get(pid, 'PS')}: {at_first.get(pid, float('nan')):.1f} when round 1 ended, {v:.1f} "
+              f"at the end", file=sys.stderr)
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
                proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges,
                "by hand" if by_hand else "launch" if http is None else f"launch, --http {http}",
