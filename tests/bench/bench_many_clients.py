@@ -232,7 +232,7 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
         for k in kids:
             if k.pid not in names:
                 try:
-                    names[k.pid] = " ".join(k.cmdline()[2:5])[:60] or f"forked {k.pid}"
+                    names[k.pid] = " ".join(k.cmdline()[2:5]).strip()[:60] or f"forked {k.pid}"
                 except psutil.Error:
                     names[k.pid] = "?"
         for k in kids:
