@@ -72,6 +72,7 @@ import psutil
 from fedhop.common.spec import RunSpec
 
 KEEPALIVE_S: list[float] = []  # --keepalive-s: the runs' transport.keepalive_s (default: the spec's)
+HOST_STATE: list[bool] = []  # --host-state-dir: by hand, the hosts save each client's state to disk, as launch's do
 PROFILE: list[Path] = []  # --profile DIR: the PS (and by hand the hosts) run under tests/bench/profile_process.py
 
 
@@ -200,7 +201,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             for lo in range(0, len(ids), per_process):
                 some = f"{ids[lo]}..{ids[min(len(ids), lo + per_process) - 1]}"
                 hosts.append(subprocess.Popen([*_fedhop("clients", f"host-{clients}-{ids[lo]}"), "--ids", some,
-                                               "--connect", parent, "--device", "cpu", "--log-level", "warning"],
+                                               "--connect", parent, "--device", "cpu", "--log-level", "warning",
+                                               *(["--state-dir", str(out / "state")] if HOST_STATE else [])],
                                               stdout=subprocess.DEVNULL, stderr=err))
     else:
         label = f"launch-{clients}" + ("" if http is None else f"-http-{http.replace(':', '_')}")
@@ -447,7 +449,12 @@ def main() -> None:
                     help="launch's --http for the launch runs, each case run with each value in turn (interleaved "
                          "with --repeat): 'default' (launch's own: the live page on a free port), 'off' (no page), "
                          "HOST:PORT; e.g. --http default off")
+    ap.add_argument("--host-state-dir", action="store_true",
+                    help="with --by-hand: give the client hosts --state-dir RUN/state, as launch does (each client "
+                         "saves its state to a file after each task; without it, a copy in memory)")
     a = ap.parse_args()
+    if a.host_state_dir:
+        HOST_STATE.append(True)
     https: list[str | None] = [None if h in (None, "default") else h for h in a.http]
     if a.by_hand and https != [None]:
         raise SystemExit("--http is launch's option; by hand, fedhop server serves no page unless asked")
