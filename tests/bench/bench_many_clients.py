@@ -46,8 +46,12 @@ from launch's fork server, are not profiled).
 ``--http default off`` runs each launch case with the live page (launch's default: a child process fed every
 run event, server/web/proc.py) and without it, interleaved run by run (with ``--repeat``), a row each:
 
-    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --repeat 2 \
-        --http default off
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --http default off
+
+``--host-state-dir`` (with ``--by-hand``) starts the hosts with ``--state-dir RUN/state`` as ``launch`` always does
+(each client saves its state to a file after each task; without it, a copy in memory): by hand and launch then
+compare like for like. Each run's ``round_s`` and each process's CPU seconds when round 1 ended and at the end go
+to stderr (the live page's child apart from the hosts).
 
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
@@ -454,6 +458,8 @@ def main() -> None:
                          "saves its state to a file after each task; without it, a copy in memory)")
     a = ap.parse_args()
     if a.host_state_dir:
+        if not a.by_hand:
+            raise SystemExit("--host-state-dir is for --by-hand: launch's hosts always have a state folder")
         HOST_STATE.append(True)
     https: list[str | None] = [None if h in (None, "default") else h for h in a.http]
     if a.by_hand and https != [None]:
