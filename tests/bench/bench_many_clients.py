@@ -39,7 +39,19 @@ time (``tests/bench/profile_process.py``; ``DIR/ps-N.prof``, ``DIR/host-N-LO.pro
 
     .venv/bin/python tests/bench/bench_many_clients.py --clients 1000 --baseline --by-hand --profile /tmp/prof
 
-With ``--fleet``, ``--profile DIR`` profiles the PS alone (``DIR/ps-fleet-N.prof``).
+With ``--fleet``, ``--profile DIR`` profiles the PS alone (``DIR/ps-fleet-N.prof``); with ``fedhop launch``
+the launcher, which is the PS (``DIR/launch-N.prof``, ``DIR/launch-N-http-off.prof``; its client hosts, forked
+from launch's fork server, are not profiled).
+
+``--http default off`` runs each launch case with the live page (launch's default: a child process fed every
+run event, server/web/proc.py) and without it, interleaved run by run (with ``--repeat``), a row each:
+
+    .venv/bin/python tests/bench/bench_many_clients.py --clients 10000 --baseline --rounds 2 --http default off
+
+``--host-state-dir`` (with ``--by-hand``) starts the hosts with ``--state-dir RUN/state`` as ``launch`` always does
+(each client saves its state to a file after each task; without it, a copy in memory): by hand and launch then
+compare like for like. Each run's ``round_s`` and each process's CPU seconds when round 1 ended and at the end go
+to stderr (the live page's child apart from the hosts).
 
 ``--repeat k`` runs each case k times and reports the median of each column. The load average (1 minute) is
 printed before and after every run: the numbers mean little on a loaded machine.
@@ -64,7 +76,8 @@ import psutil
 from fedhop.common.spec import RunSpec
 
 KEEPALIVE_S: list[float] = []  # --keepalive-s: the runs' transport.keepalive_s (default: the spec's)
-PROFILE: list[Path] = []  # --profile DIR: the by-hand processes run under tests/bench/profile_process.py
+HOST_STATE: list[bool] = []  # --host-state-dir: by hand, the hosts save each client's state to disk, as launch's do
+PROFILE: list[Path] = []  # --profile DIR: the PS (and by hand the hosts) run under tests/bench/profile_process.py
 
 
 def _fedhop(role: str, name: str) -> list[str]:
@@ -157,10 +170,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0, by_hand: bool = False) -> Row:
+def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0, by_hand: bool = False,
+        http: str | None = None) -> Row:
     """One run: ``fedhop launch`` (the launcher is the PS), or (``by_hand``) ``fedhop server``, a ``fedhop edge``
     per edge and one ``fedhop clients`` process per ``per_process`` ids of an edge (of the PS without edges),
-    started here."""
+    started here. ``http``: launch's ``--http`` (None: its default, the live page on a free port; ``off``: none)."""
     folder = Path(tempfile.mkdtemp(prefix=f"c{clients}-k{per_process}-e{edges}-", dir=work))
     spec_file = folder / "spec.toml"
     spec = spec_for(clients, rounds, edges)
@@ -191,11 +205,14 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             for lo in range(0, len(ids), per_process):
                 some = f"{ids[lo]}..{ids[min(len(ids), lo + per_process) - 1]}"
                 hosts.append(subprocess.Popen([*_fedhop("clients", f"host-{clients}-{ids[lo]}"), "--ids", some,
-                                               "--connect", parent, "--device", "cpu", "--log-level", "warning"],
+                                               "--connect", parent, "--device", "cpu", "--log-level", "warning",
+                                               *(["--state-dir", str(out / "state")] if HOST_STATE else [])],
                                               stdout=subprocess.DEVNULL, stderr=err))
     else:
-        proc = subprocess.Popen([sys.executable, "-m", "fedhop", "launch", str(spec_file), "--out", str(out),
-                                 "--device", "cpu", "--quiet", "--clients-per-process", str(per_process)],
+        label = f"launch-{clients}" + ("" if http is None else f"-http-{http.replace(':', '_')}")
+        proc = subprocess.Popen([*_fedhop("launch", label), str(spec_file), "--out", str(out),
+                                 "--device", "cpu", "--quiet", "--clients-per-process", str(per_process),
+                                 *(["--http", http] if http is not None else [])],
                                 stdout=subprocess.DEVNULL, stderr=err)
     ps = psutil.Process(proc.pid)
     journal = out / "rounds.jsonl"
@@ -203,6 +220,8 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
     ps_threads = hosts_threads = edges_threads = 0
     edge_pids: dict[int, bool] = {}  # pid -> whether it is an edge
     first_end: float | None = None
+    at_first: dict[int, float] = {}
+    names: dict[int, str] = {}  # pid -> what it is (for the CPU by process, on stderr)
     children: set[int] = set()
     cpu: dict[int, float] = {}  # pid -> its last sampled CPU seconds
     while proc.poll() is None:
@@ -217,6 +236,12 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             kids = []
         children.update(k.pid for k in kids)
         for k in kids:
+            if k.pid not in names:
+                try:
+                    names[k.pid] = " ".join(k.cmdline()[2:5]).strip()[:60] or f"forked {k.pid}"
+                except psutil.Error:
+                    names[k.pid] = "?"
+        for k in kids:
             if k.pid not in edge_pids:
                 edge_pids[k.pid] = _is_edge(k)
         edge_kids = [k for k in kids if edge_pids[k.pid]]
@@ -229,13 +254,19 @@ def run(clients: int, per_process: int, rounds: int, work: Path, edges: int = 0,
             cpu[k.pid] = _cpu(k) or cpu.get(k.pid, 0.0)
         if first_end is None and journal.is_file() and journal.read_text().strip():
             first_end = time.monotonic()
+            at_first = dict(cpu)  # each process's CPU seconds when round 1 ended (printed at the end)
         time.sleep(0.05)
     hosts_ok = all(h.wait(60) == 0 for h in hosts)
     rows = [json.loads(line) for line in journal.read_text().splitlines()] if journal.is_file() else []
     join = (first_end - t0 - rows[0]["round_s"]) if first_end is not None and rows else float("nan")
     mean_round = sum(r["round_s"] for r in rows) / len(rows) if rows else float("nan")
+    print(f"  round_s: {[r['round_s'] for r in rows]}", file=sys.stderr)
+    for pid, v in cpu.items():  # the live page's child shows here apart from the hosts
+        print(f"  CPU s {names.get(pid, 'PS')}: {at_first.get(pid, float('nan')):.1f} when round 1 ended, {v:.1f} "
+              f"at the end", file=sys.stderr)
     return Row(clients, per_process, len(children), join, mean_round, ps_peak / 2**20, hosts_peak / 2**20,
-               proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges, "by hand" if by_hand else "launch",
+               proc.returncode == 0 and hosts_ok and len(rows) == rounds, edges,
+               "by hand" if by_hand else "launch" if http is None else f"launch, --http {http}",
                ps_threads, (load0, psutil.getloadavg()[0]), hosts_threads, cpu.get(proc.pid, float("nan")),
                sum(v for pid, v in cpu.items() if pid != proc.pid), edges_peak / 2**20, edges_threads,
                sum(v for pid, v in cpu.items() if edge_pids.get(pid)))
@@ -415,13 +446,25 @@ def main() -> None:
     ap.add_argument("--keepalive-s", type=float, default=None,
                     help="transport.keepalive_s of the runs (a parent's keep-alive on each quiet session; default 5)")
     ap.add_argument("--profile", type=Path, default=None,
-                    help="with --by-hand or --fleet: run the PS (and the hosts) under cProfile (every thread), the "
-                         "profiles "
-                         "into this folder (ps-N.prof, host-N-LO.prof; tests/bench/profile_process.py)")
+                    help="run the PS under cProfile (every thread; by hand the hosts too), the profiles into this "
+                         "folder (ps-N.prof, host-N-LO.prof; launch-N.prof, launch-N-http-off.prof: the launcher, "
+                         "which is the PS; tests/bench/profile_process.py)")
+    ap.add_argument("--http", nargs="+", default=[None], metavar="ADDRESS",
+                    help="launch's --http for the launch runs, each case run with each value in turn (interleaved "
+                         "with --repeat): 'default' (launch's own: the live page on a free port), 'off' (no page), "
+                         "HOST:PORT; e.g. --http default off")
+    ap.add_argument("--host-state-dir", action="store_true",
+                    help="with --by-hand: give the client hosts --state-dir RUN/state, as launch does (each client "
+                         "saves its state to a file after each task; without it, a copy in memory)")
     a = ap.parse_args()
+    if a.host_state_dir:
+        if not a.by_hand:
+            raise SystemExit("--host-state-dir is for --by-hand: launch's hosts always have a state folder")
+        HOST_STATE.append(True)
+    https: list[str | None] = [None if h in (None, "default") else h for h in a.http]
+    if a.by_hand and https != [None]:
+        raise SystemExit("--http is launch's option; by hand, fedhop server serves no page unless asked")
     if a.profile is not None:
-        if not (a.by_hand or a.fleet):
-            raise SystemExit("--profile profiles the processes started --by-hand or --fleet's PS")
         a.profile.mkdir(parents=True, exist_ok=True)
         PROFILE.append(a.profile.resolve())
     if a.keepalive_s is not None:
@@ -436,10 +479,19 @@ def main() -> None:
         if a.fleet:
             cases = [(n, n, 0) for n in a.clients]
         for n, k, e in cases:
-            runs = [run_fleet(n, a.rounds, Path(tmp)) if a.fleet else run(n, k, a.rounds, Path(tmp), e, a.by_hand)
-                    for _ in range(a.repeat)]
-            rows.append(median_row(runs))
-            print(f"  done: {rows[-1]}", file=sys.stderr)
+            if a.fleet:
+                runs = [run_fleet(n, a.rounds, Path(tmp)) for _ in range(a.repeat)]
+                rows.append(median_row(runs))
+                print(f"  done: {rows[-1]}", file=sys.stderr)
+                continue
+            by_http: dict[str | None, list[Row]] = {h: [] for h in https}
+            for _ in range(a.repeat):  # the --http values interleaved: one of each, then again
+                for h in https:
+                    by_http[h].append(run(n, k, a.rounds, Path(tmp), e, a.by_hand, h))
+                    print(f"  run: {by_http[h][-1]}", file=sys.stderr)
+            for h in https:
+                rows.append(median_row(by_http[h]))
+                print(f"  done: {rows[-1]}", file=sys.stderr)
     # the fleet trains nothing: its floor is 0 and its "per client" the PS's own cost of a client per round
     floors = {(n, e): 0.0 if a.fleet else inprocess_round_s(n, a.rounds, e)
               for n, e in sorted({(r.clients, r.edges) for r in rows})}
