@@ -3,7 +3,9 @@
 # under the tracer (sitecustomize.py beside this), in each variant of $VARIANTS (default: all below); prints each
 # call's fields side by side. Variants: default; no-mkldnn (oneDNN off); omp1 (OMP_NUM_THREADS=1); nocuda
 # (CUDA_VISIBLE_DEVICES= : no GPU visible); exec (launch --exec-children: new interpreters, no fork server);
-# gcoff (FEDHOP_GC_FREEZE=0: no heap settle). On the 16-core Intel of 2026-11-27 (docs/benchmarks.md) the launch
+# gcoff (FEDHOP_GC_FREEZE=0: no heap settle); perturb85, perturb170 (MALLOC_PERTURB_: glibc fills what malloc
+# returns with that byte; final models that change with it mean a kernel reads memory it never wrote, which fresh
+# pages hide in one process and another's heap churn shows in the other: compared across variants at the end). On the 16-core Intel of 2026-11-27 (docs/benchmarks.md) the launch
 # client's gradient changed from one repeat of the same call to the next in the first three.
 set -u
 out=$(realpath "${1:?usage: run.sh OUTDIR}")
@@ -11,7 +13,7 @@ py=${PYTHON:-python3}
 here=$(dirname "$(realpath "$0")")
 data=$out/data
 "$py" examples/npy_cnn/images.py prepare "$data" > /dev/null || exit 1
-for variant in ${VARIANTS:-default no-mkldnn omp1 nocuda exec gcoff}; do
+for variant in ${VARIANTS:-default no-mkldnn omp1 nocuda exec gcoff perturb85 perturb170}; do
   for e in simulate launch; do
     d=$out/$variant/$e; mkdir -p "$d"
     extra=(); args=()
@@ -20,6 +22,8 @@ for variant in ${VARIANTS:-default no-mkldnn omp1 nocuda exec gcoff}; do
       omp1) extra=(OMP_NUM_THREADS=1) ;;
       nocuda) extra=(CUDA_VISIBLE_DEVICES=) ;;
       gcoff) extra=(FEDHOP_GC_FREEZE=0) ;;
+      perturb85) extra=(MALLOC_PERTURB_=85) ;;
+      perturb170) extra=(MALLOC_PERTURB_=170) ;;
       exec) [ $e = launch ] && args=(--exec-children) ;;
     esac
     env BITTRACE_DIR="$d" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "${extra[@]}" \
@@ -48,3 +52,11 @@ a, b = (torch.load(f"{base}/{e}/run/model.pt", weights_only=True) for e in ("sim
 print(" final model:", "BIT-IDENTICAL" if all(torch.equal(a[k], b[k]) for k in a) else "DIFFERENT")
 PY
 done
+"$py" - "$out" <<'PY'
+import glob, hashlib, os, sys, torch
+print("== final models by variant (a hash that changes with MALLOC_PERTURB_ alone: an uninitialised read)")
+for p in sorted(glob.glob(f"{sys.argv[1]}/*/*/run/model.pt")):
+    m = torch.load(p, weights_only=True)
+    h = hashlib.sha256(b"".join(m[k].contiguous().numpy().tobytes() for k in sorted(m))).hexdigest()[:16]
+    print(f"  {os.path.relpath(p, sys.argv[1]):40s} {h}")
+PY
