@@ -24,7 +24,7 @@ import xxhash
 from fedhop.common.atomic_files import replacing
 from fedhop.common.engine.api import get_algorithm
 from fedhop.common.engine.state_io import StateError, from_tree, to_tree
-from fedhop.common.wire.codec import BundleDecoder, CodecError, RawChunk, encode_views
+from fedhop.common.wire.codec import BundleDecoder, CodecError, RawChunk, encode_parts
 from fedhop.v1 import fedhop_pb2 as pb
 
 log = logging.getLogger("fedhop.checkpoint")
@@ -42,21 +42,25 @@ def _u64(n: int) -> bytes:
     return int(n).to_bytes(8, "little")
 
 
-def write_checkpoint(path: Path, meta: dict[str, Any], state: Any) -> int:
-    """Write ``state`` (see ``state_io``) with ``meta`` to ``path`` atomically; returns the bytes written."""
+def checkpoint_parts(meta: dict[str, Any], state: Any) -> list[Any]:
+    """The bytes of a checkpoint of ``state`` (see ``state_io``) with ``meta``, in order, as the file holds them
+    (bytes, then the payload as flat views of the tensors' memory: the file holds the codec's chunks back to
+    back, i.e. the uncut payload)."""
     tensors: dict[str, Any] = {}
     tree = to_tree(state, tensors)
     body = json.dumps({"meta": meta, "tree": tree}, allow_nan=True).encode()
-    header, chunks = encode_views(tensors, CHUNK)
+    header, payload = encode_parts(tensors, CHUNK)
     head = header.SerializeToString()
+    return [MAGIC, _u64(len(body)), body, _u64(xxhash.xxh3_64_intdigest(body)), _u64(len(head)), head, *payload]
+
+
+def write_checkpoint(path: Path, meta: dict[str, Any], state: Any) -> int:
+    """Write ``state`` (see ``state_io``) with ``meta`` to ``path`` atomically; returns the bytes written."""
     written = 0
     with replacing(path) as tmp, open(tmp, "wb") as f:  # synced, renamed over path, the folder synced
-        for part in (MAGIC, _u64(len(body)), body, _u64(xxhash.xxh3_64_intdigest(body)), _u64(len(head)), head):
+        for part in checkpoint_parts(meta, state):
             f.write(part)
-            written += len(part)
-        for c in chunks:
-            f.write(c.data)
-            written += len(c.data)
+            written += part.nbytes if isinstance(part, memoryview) else len(part)
     return written
 
 

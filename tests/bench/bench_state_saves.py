@@ -11,7 +11,10 @@ ways, interleaved, median of ``--reps``:
 - ``no fsync``: the same with ``os.fsync`` stubbed out (not durable: the floor of everything else);
 - ``group commit`` (a prototype here, not fedhop's path): each save without its fsyncs, then one ``syncfs`` of
   the file system shared by every save that finished before it began (a save returns only after a ``syncfs`` that
-  began after its own write: as durable as ``as built`` before the result is sent).
+  began after its own write: as durable as ``as built`` before the result is sent);
+- ``host log`` (a prototype here, not fedhop's path): each save appends the same checkpoint bytes as one record to
+  one file shared by the host's clients, then ``fdatasync`` s it (as durable; no rename, folder sync, listing or
+  unlink; the pruning and reading back a log would need are not built).
 
 Prints wall and CPU per save and the number of ``syncfs`` calls; the load average before and after.
 """
@@ -31,7 +34,7 @@ from unittest import mock
 
 import torch
 
-from fedhop.common.engine.checkpoint import CheckpointStore
+from fedhop.common.engine.checkpoint import CheckpointStore, checkpoint_parts
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -77,17 +80,38 @@ def one(way: str, root: Path, clients: int, rounds: int, threads: int) -> tuple[
     group = GroupSync(folder)
     real_fsync = os.fsync
 
+    log_fd = os.open(folder / "host.fhlog", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    log_lock = threading.Lock()
+
     def save(store: CheckpointStore, r: int) -> None:
+        if way == "host log":
+            record = b"".join(checkpoint_parts({"node": store.folder.name, "run_id": "bench", "tag": r}, state))
+            with log_lock:
+                os.write(log_fd, record)
+            os.fdatasync(log_fd)
+            return
+        if way == "node log":
+            record = b"".join(checkpoint_parts({"node": store.folder.name, "run_id": "bench", "tag": r}, state))
+            if r == 0:
+                store.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(store.folder / "state.fhlog", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            try:
+                os.write(fd, record)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            return
         store.save(r, {"node": "c", "run_id": "bench"}, state, keep_before=r)
         if way == "group commit":
             group.sync()
 
-    stub = way != "as built"
+    stub = way not in ("as built", "host log", "node log")
     t0, c0 = time.perf_counter(), time.process_time()
     with mock.patch.object(os, "fsync", (lambda fd: None) if stub else real_fsync), \
             ThreadPoolExecutor(threads) as pool:
         for r in range(rounds):
             list(pool.map(lambda s, r=r: save(s, r), stores))
+    os.close(log_fd)
     n = clients * rounds
     return (time.perf_counter() - t0) / n * 1e3, (time.process_time() - c0) / n * 1e3, group.calls
 
@@ -101,7 +125,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     a = ap.parse_args()
     print(f"load average before: {os.getloadavg()}; {a.clients} clients x {a.rounds} rounds, {a.threads} threads")
-    ways = ["as built", "no fsync", "group commit"]
+    ways = ["as built", "no fsync", "group commit", "host log", "node log"]
     got: dict[str, list[tuple[float, float, int]]] = {w: [] for w in ways}
     for _ in range(a.reps):
         for w in ways:
