@@ -68,24 +68,33 @@ def read_checkpoint(path: Path) -> tuple[dict[str, Any], Any]:
     """``(meta, state)`` from ``path``; :class:`CheckpointError` naming the file on any problem."""
     try:
         with open(path, "rb") as f:
-            body = _description(f)
-            header = pb.BundleHeader.FromString(_exact(f, _read_u64(f), "tensor header"))
-            decoder = BundleDecoder(header)
-            offset, total = 0, int(header.total_bytes)
-            while offset < total:
-                n = min(int(header.chunk_bytes), total - offset)
-                decoder.feed(RawChunk(offset, _exact(f, n, f"tensor bytes at offset {offset}")))
-                offset += n
-            tensors = decoder.finish()
-            if f.read(1):
-                raise CheckpointError("trailing bytes after the tensors")
+            return read_checkpoint_from(f, str(path), whole=True)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path}: {type(e).__name__}: {e}") from None
+
+
+def read_checkpoint_from(f: Any, name: str, *, whole: bool) -> tuple[dict[str, Any], Any]:
+    """``(meta, state)`` from the checkpoint bytes at ``f``'s position (a file, or a record of a state log),
+    :class:`CheckpointError` naming ``name`` on any problem; ``whole``: nothing may follow them."""
+    try:
+        body = _description(f)
+        header = pb.BundleHeader.FromString(_exact(f, _read_u64(f), "tensor header"))
+        decoder = BundleDecoder(header)
+        offset, total = 0, int(header.total_bytes)
+        while offset < total:
+            n = min(int(header.chunk_bytes), total - offset)
+            decoder.feed(RawChunk(offset, _exact(f, n, f"tensor bytes at offset {offset}")))
+            offset += n
+        tensors = decoder.finish()
+        if whole and f.read(1):
+            raise CheckpointError("trailing bytes after the tensors")
         doc = json.loads(body)
         _load_spec_algorithm(doc["meta"])
         return doc["meta"], from_tree(doc["tree"], tensors)
     except CheckpointError as e:
-        raise CheckpointError(f"checkpoint {path}: {e}") from None
+        raise CheckpointError(f"checkpoint {name}: {e}") from None
     except (OSError, CodecError, StateError, ValueError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path}: {type(e).__name__}: {e}") from None
+        raise CheckpointError(f"checkpoint {name}: {type(e).__name__}: {e}") from None
 
 
 def read_meta(path: Path) -> dict[str, Any]:

@@ -11,8 +11,9 @@ nothing gives the same node (10,000 clients of a host wrote 10,000 files of noth
 time per client: docs/benchmarks.md). Once a non-empty snapshot is saved, every later one is.
 
 Kept: the newest ``keep`` snapshots, plus the newest one older than the PS's last committed round (what a
-resume needs, even with ``checkpoint_every`` > 1). With a ``state_dir`` they are checkpoint files (atomic,
-through the codec); without one they are copies in memory, which survive a PS restart but not this process.
+resume needs, even with ``checkpoint_every`` > 1). With a ``state_dir`` they are records of the node's state log
+(:mod:`~fedhop.common.engine.state_log`: appended and synced, through the checkpoint format); without one they
+are copies in memory, which survive a PS restart but not this process.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedhop.common.engine.api import NodeContext, get_algorithm
-from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.snapshot import NodeSnapshot, restore, snapshot
 from fedhop.common.engine.state_io import copy_state
+from fedhop.common.engine.state_log import StateLog
 
 log = logging.getLogger("fedhop.node_store")
 NEWEST = 1 << 30  # rollback(ctx, NEWEST): restore the newest saved state (a restarted node)
@@ -43,7 +44,7 @@ class NodeStore:
     def __init__(self, node_id: str, state_dir: Path | None = None, keep: int = 2) -> None:
         self.node = node_id
         self.keep = max(1, keep)
-        self.disk = CheckpointStore(Path(state_dir) / node_id, keep) if state_dir is not None else None
+        self.disk = StateLog(Path(state_dir) / node_id, keep) if state_dir is not None else None
         self.memory: dict[int, NodeSnapshot] = {}
         self.committed: int | None = None  # the PS's last committed round (from the tasks it sends)
         self.bytes_written = 0

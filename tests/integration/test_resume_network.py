@@ -21,6 +21,7 @@ import torch
 from fedhop.cli import main
 from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.inprocess import InProcessEngine
+from fedhop.common.engine.state_log import StateLog
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.run_lock import RunFolderLocked
 from fedhop.common.wire.bundle import flat
@@ -155,9 +156,9 @@ def assert_tracking(run: Path, state: Path, clients: int) -> None:
     y = flat(ck.state.y).double()
     total = torch.zeros_like(y)
     for i in range(clients):
-        st = CheckpointStore(state / f"client-{i}")
-        if st.tags():
-            _, snap = read_checkpoint(st.folder / st._name(st.tags()[-1]))
+        got = StateLog(state / f"client-{i}").latest()
+        if got is not None:
+            snap = got.state
             if snap.state.g is not None:
                 total += flat(snap.state.g).double()
     assert float((y - total).norm() / total.norm()) < 1e-12

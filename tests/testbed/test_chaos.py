@@ -40,8 +40,8 @@ import pytest
 import torch
 
 from fedhop.client_ids import format_ids, parse_ids
-from fedhop.common.engine.checkpoint import CheckpointStore, read_checkpoint
 from fedhop.common.engine.run_checkpoint import load_latest, ps_store
+from fedhop.common.engine.state_log import StateLog
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.spec import RunSpec
 from fedhop.common.wire.bundle import flat
@@ -255,12 +255,13 @@ class Soak:
         for c in self.fed.topology.clients:
             if c not in last_ok:
                 continue  # no reply of it was ever used: nothing of it in y
-            st = CheckpointStore(self.lost_state.get(c, self.fed.state_dir / c))
-            if last_ok[c] not in st.tags():
+            st = StateLog(self.lost_state.get(c, self.fed.state_dir / c))
+            got = st.latest(below=last_ok[c] + 1)
+            if got is None or got.tag != last_ok[c]:
                 print(f"[chaos] {self.name}: y = sum g_i not checked: {c}'s state of round {last_ok[c] + 1} "
                       f"(its last used reply) is no longer kept ({st.tags()})")
                 return
-            _, snap = read_checkpoint(st.folder / st._name(last_ok[c]))
+            snap = got.state
             if snap.state.g is not None:
                 total += flat(snap.state.g).double()
         assert float((y - total).norm() / max(float(total.norm()), 1e-30)) < 1e-9, "FOCUS: y != sum_i g_i"

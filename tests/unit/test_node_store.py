@@ -9,9 +9,9 @@ import torch
 
 import fedhop.common.algorithms  # noqa: F401  (registers every algorithm)
 from fedhop.common.engine.api import NodeContext
-from fedhop.common.engine.checkpoint import CheckpointStore
 from fedhop.common.engine.node_store import NEWEST, NodeStore
 from fedhop.common.engine.snapshot import snapshot
+from fedhop.common.engine.state_log import StateLog
 from fedhop.common.engine.workspace import Workspace
 from tests.unit.hostile import spec_for
 
@@ -50,7 +50,11 @@ def test_a_client_with_state_writes_every_save(tmp_path: Path) -> None:
         ctx.round = r
         store.save(ctx, "run-1")
     assert store.skipped == 0
-    assert CheckpointStore(tmp_path / "client-0").tags() == [1, 2]  # keep = 2
+    assert store.disk is not None and store.disk.tags() == [1, 2]  # keep = 2
+    again = StateLog(tmp_path / "client-0")  # a new process reads every save back (tag 0 is forgotten, not erased)
+    assert again.tags()[-2:] == [1, 2]
+    got = again.latest()
+    assert got is not None and got.tag == 2
 
 
 def test_once_something_was_kept_an_empty_snapshot_is_written_too(tmp_path: Path) -> None:
@@ -61,7 +65,7 @@ def test_once_something_was_kept_an_empty_snapshot_is_written_too(tmp_path: Path
     ctx.inbox.clear()  # the post ran: the node is empty again, but the disk holds the post
     ctx.round = 1
     store.save(ctx, "run-1")
-    assert CheckpointStore(tmp_path / "client-0").tags() == [0, 1]
+    assert StateLog(tmp_path / "client-0").tags() == [0, 1]
     restarted = _ctx("fedavg")
     NodeStore("client-0", tmp_path).rollback(restarted, NEWEST, "run-1")
     assert restarted.inbox == {}  # the newest (empty) state, not the post of round 0
@@ -75,7 +79,7 @@ def test_a_restarted_store_that_finds_files_keeps_writing(tmp_path: Path) -> Non
     again = NodeStore("client-0", tmp_path)  # a new process: it has not looked yet
     ctx.round = 1
     again.save(ctx, "run-1")
-    assert again.skipped == 0 and CheckpointStore(tmp_path / "client-0").tags() == [0, 1]
+    assert again.skipped == 0 and StateLog(tmp_path / "client-0").tags() == [0, 1]
 
 
 def test_after_a_rollback_to_nothing_empty_saves_are_skipped_again(tmp_path: Path) -> None:
@@ -85,7 +89,9 @@ def test_after_a_rollback_to_nothing_empty_saves_are_skipped_again(tmp_path: Pat
     ctx.round = 2
     store.save(ctx, "run-1")
     store.rollback(ctx, 1, "run-1")  # the parent resumed before round 2: tag 2 is dropped, nothing is left
-    assert CheckpointStore(tmp_path / "client-0").tags() == []
+    assert StateLog(tmp_path / "client-0").tags() == []
+    sizes = [p.stat().st_size for p in sorted((tmp_path / "client-0").glob("*"))]
     ctx.round = 1
     store.save(ctx, "run-1")
-    assert store.skipped == 1 and _files(tmp_path / "client-0") == []
+    assert store.skipped == 1
+    assert [p.stat().st_size for p in sorted((tmp_path / "client-0").glob("*"))] == sizes  # nothing appended
