@@ -75,6 +75,7 @@ import psutil
 
 from fedhop.common.spec import RunSpec
 
+ALGORITHM: list[str] = []  # --algorithm: the runs' algorithm (default fedavg)
 KEEPALIVE_S: list[float] = []  # --keepalive-s: the runs' transport.keepalive_s (default: the spec's)
 HOST_STATE: list[bool] = []  # --host-state-dir: by hand, the hosts save each client's state to disk, as launch's do
 PROFILE: list[Path] = []  # --profile DIR: the PS (and by hand the hosts) run under tests/bench/profile_process.py
@@ -96,7 +97,8 @@ def spec_for(clients: int, rounds: int, edges: int = 0) -> RunSpec:
         "rounds": rounds,
         "seed": 0,
         "device": "cpu",
-        "algorithm": {"name": "fedavg", "options": {"lr": 0.05, "local_steps": 2, "batch_size": 16}},
+        "algorithm": {"name": ALGORITHM[0] if ALGORITHM else "fedavg",
+                      "options": {"lr": 0.05, "local_steps": 2, "batch_size": 16}},
         "topology": {"clients": clients, "edges": edges},
         "data": {"dataset": "synthetic", "partition": "iid",
                  "options": {"samples": max(4000, 60 * clients), "dim": 20}},
@@ -453,6 +455,9 @@ def main() -> None:
                     help="launch's --http for the launch runs, each case run with each value in turn (interleaved "
                          "with --repeat): 'default' (launch's own: the live page on a free port), 'off' (no page), "
                          "HOST:PORT; e.g. --http default off")
+    ap.add_argument("--algorithm", choices=["fedavg", "scaffold"], default="fedavg",
+                    help="the runs' algorithm: fedavg (its clients keep no state: nothing saved under --state-dir) "
+                         "or scaffold (each client keeps its control variate c_i: a state saved after every task)")
     ap.add_argument("--host-state-dir", action="store_true",
                     help="with --by-hand: give the client hosts --state-dir RUN/state, as launch does (each client "
                          "saves its state to a file after each task; without it, a copy in memory)")
@@ -469,6 +474,7 @@ def main() -> None:
         PROFILE.append(a.profile.resolve())
     if a.keepalive_s is not None:
         KEEPALIVE_S.append(a.keepalive_s)
+    ALGORITHM.append(a.algorithm)
     from fedhop.client_ids import resolve_per_process
 
     rows: list[Row] = []
@@ -495,7 +501,7 @@ def main() -> None:
     # the fleet trains nothing: its floor is 0 and its "per client" the PS's own cost of a client per round
     floors = {(n, e): 0.0 if a.fleet else inprocess_round_s(n, a.rounds, e)
               for n, e in sorted({(r.clients, r.edges) for r in rows})}
-    print(f"FedAvg, MLP 20-16-10, synthetic iid, {a.rounds} rounds, real gRPC on loopback, {psutil.cpu_count()} "
+    print(f"{a.algorithm}, MLP 20-16-10, synthetic iid, {a.rounds} rounds, real gRPC on loopback, {psutil.cpu_count()} "
           f"cores; {'median of ' + str(a.repeat) + ' runs' if a.repeat > 1 else 'one run'} per row; load average "
           f"at the end {psutil.getloadavg()[0]:.1f}")
     print("| clients | edges | started by | clients per process | client processes | join (start -> round 1) "

@@ -3,18 +3,21 @@
 
     python tests/bench/bench_state_saves.py [--clients 500] [--rounds 3] [--threads 4] [--reps 3]
 
-Each of ``--clients`` CheckpointStores (one per client, as ``NodeStore`` makes under ``--state-dir``) saves a small
-client state once per round, from ``--threads`` threads (a host's task threads save outside the task lock). Three
+Each of ``--clients`` stores (one per client, as ``NodeStore`` makes under ``--state-dir``) saves a small
+client state once per round, from ``--threads`` threads (a host's task threads save outside the task lock). Five
 ways, interleaved, median of ``--reps``:
 
-- ``as built``: ``CheckpointStore.save`` (the file fsynced, renamed, its folder fsynced, the folder listed to prune);
+- ``checkpoint files``: ``CheckpointStore.save``, a node's saves until the tenth session (the file fsynced, renamed,
+  its folder fsynced, the folder listed to prune);
 - ``no fsync``: the same with ``os.fsync`` stubbed out (not durable: the floor of everything else);
 - ``group commit`` (a prototype here, not fedhop's path): each save without its fsyncs, then one ``syncfs`` of
   the file system shared by every save that finished before it began (a save returns only after a ``syncfs`` that
-  began after its own write: as durable as ``as built`` before the result is sent);
+  began after its own write: as durable as ``checkpoint files`` before the result is sent);
 - ``host log`` (a prototype here, not fedhop's path): each save appends the same checkpoint bytes as one record to
   one file shared by the host's clients, then ``fdatasync`` s it (as durable; no rename, folder sync, listing or
-  unlink; the pruning and reading back a log would need are not built).
+  unlink; the pruning and reading back a log would need are not built);
+- ``state log``: ``StateLog.save``, a node's saves since (``common/engine/state_log.py``: a record appended to
+  the node's own log and ``fdatasync`` ed; a new segment, and its folder synced, every 64 records).
 
 Prints wall and CPU per save and the number of ``syncfs`` calls; the load average before and after.
 """
@@ -35,6 +38,7 @@ from unittest import mock
 import torch
 
 from fedhop.common.engine.checkpoint import CheckpointStore, checkpoint_parts
+from fedhop.common.engine.state_log import StateLog
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -82,6 +86,7 @@ def one(way: str, root: Path, clients: int, rounds: int, threads: int) -> tuple[
 
     log_fd = os.open(folder / "host.fhlog", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     log_lock = threading.Lock()
+    logs = {s.folder.name: StateLog(s.folder, 2) for s in stores}
 
     def save(store: CheckpointStore, r: int) -> None:
         if way == "host log":
@@ -90,22 +95,14 @@ def one(way: str, root: Path, clients: int, rounds: int, threads: int) -> tuple[
                 os.write(log_fd, record)
             os.fdatasync(log_fd)
             return
-        if way == "node log":
-            record = b"".join(checkpoint_parts({"node": store.folder.name, "run_id": "bench", "tag": r}, state))
-            if r == 0:
-                store.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(store.folder / "state.fhlog", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-            try:
-                os.write(fd, record)
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
+        if way == "state log":
+            logs[store.folder.name].save(r, {"node": "c", "run_id": "bench"}, state, keep_before=r)
             return
         store.save(r, {"node": "c", "run_id": "bench"}, state, keep_before=r)
         if way == "group commit":
             group.sync()
 
-    stub = way not in ("as built", "host log", "node log")
+    stub = way not in ("checkpoint files", "host log", "state log")
     t0, c0 = time.perf_counter(), time.process_time()
     with mock.patch.object(os, "fsync", (lambda fd: None) if stub else real_fsync), \
             ThreadPoolExecutor(threads) as pool:
@@ -125,7 +122,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     a = ap.parse_args()
     print(f"load average before: {os.getloadavg()}; {a.clients} clients x {a.rounds} rounds, {a.threads} threads")
-    ways = ["as built", "no fsync", "group commit", "host log", "node log"]
+    ways = ["checkpoint files", "no fsync", "group commit", "host log", "state log"]
     got: dict[str, list[tuple[float, float, int]]] = {w: [] for w in ways}
     for _ in range(a.reps):
         for w in ways:
