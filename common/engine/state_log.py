@@ -50,6 +50,7 @@ HEAD = len(MAGIC) + 1 + 8 + 8  # magic, kind, tag, length
 STATE, DROP = b"S", b"D"
 SEGMENT_RECORDS = 64
 SEGMENT_BYTES = 16 << 20
+SMALL = 1 << 20  # a record below this is written with one system call (joined), a larger one part by part
 _SEGMENT = re.compile(r"^state_(\d{8})\.fhlog$")
 
 
@@ -74,6 +75,8 @@ class StateLog:
         self._segment: Path | None = None  # the segment this process appends to
         self._records = 0
         self._bytes = 0
+        self._legacy: set[Path] = set()  # checkpoint files of an older fedhop still in the folder
+        self._oldest_kept: int | None = None  # the oldest segment with a kept state, when segments were last deleted
 
     # -- reading --------------------------------------------------------------------------------------------------
     def _index(self) -> dict[int, _Record]:
@@ -93,6 +96,7 @@ class StateLog:
         for tag in legacy.tags():
             path = legacy.path(tag)
             live[tag] = _Record(tag, path, 0, path.stat().st_size, legacy=True)
+            self._legacy.add(path)
         for _, path in self._segments():
             for kind, tag, offset, length in _records(path):
                 if kind == DROP:
@@ -129,7 +133,7 @@ class StateLog:
         written."""
         live = self._index()
         parts = checkpoint_parts({**meta, "tag": tag}, state)
-        length = sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        length = sum(_size(p) for p in parts)
         path, offset = self._append(_head(STATE, tag, length), parts)
         live[tag] = _Record(tag, path, offset, length)
         self._prune(keep_before)
@@ -157,9 +161,12 @@ class StateLog:
         fd = os.open(self._segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             with io.FileIO(fd, "wb", closefd=False) as f:
-                f.write(head)
-                for p in parts:
-                    f.write(p)
+                if sum(_size(p) for p in parts) < SMALL:
+                    f.write(b"".join([head, *parts]))  # a small state: one system call
+                else:
+                    f.write(head)
+                    for p in parts:
+                        f.write(p)
             os.fdatasync(fd)
         except BaseException:
             self._segment = None  # a record cut short (a full disk) ends this segment: the next save starts another
@@ -168,7 +175,7 @@ class StateLog:
             os.close(fd)
         offset = self._bytes + len(head)
         self._records += 1
-        self._bytes += len(head) + sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in parts)
+        self._bytes += len(head) + sum(_size(p) for p in parts)
         if new:
             sync_folder(self.folder)  # the new segment's name is durable too
         return self._segment, offset
@@ -191,17 +198,24 @@ class StateLog:
     def _delete_unused(self) -> None:
         """Delete the legacy files that hold no kept state, and the segments before the oldest one that does (never
         this process's). Only a prefix of segments goes: a segment may hold a drop that cancels states in the
-        segments before it, which must not outlive it."""
+        segments before it, which must not outlive it. The folder is listed only when that oldest one moved."""
         live = self._index()
         used = {r.path for r in live.values()}
-        for path in self.folder.glob("ckpt_*.fhck"):
-            if path not in used:
-                path.unlink(missing_ok=True)
+        for path in [p for p in self._legacy if p not in used]:
+            path.unlink(missing_ok=True)
+            self._legacy.discard(path)
         oldest = min((_seq(r.path) for r in live.values() if not r.legacy), default=None)
+        if oldest is not None and oldest == self._oldest_kept:
+            return
+        self._oldest_kept = oldest
         for seq, path in self._segments():
             if path == self._segment or (oldest is not None and seq >= oldest):
                 break
             path.unlink(missing_ok=True)
+
+
+def _size(part: Any) -> int:
+    return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
 def _head(kind: bytes, tag: int, length: int) -> bytes:
