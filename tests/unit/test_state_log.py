@@ -136,3 +136,13 @@ def test_a_failed_sync_ends_the_segment(tmp_path: Path, monkeypatch: pytest.Monk
     _save(log, 2)
     assert len(list(tmp_path.glob("state_*.fhlog"))) == 2
     assert _w(StateLog(tmp_path, keep=3)) == (2, 2.0)
+
+
+def test_a_large_state_is_written_part_by_part_and_reads_back(tmp_path: Path) -> None:
+    big = torch.arange(600_000, dtype=torch.float32)  # 2.4 MB: above state_log.SMALL
+    log = StateLog(tmp_path)
+    n = log.save(0, {"node": "edge-0"}, {"model": big, "t": 0})
+    _save(log, 1)
+    assert n > state_log.SMALL
+    got = StateLog(tmp_path).latest(below=1)
+    assert got is not None and got.tag == 0 and torch.equal(got.state["model"], big)
