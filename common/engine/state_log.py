@@ -160,13 +160,11 @@ class StateLog:
         assert self._segment is not None
         fd = os.open(self._segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            with io.FileIO(fd, "wb", closefd=False) as f:
-                if sum(_size(p) for p in parts) < SMALL:
-                    f.write(b"".join([head, *parts]))  # a small state: one system call
-                else:
-                    f.write(head)
-                    for p in parts:
-                        f.write(p)
+            if sum(_size(p) for p in parts) < SMALL:
+                _write_all(fd, b"".join([head, *parts]))  # a small state: one system call
+            else:
+                for p in (head, *parts):
+                    _write_all(fd, p)
             os.fdatasync(fd)
         except BaseException:
             self._segment = None  # a record cut short (a full disk) ends this segment: the next save starts another
@@ -212,6 +210,13 @@ class StateLog:
             if path == self._segment or (oldest is not None and seq >= oldest):
                 break
             path.unlink(missing_ok=True)
+
+
+def _write_all(fd: int, data: Any) -> None:
+    """Write all of ``data`` (a short write, e.g. on a full disk, goes on until the system call raises)."""
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _size(part: Any) -> int:
