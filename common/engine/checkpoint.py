@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,6 +148,33 @@ def _exact(f: Any, n: int, what: str) -> bytes:
     return data
 
 
+def kept_tags(tags: list[int], keep: int, keep_before: int | None) -> set[int]:
+    """Which of a node's saved ``tags`` (ascending) to keep: the newest ``keep`` and, with ``keep_before`` (the PS's
+    last committed round), also the newest one below it and every one from it on (what a resume needs)."""
+    kept = set(tags[-keep:])
+    if keep_before is not None:
+        below = [t for t in tags if t < keep_before]
+        if below:
+            kept.add(below[-1])
+        kept.update(t for t in tags if t >= keep_before)
+    return kept
+
+
+def newest_readable(tags: list[int], below: int | None, read: Callable[[int], Loaded],
+                    errors: list[str]) -> Loaded | None:
+    """``read`` of the newest of ``tags`` (ascending; those < ``below`` when given) that can be read; one that
+    cannot is logged, appended to ``errors`` and skipped: the one before it is tried."""
+    for tag in reversed(tags):
+        if below is not None and tag >= below:
+            continue
+        try:
+            return read(tag)
+        except CheckpointError as e:
+            errors.append(str(e))
+            log.error("%s; falling back to the previous one", e)
+    return None
+
+
 @dataclass(frozen=True)
 class Loaded:
     tag: int
@@ -192,12 +220,7 @@ class CheckpointStore:
 
     def prune(self, keep_before: int | None = None) -> None:
         tags = self.tags()
-        keep = set(tags[-self.keep:])
-        if keep_before is not None:
-            below = [t for t in tags if t < keep_before]
-            if below:
-                keep.add(below[-1])
-            keep.update(t for t in tags if t >= keep_before)
+        keep = kept_tags(tags, self.keep, keep_before)
         for t in tags:
             if t not in keep:
                 (self.folder / self._name(t)).unlink(missing_ok=True)
@@ -205,18 +228,12 @@ class CheckpointStore:
     def latest(self, below: int | None = None) -> Loaded | None:
         """The newest readable checkpoint (with tag < ``below`` when given). Unreadable ones are logged, kept
         in :attr:`errors` and skipped: the previous one is used."""
-        for tag in reversed(self.tags()):
-            if below is not None and tag >= below:
-                continue
+        def read(tag: int) -> Loaded:
             path = self.folder / self._name(tag)
-            try:
-                meta, state = read_checkpoint(path)
-            except CheckpointError as e:
-                self.errors.append(str(e))
-                log.error("%s; falling back to the previous checkpoint", e)
-                continue
+            meta, state = read_checkpoint(path)
             return Loaded(tag, meta, state, path)
-        return None
+
+        return newest_readable(self.tags(), below, read, self.errors)
 
     def drop_from(self, tag: int) -> None:
         """Remove checkpoints with tag >= ``tag`` (a node rolled back before them)."""

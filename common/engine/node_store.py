@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedhop.common.engine.api import NodeContext, get_algorithm
+from fedhop.common.engine.checkpoint import kept_tags
 from fedhop.common.engine.snapshot import NodeSnapshot, restore, snapshot
 from fedhop.common.engine.state_io import copy_state
 from fedhop.common.engine.state_log import StateLog
@@ -78,11 +79,7 @@ class NodeStore:
             return
         self.memory[tag] = copy_state(snap)
         tags = sorted(self.memory)
-        keep = set(tags[-self.keep:])
-        if self.committed is not None:
-            below = [t for t in tags if t < self.committed]
-            keep.update(below[-1:])
-            keep.update(t for t in tags if t >= self.committed)
+        keep = kept_tags(tags, self.keep, self.committed)
         for t in tags:
             if t not in keep:
                 del self.memory[t]

@@ -39,6 +39,8 @@ from fedhop.common.engine.checkpoint import (
     CheckpointStore,
     Loaded,
     checkpoint_parts,
+    kept_tags,
+    newest_readable,
     read_checkpoint,
     read_checkpoint_from,
 )
@@ -114,18 +116,12 @@ class StateLog:
         """The newest readable state (with tag < ``below`` when given). Unreadable ones are logged, kept in
         :attr:`errors` and skipped: the previous one is used."""
         live = self._index()
-        for tag in sorted(live, reverse=True):
-            if below is not None and tag >= below:
-                continue
-            rec = live[tag]
-            try:
-                meta, state = _read(rec)
-            except CheckpointError as e:
-                self.errors.append(str(e))
-                log.error("%s; falling back to the previous state", e)
-                continue
-            return Loaded(tag, meta, state, rec.path)
-        return None
+
+        def read(tag: int) -> Loaded:
+            meta, state = _read(live[tag])
+            return Loaded(tag, meta, state, live[tag].path)
+
+        return newest_readable(sorted(live), below, read, self.errors)
 
     # -- writing --------------------------------------------------------------------------------------------------
     def save(self, tag: int, meta: dict[str, Any], state: Any, *, keep_before: int | None = None) -> int:
@@ -181,12 +177,7 @@ class StateLog:
     def _prune(self, keep_before: int | None) -> None:
         live = self._index()
         tags = sorted(live)
-        keep = set(tags[-self.keep:])
-        if keep_before is not None:
-            below = [t for t in tags if t < keep_before]
-            if below:
-                keep.add(below[-1])
-            keep.update(t for t in tags if t >= keep_before)
+        keep = kept_tags(tags, self.keep, keep_before)
         dropped = [t for t in tags if t not in keep]
         for t in dropped:
             del live[t]
