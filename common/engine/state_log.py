@@ -2,7 +2,7 @@
 
 A save appends one record and ``fdatasync`` s the file before it returns (before the node's result is sent, as
 :mod:`~fedhop.common.engine.node_store` requires). A checkpoint file per save cost a rename, a folder sync, a
-listing and an unlink each time: 0.54 ms a save from a host's 4 task threads against 0.31 ms for an append
+listing and an unlink each time: 0.70 ms a save from a host's 4 task threads against 0.37 ms for an append
 (``tests/bench/bench_state_saves.py``, docs/benchmarks.md "A node with nothing to keep writes nothing").
 
 Layout: segments ``state_<seq>.fhlog`` (``seq``: 8 digits, ascending). A record is ``MAGIC``, the kind (``S``: a
@@ -16,7 +16,8 @@ Choices (unspecified elsewhere):
 - a process never appends to a segment it did not create: it starts a new one at its first save. A crash can
   leave a torn record only at the end of a segment, where reading that segment stops (and says so in the log);
 - a segment is closed after :data:`SEGMENT_RECORDS` records or :data:`SEGMENT_BYTES` bytes (a large state gets a
-  segment per save, as a checkpoint file per save did), and deleted once none of its records is kept;
+  segment per save, as a checkpoint file per save did). Segments are deleted oldest first, once neither they nor
+  any older segment hold a kept state (a newer one may hold a drop that cancels states in an older one);
 - the newest ``keep`` tags are kept, plus, with ``keep_before``, the newest one below it and every one from it on
   (what a resume needs): the rule :class:`~fedhop.common.engine.checkpoint.CheckpointStore` applies to files;
 - checkpoint files of an older fedhop in the folder (``ckpt_*.fhck``) are read as records older than every
