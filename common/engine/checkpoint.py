@@ -55,13 +55,18 @@ def checkpoint_parts(meta: dict[str, Any], state: Any) -> list[Any]:
     return [MAGIC, _u64(len(body)), body, _u64(xxhash.xxh3_64_intdigest(body)), _u64(len(head)), head, *payload]
 
 
+def part_bytes(part: Any) -> int:
+    """The size in bytes of one of :func:`checkpoint_parts` (bytes, or a view of a tensor's memory)."""
+    return part.nbytes if isinstance(part, memoryview) else len(part)
+
+
 def write_checkpoint(path: Path, meta: dict[str, Any], state: Any) -> int:
     """Write ``state`` (see ``state_io``) with ``meta`` to ``path`` atomically; returns the bytes written."""
     written = 0
     with replacing(path) as tmp, open(tmp, "wb") as f:  # synced, renamed over path, the folder synced
         for part in checkpoint_parts(meta, state):
             f.write(part)
-            written += part.nbytes if isinstance(part, memoryview) else len(part)
+            written += part_bytes(part)
     return written
 
 

@@ -26,7 +26,6 @@ Choices (unspecified elsewhere):
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import re
@@ -42,6 +41,7 @@ from fedhop.common.engine.checkpoint import (
     checkpoint_parts,
     kept_tags,
     newest_readable,
+    part_bytes,
     read_checkpoint,
     read_checkpoint_from,
 )
@@ -130,8 +130,8 @@ class StateLog:
         written."""
         live = self._index()
         parts = checkpoint_parts({**meta, "tag": tag}, state)
-        length = sum(_size(p) for p in parts)
-        path, offset = self._append(_head(STATE, tag, length), parts)
+        length = sum(part_bytes(p) for p in parts)
+        path, offset = self._append(_head(STATE, tag, length), parts, length)
         live[tag] = _Record(tag, path, offset, length)
         self._prune(keep_before)
         return HEAD + length
@@ -140,14 +140,15 @@ class StateLog:
         """Forget the states with tag >= ``tag`` (a node rolled back before them), durably."""
         live = self._index()
         if any(t >= tag for t in live):
-            self._append(_head(DROP, tag, 0), [])
+            self._append(_head(DROP, tag, 0), [], 0)
             for t in [t for t in live if t >= tag]:
                 del live[t]
             self._delete_unused()
 
-    def _append(self, head: bytes, parts: list[Any]) -> tuple[Path, int]:
-        """Write one record at the end of this process's segment (a new one when there is none yet, or when it is
-        full) and sync it; returns the segment and the offset of the record's body."""
+    def _append(self, head: bytes, parts: list[Any], length: int) -> tuple[Path, int]:
+        """Write one record (``head``, then ``parts``: ``length`` bytes) at the end of this process's segment (a new
+        one when there is none yet, or when it is full) and sync it; returns the segment and the offset of the
+        record's body."""
         new = self._segment is None or self._records >= SEGMENT_RECORDS or self._bytes >= SEGMENT_BYTES
         if new:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -157,7 +158,7 @@ class StateLog:
         assert self._segment is not None
         fd = os.open(self._segment, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            if sum(_size(p) for p in parts) < SMALL:
+            if length < SMALL:
                 _write_all(fd, b"".join([head, *parts]))  # a small state: one system call
             else:
                 for p in (head, *parts):
@@ -170,7 +171,7 @@ class StateLog:
             os.close(fd)
         offset = self._bytes + len(head)
         self._records += 1
-        self._bytes += len(head) + sum(_size(p) for p in parts)
+        self._bytes += len(head) + length
         if new:
             sync_folder(self.folder)  # the new segment's name is durable too
         return self._segment, offset
@@ -209,10 +210,6 @@ def _write_all(fd: int, data: Any) -> None:
     view = memoryview(data).cast("B")
     while view:
         view = view[os.write(fd, view):]
-
-
-def _size(part: Any) -> int:
-    return part.nbytes if isinstance(part, memoryview) else len(part)
 
 
 def _head(kind: bytes, tag: int, length: int) -> bytes:
@@ -254,15 +251,19 @@ def _records(path: Path) -> list[tuple[bytes, int, int, int]]:
 
 
 def _read(rec: _Record) -> tuple[dict[str, Any], Any]:
+    """A record's state, parsed straight from the segment (no copy of the record in memory: an edge's state can
+    be a model); it must end exactly where the record does."""
     if rec.legacy:
         return read_checkpoint(rec.path)
     name = f"{rec.path} (record at byte {rec.offset})"
     try:
         with open(rec.path, "rb") as f:
             f.seek(rec.offset)
-            data = f.read(rec.length)
+            got = read_checkpoint_from(f, name, whole=False)
+            end = f.tell()
     except OSError as e:
         raise CheckpointError(f"checkpoint {name}: {type(e).__name__}: {e}") from None
-    if len(data) != rec.length:
-        raise CheckpointError(f"checkpoint {name}: truncated: {len(data)} of {rec.length} bytes")
-    return read_checkpoint_from(io.BytesIO(data), name, whole=True)
+    if end != rec.offset + rec.length:
+        raise CheckpointError(f"checkpoint {name}: its checkpoint ends at byte {end}, the record at byte "
+                              f"{rec.offset + rec.length}")
+    return got

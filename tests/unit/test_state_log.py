@@ -59,11 +59,17 @@ def test_a_drop_outlives_a_restart(tmp_path: Path) -> None:
     assert _w(StateLog(tmp_path, keep=4)) == (2, 2.0)
 
 
-def test_a_save_cut_short_falls_back_and_the_next_process_goes_on(tmp_path: Path) -> None:
-    log = StateLog(tmp_path, keep=3)
+def _three_saves(folder: Path) -> Path:
+    """Tags 0, 1, 2 saved by one process (keep = 3); its one segment."""
+    log = StateLog(folder, keep=3)
     for t in range(3):
         _save(log, t)
-    (seg,) = tmp_path.glob("state_*.fhlog")
+    (seg,) = folder.glob("state_*.fhlog")
+    return seg
+
+
+def test_a_save_cut_short_falls_back_and_the_next_process_goes_on(tmp_path: Path) -> None:
+    seg = _three_saves(tmp_path)
     with open(seg, "r+b") as f:  # the crash cut the last record
         f.truncate(seg.stat().st_size - 5)
     again = StateLog(tmp_path, keep=3)
@@ -74,10 +80,7 @@ def test_a_save_cut_short_falls_back_and_the_next_process_goes_on(tmp_path: Path
 
 
 def test_a_damaged_record_is_reported_and_the_one_before_is_used(tmp_path: Path) -> None:
-    log = StateLog(tmp_path, keep=3)
-    for t in range(3):
-        _save(log, t)
-    (seg,) = tmp_path.glob("state_*.fhlog")
+    seg = _three_saves(tmp_path)
     data = bytearray(seg.read_bytes())
     data[-2] ^= 0xFF  # a byte of the last record's payload
     seg.write_bytes(bytes(data))
@@ -146,3 +149,15 @@ def test_a_large_state_is_written_part_by_part_and_reads_back(tmp_path: Path) ->
     assert n > state_log.SMALL
     got = StateLog(tmp_path).latest(below=1)
     assert got is not None and got.tag == 0 and torch.equal(got.state["model"], big)
+
+
+def test_a_record_longer_than_its_checkpoint_is_reported(tmp_path: Path) -> None:
+    seg = _three_saves(tmp_path)
+    body = b"".join(bytes(memoryview(p).cast("B")) for p in
+                    state_log.checkpoint_parts({"node": "client-0", "run_id": "r", "tag": 3}, _state(3)))
+    with open(seg, "ab") as f:  # a record whose length claims 4 bytes more than its checkpoint holds
+        f.write(state_log._head(state_log.STATE, 3, len(body) + 4) + body + b"\0" * 4)
+    again = StateLog(tmp_path, keep=4)
+    assert again.tags() == [0, 1, 2, 3]
+    assert _w(again) == (2, 2.0)
+    assert len(again.errors) == 1 and "ends at byte" in again.errors[0]
