@@ -24,7 +24,7 @@ from fedhop.common.topology import build_topology
 from fedhop.common.wire.bundle import payload_bytes
 from fedhop.common.wire.control import BYE, CONTROL_KINDS, HELLO, READY, REPORT, SESSION_KINDS, WELCOME
 from fedhop.common.wire.meter import WIRE_KIND, WIRE_PHASE
-from tests.integration.netutil import launch_here, load_result, rows_by_key, small_spec
+from tests.integration.netutil import launch_here, load_result, node_log, rows_by_key, small_spec
 
 BERN = {"kind": "bernoulli", "p": [0.9, 0.5, 0.2]}
 MARKOV = {"kind": "markov", "p_stay": 0.5}
@@ -347,10 +347,28 @@ def test_every_algorithm_has_a_networked_case() -> None:
     assert {c["algorithm"] for c in CASES.values()} == set(ALGORITHMS)
 
 
+def _rows_differ(net: dict[tuple, dict], ora: dict[tuple, dict], work: list[dict], out: Path) -> str:
+    """What to read when the networked run's byte rows are not the oracle's: the keys on one side only, the
+    network's rows of the same (src, dst, kind) under any phase or round, and the logs of the nodes involved."""
+    lines = [f"only over the network: {sorted(set(net) - set(ora))}",
+             f"only in process: {sorted(set(ora) - set(net))}"]
+    for k in sorted(set(net) ^ set(ora)):
+        same = [(r["phase"], r["round"], r["messages"]) for r in work if (r["src"], r["dst"], r["kind"]) == k[:3]]
+        lines.append(f"{k}: network rows of {k[:3]} (phase, round, messages): {same}")
+        for node in sorted({k[0], k[1]}):
+            try:
+                tail = "\n".join(node_log(out, node).splitlines()[-30:])
+            except AssertionError as e:
+                tail = str(e)
+            lines.append(f"--- {node}'s log (last 30 lines)\n{tail}")
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
     spec = spec_of(case, tmp_path)
-    res, final = load_result(launch_here(spec, tmp_path))
+    out = launch_here(spec, tmp_path)
+    res, final = load_result(out)
     # an asynchronous protocol takes replies in arrival order: its oracle replays the order the network recorded
     replay = res["rounds"] if ORDER_DEPENDENT & {spec.algorithm.name, case} else None
     oracle = InProcessEngine(spec, device="cpu", replay=replay).run()
@@ -375,7 +393,7 @@ def test_network_matches_inprocess(case: str, tmp_path: Path) -> None:
     work = [r for r in res["links"] if r["kind"] not in CONTROL_KINDS]
     net_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"]): r for r in work}
     ora_rows = {(r["src"], r["dst"], r["kind"], r["phase"], r["round"] + 1): r for r in oracle.links}
-    assert set(net_rows) == set(ora_rows)
+    assert set(net_rows) == set(ora_rows), _rows_differ(net_rows, ora_rows, work, out)
     assert rows_by_key(work, "payload_bytes") == rows_by_key(oracle.links, "payload_bytes")
     for k, r in ora_rows.items():
         assert net_rows[k]["messages"] == r["messages"], k
