@@ -5,18 +5,22 @@
 # (CUDA_VISIBLE_DEVICES= : no GPU visible); exec (launch --exec-children: new interpreters, no fork server);
 # gcoff (FEDHOP_GC_FREEZE=0: no heap settle); perturb85, perturb170 (MALLOC_PERTURB_: glibc fills what malloc
 # returns with that byte; final models that change with it mean a kernel reads memory it never wrote, which fresh
-# pages hide in one process and another's heap churn shows in the other: compared across variants at the end). On the 16-core Intel of 2026-11-27 (docs/benchmarks.md) the launch
-# client's gradient changed from one repeat of the same call to the next in the first three.
+# pages hide in one process and another's heap churn shows in the other: compared across variants at the end);
+# pin1 (every process of the run on one CPU, taskset -c 1: the task thread shares it with the client's other
+# threads, so it is preempted mid-arithmetic, and never moves between CPUs: launch equal to simulate here, and
+# different in the default, points at the vCPUs; more repeats differing, at state lost on a preemption).
+# On the 16-core Intel of 2026-11-27 (docs/benchmarks.md) the launch client's gradient changed from one repeat
+# of the same call to the next in the first three.
 set -u
 out=$(realpath "${1:?usage: run.sh OUTDIR}")
 py=${PYTHON:-python3}
 here=$(dirname "$(realpath "$0")")
 data=$out/data
 "$py" examples/npy_cnn/images.py prepare "$data" > /dev/null || exit 1
-for variant in ${VARIANTS:-default no-mkldnn omp1 nocuda exec gcoff perturb85 perturb170}; do
+for variant in ${VARIANTS:-default no-mkldnn omp1 nocuda exec gcoff perturb85 perturb170 pin1}; do
   for e in simulate launch; do
     d=$out/$variant/$e; mkdir -p "$d"
-    extra=(); args=()
+    extra=(); args=(); pin=()
     case $variant in
       no-mkldnn) extra=(BITTRACE_NO_MKLDNN=1) ;;
       omp1) extra=(OMP_NUM_THREADS=1) ;;
@@ -25,8 +29,9 @@ for variant in ${VARIANTS:-default no-mkldnn omp1 nocuda exec gcoff perturb85 pe
       perturb85) extra=(MALLOC_PERTURB_=85) ;;
       perturb170) extra=(MALLOC_PERTURB_=170) ;;
       exec) [ $e = launch ] && args=(--exec-children) ;;
+      pin1) pin=(taskset -c 1) ;;
     esac
-    env BITTRACE_DIR="$d" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "${extra[@]}" \
+    "${pin[@]}" env BITTRACE_DIR="$d" PYTHONPATH="$here${PYTHONPATH:+:$PYTHONPATH}" "${extra[@]}" \
       "$py" -m fedhop $e examples/npy_cnn/spec.toml --out "$d/run" --set "data.path=$data" --set rounds=1 \
       --set topology.clients=1 --set algorithm.options.local_steps=2 --quiet "${args[@]}" > "$d/out.txt" 2>&1 \
       || echo "$variant $e failed"

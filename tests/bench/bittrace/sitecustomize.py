@@ -3,8 +3,9 @@
 Put this folder first on PYTHONPATH and set BITTRACE_DIR: every Python process then wraps fedhop's
 ``loss_and_grad`` (common/algorithms/local.py) and writes, for its first BITTRACE_CALLS calls (default 3), one JSON
 line per call to BITTRACE_DIR/trace-<pid>.jsonl: hashes of the parameters, the batch, the loss and the gradient,
-the inputs' alignment and strides, the thread and torch's thread count, and whether the same call repeated on the
-same tensors, and on fresh contiguous copies of them, gives the same bits. Compare a simulate run's lines with a
+the inputs' alignment and strides, the thread and torch's thread count, the thread's MXCSR (and a new thread's),
+the CPUs each of six repeats started and ended on, and whether the same call repeated on the same tensors, and
+on fresh contiguous copies of them, gives the same bits. Compare a simulate run's lines with a
 launch run's: the first field that differs is where the engines part. BITTRACE_NO_MKLDNN=1 turns oneDNN off.
 """
 
@@ -46,6 +47,18 @@ if os.environ.get("BITTRACE_DIR"):
                 continue
         return -1
 
+    def _mxcsr() -> str:
+        """The calling thread's MXCSR (rounding, flush-to-zero, denormals-are-zero; the sticky exception flags
+        masked off), read with glibc's fegetenv: its x86-64 fenv_t holds the register at byte 28."""
+        import ctypes
+        buf = ctypes.create_string_buffer(32)
+        ctypes.CDLL("libm.so.6").fegetenv(buf)
+        return hex(int.from_bytes(buf.raw[28:32], "little") & ~0x3F)
+
+    def _cpu() -> int:
+        import ctypes
+        return int(ctypes.CDLL(None).sched_getcpu())
+
     def _in_new_thread(fn):
         box = []
         t = threading.Thread(target=lambda: box.append(fn()))
@@ -61,13 +74,18 @@ if os.environ.get("BITTRACE_DIR"):
             again = _orig(ws, params, x, y)
             fresh = _orig(ws, {k: v.detach().clone() for k, v in params.items()}, x.clone(), y.clone())
             other = _in_new_thread(lambda: _orig(ws, params, x, y))
-            reps = {_hb(_orig(ws, params, x, y)[1]) for _ in range(6)}
+            reps, cpus = set(), []
+            for _ in range(6):
+                cpus.append(_cpu())
+                reps.add(_hb(_orig(ws, params, x, y)[1]))
+                cpus.append(_cpu())
             tiny = torch.tensor([1e-39], dtype=torch.float32)
             state = {"matmul_precision": torch.get_float32_matmul_precision(),
                      "deterministic": torch.are_deterministic_algorithms_enabled(),
                      "ftz_daz": bool((tiny * 1.0 == 0).item()), "py_threads": threading.active_count(),
                      "interop": torch.get_num_interop_threads(), "mkl_cbwr": os.environ.get("MKL_CBWR"),
-                     "distinct_of_6": len(reps)}
+                     "distinct_of_6": len(reps), "mxcsr": _mxcsr(), "cpus_before_after": cpus,
+                     "mxcsr_new_thread": _in_new_thread(_mxcsr)}
             rec = {"state": state,
                 "pid": os.getpid(), "call": _calls["n"], "thread": threading.current_thread().name,
                 "threads": torch.get_num_threads(), "omp_max": omp, "mkldnn": torch.backends.mkldnn.enabled,
