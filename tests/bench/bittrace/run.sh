@@ -42,8 +42,36 @@ base = sys.argv[1]
 rows = {}
 for e in ("simulate", "launch"):
     recs = [json.loads(l) for f in sorted(glob.glob(f"{base}/{e}/trace-*.jsonl")) for l in open(f)]
-    rows[e] = sorted(recs, key=lambda r: r["call"])
+    for r in recs:
+        if "tracer_error" in r:
+            print(f"   {e}, call {r['call']}: THE TRACER FAILED: {r['tracer_error']}")
+    rows[e] = sorted((r for r in recs if "tracer_error" not in r), key=lambda r: r["call"])
 print(f"== {base.split('/')[-1]}")
+
+
+def replay(base, i, outs):
+    """Operator i of the first call, on each engine's saved inputs, five times here (a process of its own, main
+    thread): whose outputs it gives, and whether it gives the same each time."""
+    import hashlib
+    import pickle
+    from torch.utils._pytree import tree_leaves
+    for e in ("simulate", "launch"):
+        (f,) = glob.glob(f"{base}/{e}/ops-*.pkl") or [None]
+        if f is None:
+            continue
+        with open(f, "rb") as fh:
+            name, args, kwargs = pickle.load(fh)[i]
+        op = torch.ops
+        for part in name.split("."):
+            op = getattr(op, part)
+        got = []
+        for _ in range(5):
+            out = op(*args, **kwargs)
+            got.append([hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:10]
+                        for t in tree_leaves(out) if isinstance(t, torch.Tensor)])
+        whose = [k for k, o in outs.items() if o == got[0]]
+        print(f"   replayed here on {e}'s inputs, 5 times: {len({str(g) for g in got})} distinct result(s), "
+              f"the first equal to {whose or 'neither engine'}'s")
 keys = ["state", "thread", "threads", "omp_max", "mkldnn", "params", "x", "y", "loss", "grads", "repeat_same",
         "fresh_copy_same", "new_thread_same", "fresh_grads"]
 for s, l in zip(rows["simulate"], rows["launch"]):
@@ -53,6 +81,19 @@ for s, l in zip(rows["simulate"], rows["launch"]):
         print(f'   {k:16s} {str(s[k])}\n{" "*19}{str(l[k])}{mark}')
     diff = [k for k in s["grad_each"] if s["grad_each"][k] != l["grad_each"][k]]
     print(f"   grads differ in {diff}")
+    if "ops" in s and "ops" in l:
+        print(f"   operators of the call (simulate / launch): {len(s['ops'][0])} / {len(l['ops'][0])}")
+        for what, a, b in (("simulate vs launch", s["ops"][0], l["ops"][0]),
+                           ("simulate, two repeats", *s["ops"]), ("launch, two repeats", *l["ops"])):
+            part = next((i for i, (u, v) in enumerate(zip(a, b)) if u != v), None)
+            if part is None:
+                print(f"   {what}: every operator the same")
+            else:
+                u, v = a[part], b[part]
+                print(f"   {what}: first parts at operator {part} {u[0]} (inputs "
+                      f"{'the same' if u[1] == v[1] else 'differ'}; {v[0] if v[0] != u[0] else 'same operator'})")
+                if what == "simulate vs launch" and u[0] == v[0]:
+                    replay(base, part, {"simulate": u[2], "launch": v[2]})
 a, b = (torch.load(f"{base}/{e}/run/model.pt", weights_only=True) for e in ("simulate", "launch"))
 print(" final model:", "BIT-IDENTICAL" if all(torch.equal(a[k], b[k]) for k in a) else "DIFFERENT")
 PY
