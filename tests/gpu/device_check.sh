@@ -10,9 +10,8 @@
 # Usage, from the repository root, with fedhop's dependencies importable by $PYTHON (default python3):
 #   [PARTS="bitid trace probe equivalence gpu"] bash tests/gpu/device_check.sh OUTDIR
 # On the lent H200 of 2026-11-27 parts bitid, probe, equivalence and gpu took ~470 s together.
-# Through the device tool (in 2026-11 its machine had torch, numpy, scipy, scikit-learn, matplotlib, tqdm, pyyaml
-# and pytest, not the rest of fedhop's dependencies, and no package index):
-# download them here for its Python (3.12) into the git-ignored folder .whl,
+# Through the device tool (its machine has a Python 3.12 with torch and no package index; list what else it has
+# with `pip list` in the first call): download fedhop's other dependencies here into the git-ignored folder .whl,
 #   pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_28_x86_64 grpcio grpcio-health-checking protobuf pydantic cryptography xxhash \
 #     starlette uvicorn prometheus-client setproctitle
