@@ -138,6 +138,7 @@ class LiveMarker:
                                      "url": url, "engine": engine, "started": clock(), "run_id": None,
                                      "spec": None, "totals": None, "ended": None, "ok": None, "error": None}
         self._rows: list[Mapping[str, Any]] | None = None
+        self._totals: dict[str, int] | None = None  # the links event's own totals (the Run's), when it has them
         self._written = 0.0
         self._broken = False
         self.write()
@@ -145,7 +146,9 @@ class LiveMarker:
     def write(self) -> None:
         if self._broken:
             return
-        if self._rows is not None:
+        if self._totals is not None:  # the meter's running sums: no pass over a long run's rows
+            self.data["totals"] = dict(self._totals)
+        elif self._rows is not None:
             self.data["totals"] = {k: sum(int(r.get(k) or 0) for r in self._rows)
                                    for k in ("messages", "payload_bytes", "message_bytes")}
         try:
@@ -162,6 +165,9 @@ class LiveMarker:
             self.write()
         elif kind == "links":
             self._rows = data["rows"]
+            totals = data.get("totals")
+            self._totals = {k: int(totals[k]) for k in ("messages", "payload_bytes", "message_bytes")} \
+                if totals is not None else None
             if self._clock() - self._written >= MARKER_EVERY_S:
                 self.write()
         elif kind == "run_finished":

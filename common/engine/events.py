@@ -10,7 +10,11 @@ RunStatus (``server/web/status.py``), /metrics and the reproductions' bars subsc
     round_started {"round"}                        (0-based; -1 = an algorithm's set-up step)
     round_ended   {"round", "record", "duration_s"}  (record: what the round reported, 1-based "round" inside;
                                                       {} when it reported nothing)
-    links         {"rows"}                         (meter rows so far: src, dst, kind, phase, round, bytes)
+    links         {"rows", "rounds", "totals"}     (rows: every meter row so far: src, dst, kind, phase, round,
+                                                      bytes; rounds: {round: its rows} for each round whose rows
+                                                      changed since the last links event (all of them in the
+                                                      first; [] for a round that has none left); totals:
+                                                      messages, payload_bytes, message_bytes over every row)
     missing       {"entry"}                        (one missing-log entry)
     round_timeline {"round", "rows"}               (after the round's commit: where its time went, the rows of
                                                       timeline.csv for that round: round, node, peer, phase,

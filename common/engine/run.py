@@ -104,6 +104,7 @@ class Run:
         self._after_commit = after_commit
         self._sent_missing = len(missing.entries)  # a resumed run's entries came with its checkpoint
         self._meter_files = MeterFiles(meter)  # the checkpoints' meter rows, a file per round written as it changes
+        self._links_seen: dict[int, int] = {}  # per round: the meter's version of it the last links event carried
         self._ctx: NodeContext | None = None
         self._started_at: float | None = None  # set by start (epoch seconds), with the round it resumed at
         self._resumed_at = 0
@@ -250,11 +251,16 @@ class Run:
             self.timeline.add(data["round"], ps, "round", data["duration_s"])
             self.timeline.add(data["round"], ps, "busy", data["duration_s"])
 
-    def _progress(self, rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """``links`` (every meter row so far: ``rows`` when the caller read them, else read now) and one
-        ``missing`` per entry not sent yet; returns the rows."""
-        rows = rows if rows is not None else self.meter.rows()
-        self.events.emit("links", rows=rows)
+    def _progress(self) -> list[dict[str, Any]]:
+        """``links`` (every meter row so far, the rounds whose rows changed since the last ``links`` with those
+        rows, and the totals) and one ``missing`` per entry not sent yet; returns the rows."""
+        view = self.meter.view(self._links_seen)
+        self._links_seen.update((r, version) for r, (version, _) in view.changed.items())
+        t = view.totals
+        self.events.emit("links", rows=view.rows, rounds={r: in_round for r, (_, in_round) in view.changed.items()},
+                         totals={"messages": t.messages, "payload_bytes": t.payload_bytes,
+                                 "message_bytes": t.message_bytes})
+        rows = view.rows
         entries = self.missing.entries
         for entry in entries[self._sent_missing:]:
             self.events.emit("missing", entry=dict(entry))

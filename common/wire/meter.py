@@ -49,6 +49,15 @@ class LinkCount:
         self.wire_retrans += other.wire_retrans
 
 
+@dataclass(frozen=True)
+class MeterView:
+    """One consistent read of a :class:`ByteMeter` (:meth:`ByteMeter.view`)."""
+
+    rows: list[dict]  # every row, in the meter's order (shared dicts: read, never change)
+    changed: dict[int, tuple[int, list[dict]]]  # per round changed since the caller's versions: its version, rows
+    totals: LinkCount  # every row's counts summed
+
+
 @dataclass
 class ByteMeter:
     """Thread-safe counters keyed by :class:`LinkKey`.
@@ -62,6 +71,8 @@ class ByteMeter:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _dirty: set[LinkKey] = field(default_factory=set, repr=False, compare=False)  # changed since the cache was read
     _cache: RowCache = field(default_factory=RowCache, repr=False, compare=False)
+    _total: LinkCount = field(default_factory=LinkCount, repr=False, compare=False)  # every count summed, kept as
+    # they change: :meth:`totals` in O(1), however many rows a long run with many clients has made
 
     def record(self, src: str, dst: str, kind: str, phase: str, payload: int, message: int,
                round: int = -1) -> None:
@@ -72,6 +83,10 @@ class ByteMeter:
             c.payload_bytes += payload
             c.message_bytes += message
             self._dirty.add(key)
+            t = self._total
+            t.messages += 1
+            t.payload_bytes += payload
+            t.message_bytes += message
 
     def record_wire(self, src: str, dst: str, round: int, wire_bytes: int, segments: int, retrans: int) -> None:
         """A wire-level row: what the kernel counted on the src -> dst connection(s) in ``round``."""
@@ -79,9 +94,9 @@ class ByteMeter:
         with self._lock:
             c = self.counts[key]
             self._dirty.add(key)
-            c.wire_bytes += wire_bytes
-            c.wire_segments += segments
-            c.wire_retrans += retrans
+            added = LinkCount(wire_bytes=wire_bytes, wire_segments=segments, wire_retrans=retrans)
+            c.add(added)
+            self._total.add(added)
 
     def merge(self, rows: list[dict]) -> None:
         """Add rows produced by :meth:`rows` (e.g. a remote process's snapshot)."""
@@ -89,13 +104,11 @@ class ByteMeter:
             for r in rows:
                 key = LinkKey(r["src"], r["dst"], r["kind"], r["phase"], int(r["round"]))
                 self._dirty.add(key)
-                c = self.counts[key]
-                c.messages += int(r["messages"])
-                c.payload_bytes += int(r["payload_bytes"])
-                c.message_bytes += int(r["message_bytes"])
-                c.wire_bytes += int(r.get("wire_bytes", 0))
-                c.wire_segments += int(r.get("wire_segments", 0))
-                c.wire_retrans += int(r.get("wire_retrans", 0))
+                added = LinkCount(int(r["messages"]), int(r["payload_bytes"]), int(r["message_bytes"]),
+                                  int(r.get("wire_bytes", 0)), int(r.get("wire_segments", 0)),
+                                  int(r.get("wire_retrans", 0)))
+                self.counts[key].add(added)
+                self._total.add(added)
 
     def relabel_from(self, round_idx: int, phase: str = "redo") -> int:
         """Count every row of round >= ``round_idx`` under ``phase`` instead (a node rolled back before that
@@ -125,6 +138,15 @@ class ByteMeter:
             self._refresh()
             return self._cache.rows_of_round(round)
 
+    def view(self, known: Mapping[int, int]) -> MeterView:
+        """:meth:`rows`, :meth:`changed_rounds` (``known``) and :meth:`totals` in one consistent view: what the
+        ``links`` event carries (common/engine/run.py)."""
+        with self._lock:
+            self._refresh()
+            total = LinkCount()
+            total.add(self._total)
+            return MeterView(self._cache.rows(), self._cache.changed_rounds(known), total)
+
     def changed_rounds(self, known: Mapping[int, int]) -> dict[int, tuple[int, list[dict]]]:
         """The rounds whose rows changed since the caller saw them: ``known`` maps a round to the version it has
         (from an earlier call); returned per round not at that version (new rounds included): its version now
@@ -140,10 +162,10 @@ class ByteMeter:
             self._cache.update(self.counts, dirty, WIRE_KIND)
 
     def totals(self) -> LinkCount:
+        """Every row's counts summed (a copy)."""
         with self._lock:
             out = LinkCount()
-            for c in self.counts.values():
-                out.add(c)
+            out.add(self._total)
         return out
 
     def per_link(self, level: str = "payload_bytes") -> dict[tuple[str, str], int]:
@@ -152,3 +174,18 @@ class ByteMeter:
         for r in self.rows():
             out[(r["src"], r["dst"])] += r.get(level, 0)
         return dict(out)
+
+
+class RoundRows:
+    """A copy of another process's meter rows, kept from the rounds each ``links`` event says changed (its
+    ``rounds``: {round: every row of it}): :meth:`apply` gives every row in the meter's order, the rows as they
+    came, at the cost of the changed rounds (the live page's process, server/web/proc.py: a long run's event no
+    longer carries every row so far)."""
+
+    def __init__(self) -> None:
+        self._cache = RowCache()
+
+    def apply(self, rounds: Mapping[int, list[dict]]) -> list[dict]:
+        for r, rows in rounds.items():
+            self._cache.replace_round(int(r), rows)
+        return self._cache.rows()

@@ -49,35 +49,54 @@ class RowCache:
         for k in dirty:
             link = (k.src, k.dst, k.kind, k.phase)
             c = counts.get(k)
-            entry = self._links.get(link)
-            if entry is None:
-                if c is None:
-                    continue
-                entry = self._links[link] = ([], [])
-                self._order_stale = True
-            rounds, rows = entry
-            i = bisect_left(rounds, k.round)
-            present = i < len(rounds) and rounds[i] == k.round
-            in_round = self._by_round.setdefault(k.round, {})
             if c is None:
-                if not present:
-                    continue
-                del rounds[i], rows[i]
-                del in_round[link]
-                if not rounds:
-                    del self._links[link]
-                    self._order_stale = True
+                self._drop(link, k.round)
             else:
-                row = row_of(k, c, wire_kind)
                 self.built += 1
-                if present:
-                    rows[i] = row
-                else:
-                    rounds.insert(i, k.round)
-                    rows.insert(i, row)
-                in_round[link] = row
-            self._clock += 1
-            self._version[k.round] = self._clock
+                self._put(link, k.round, row_of(k, c, wire_kind))
+
+    def replace_round(self, round: int, rows: Iterable[dict[str, Any]]) -> None:
+        """Round ``round``'s rows are ``rows`` (kept as they are: dicts of :func:`row_of`'s shape, e.g. another
+        process's meter's, ``RoundRows``); its other rows go."""
+        new = {(r["src"], r["dst"], r["kind"], r["phase"]): r for r in rows}
+        for link in [link for link in self._by_round.get(round, {}) if link not in new]:
+            self._drop(link, round)
+        for link, row in new.items():
+            self._put(link, round, row)
+
+    def _put(self, link: Link, round: int, row: dict[str, Any]) -> None:
+        entry = self._links.get(link)
+        if entry is None:
+            entry = self._links[link] = ([], [])
+            self._order_stale = True
+        rounds, rows = entry
+        i = bisect_left(rounds, round)
+        if i < len(rounds) and rounds[i] == round:
+            rows[i] = row
+        else:
+            rounds.insert(i, round)
+            rows.insert(i, row)
+        self._by_round.setdefault(round, {})[link] = row
+        self._bump(round)
+
+    def _drop(self, link: Link, round: int) -> None:
+        entry = self._links.get(link)
+        if entry is None:
+            return
+        rounds, rows = entry
+        i = bisect_left(rounds, round)
+        if not (i < len(rounds) and rounds[i] == round):
+            return
+        del rounds[i], rows[i]
+        del self._by_round[round][link]
+        if not rounds:
+            del self._links[link]
+            self._order_stale = True
+        self._bump(round)
+
+    def _bump(self, round: int) -> None:
+        self._clock += 1
+        self._version[round] = self._clock
 
     def rows(self) -> list[dict[str, Any]]:
         """Every row, sorted by (src, dst, kind, phase, round)."""

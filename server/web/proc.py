@@ -25,10 +25,11 @@ in-process RunStatus takes one) and appends the bytes to a queue; the sender thr
 ever dropped**: the page is exact (the same status, rounds, bytes as a RunStatus fed in-process, tested) or
 absent; a drop-and-resync scheme would need a snapshot of the whole status in the run's process instead.
 The queue is bounded by :data:`MAX_PENDING_BYTES` (64 MiB) of pickled events beyond the pipe's own buffer, or
-:data:`LAG_FRAMES` times the largest event so far if that is more (most events are a few hundred bytes, but ``links``
-carries every meter row so far: ~10 MiB for 200,000 rows, which a long run with many clients reaches; pickling
-it takes about a fifth of the time the meter takes to list them, once per round): a child that falls that far
-behind (stopped, swapped out) is ended with one log line, like a dead one.
+:data:`LAG_FRAMES` times the largest event so far if that is more (most events are a few hundred bytes; a
+``links`` event goes as the rounds whose rows changed since the last one, ~2 MiB a round at 10,000 clients,
+and the child rebuilds every row from them, ``common/wire/meter.py`` :class:`RoundRows`, so a frame no longer
+grows with the rounds run): a child that falls that far behind (stopped, swapped out) is ended with one log line,
+like a dead one.
 
 The child's death (killed, crashed) never reaches the run: the parent's watcher thread, blocked on the child's
 stdout, sees it end and logs one line; the events are no longer sent and the run goes on without its page. It
@@ -83,7 +84,7 @@ class WebProcess:
         self._max_pending = max_pending
         self._cond = threading.Condition()
         self._emit_lock = threading.Lock()
-        self._largest = 0  # the largest frame so far (a long run's links event: every meter row)
+        self._largest = 0  # the largest frame so far (a links event: the rows of the rounds it changed)
         self._queue: deque[bytes] = deque()
         self._pending = 0  # bytes queued or being written
         self._closing = False  # stop() was called: an exit of the child is expected
@@ -124,6 +125,8 @@ class WebProcess:
             return
         with self._emit_lock:  # emitting threads queue in the order of their times
             t0 = time.thread_time()
+            if kind == "links" and "rounds" in data:  # only the rounds that changed: the child keeps the rest
+                data = {"rounds": data["rounds"], "totals": data.get("totals")}
             frame = _encode((kind, data, self._clock()))
             with self._cond:
                 self._encode_cpu += time.thread_time() - t0
@@ -351,11 +354,13 @@ def child_main() -> int:
     config = _read_frame(stdin)
     if config is None:
         return 0  # the parent went away before it configured us
+    from fedhop.common.wire.meter import RoundRows
     from fedhop.server.web.serve import serve_socket
     from fedhop.server.web.status import RunStatus
 
     clock = _EventClock()
     status = RunStatus(clock=clock)
+    links = RoundRows()  # every meter row, from the rounds each links event changed
     sock = socket.socket(fileno=int(config["fd"]))
     http = serve_socket(status, sock, str(config["host"]), config["token"])
 
@@ -372,6 +377,8 @@ def child_main() -> int:
                 continue
             clock.set(t)
             try:
+                if kind == "links" and "rows" not in data:
+                    data = {"rows": links.apply(data["rounds"]), "totals": data.get("totals")}
                 status(kind, data)
             except Exception:  # as RunEvents does: a bad event is logged, the page goes on
                 log.exception("the live page could not apply a %s event", kind)

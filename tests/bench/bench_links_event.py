@@ -2,18 +2,21 @@
 
     python tests/bench/bench_links_event.py [--clients 10000] [--rounds 3] [--rows-per-client 5] [--repeat 3]
 
-After each round's commit the Run emits ``links`` with every meter row so far (common/engine/run.py); with the
-live page on, the web process's listener (server/web/proc.py) pickles the event in the emitting thread and its
-sender thread writes the frame to the page's child, which unpickles it and feeds its RunStatus. This fills a
+After each round's commit the Run emits ``links`` with every meter row so far and the rounds whose rows changed
+(common/engine/run.py); with the live page on, the web process's listener (server/web/proc.py) pickles the
+event in the emitting thread and its sender thread writes the frame to the page's child, which unpickles it and
+feeds its RunStatus. The frame carried every row until the eleventh session of issue 19; now it carries the
+changed rounds and the child rebuilds every row from them (RoundRows). Both are timed in the same run. This fills a
 :class:`~fedhop.common.wire.meter.ByteMeter` as a networked PS does (per client and round ``--rows-per-client``
 rows: the task's request and reply, then a keep-alive each way and the client's Report; bench_commit.py's
 shapes) and, after each round, times (median of ``--repeat``):
 
 * rows: ``ByteMeter.rows()``, which the commit reads with or without a page;
 * pickle: the listener's ``_encode`` of the event (the PS's emitting thread, holding the GIL), and the frame's
-  bytes;
-* child: unpickling the frame and the child's RunStatus taking the event and rebuilding its link tables (what a
-  page request then reads), in the child's process (niced), here in this one.
+  bytes: every row / the rounds changed;
+* child: unpickling the frame (and, now, rebuilding every row from the changed rounds) and the child's RunStatus
+  taking the event and rebuilding its link tables (what a page request then reads; apart: without them), in the
+  child's process (niced), here in this one.
 
 The load average before and after is printed.
 """
@@ -26,7 +29,7 @@ import pickle
 import statistics
 import time
 
-from fedhop.common.wire.meter import ByteMeter
+from fedhop.common.wire.meter import ByteMeter, RoundRows
 from fedhop.server.web.proc import _encode
 from fedhop.server.web.status import RunStatus
 
@@ -62,25 +65,42 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     meter = ByteMeter()
     clients = [f"client-{i}" for i in range(a.clients)]
-    status = RunStatus()
-    print(f"{a.clients:,} clients, {a.rows_per_client} rows per client and round; median of {a.repeat}")
-    print("| after round | rows | ByteMeter.rows() | pickle (PS) | frame | unpickle + status + tables (child) |")
-    print("|---|---|---|---|---|---|")
+    status_all, status_new, copy = RunStatus(), RunStatus(), RoundRows()
+    seen: dict[int, int] = {}
+    print(f"{a.clients:,} clients, {a.rows_per_client} rows per client and round; median of {a.repeat}; "
+          "every row (the event's old frame) / the rounds changed (its frame now, ByteMeter.view)")
+    print("| after round | rows | ByteMeter.rows() | pickle (PS): every row / rounds changed | frame | "
+          "child: unpickle + status + tables | child, without the tables (no page request) |")
+    print("|---|---|---|---|---|---|---|")
     for t in range(a.rounds):
         fill_round(meter, clients, t, a.rows_per_client)
         rows_s = timed(meter.rows, a.repeat)
         rows = meter.rows()
-        event = ("links", {"rows": rows}, time.monotonic())
-        pickle_s = timed(lambda: _encode(event), a.repeat)  # noqa: B023 (used at once)
-        frame = _encode(event)
+        view = meter.view(seen)
+        seen.update((r, v) for r, (v, _) in view.changed.items())
+        old = ("links", {"rows": rows}, time.monotonic())
+        new = ("links", {"rounds": {r: rr for r, (_, rr) in view.changed.items()}, "totals": {}}, time.monotonic())
+        frames = {name: _encode(event) for name, event in (("old", old), ("new", new))}
+        pickle_s = {name: timed(lambda e=event: _encode(e), a.repeat) for name, event in (("old", old), ("new", new))}
 
-        def child() -> None:
-            kind, data, _ = pickle.loads(frame[4:])  # noqa: B023
-            status(kind, data)
-            status.links()
-        child_s = timed(child, a.repeat)
-        print(f"| {t + 1} | {len(rows):,} | {rows_s * 1e3:.0f} ms | {pickle_s * 1e3:.0f} ms | "
-              f"{len(frame) / 2**20:.1f} MiB | {child_s * 1e3:.0f} ms |")
+        def child_old(tables: bool = True, frame: bytes = frames["old"]) -> None:
+            kind, data, _ = pickle.loads(frame[4:])
+            status_all(kind, data)
+            if tables:
+                status_all.links()
+
+        def child_new(tables: bool = True, frame: bytes = frames["new"]) -> None:
+            kind, data, _ = pickle.loads(frame[4:])
+            status_new(kind, {"rows": copy.apply(data["rounds"])})
+            if tables:
+                status_new.links()
+        child = {"old": timed(child_old, a.repeat), "new": timed(child_new, a.repeat)}
+        bare = {"old": timed(lambda: child_old(False), a.repeat), "new": timed(lambda: child_new(False), a.repeat)}
+        assert status_new.links() == status_all.links()  # the page shows the same either way
+        print(f"| {t + 1} | {len(rows):,} | {rows_s * 1e3:.0f} ms | {pickle_s['old'] * 1e3:.0f} / "
+              f"{pickle_s['new'] * 1e3:.0f} ms | {len(frames['old']) / 2**20:.1f} / "
+              f"{len(frames['new']) / 2**20:.1f} MiB | {child['old'] * 1e3:.0f} / {child['new'] * 1e3:.0f} ms | "
+              f"{bare['old'] * 1e3:.0f} / {bare['new'] * 1e3:.0f} ms |")
     print(f"load average (1 min) before / after: {load0:.1f} / {os.getloadavg()[0]:.1f}")
 
 

@@ -47,8 +47,9 @@ def test_reply_gate_admits_a_waiting_reply_that_was_given_up_on_without_taking_a
     assert gate.try_enter(7, lambda: None)
 
 
-def test_handshake_timers_are_one_thread_for_any_number_of_sessions() -> None:
+def test_handshake_timers_are_one_thread_for_any_number_of_sessions(monkeypatch: pytest.MonkeyPatch) -> None:
     # a threading.Timer per session was a thread per joining child (667 threads in a PS while 1,000 joined)
+    from fedhop.transport.session import liveness
     from fedhop.transport.session.liveness import Deadlines
 
     timers = Deadlines("test-deadlines")
@@ -59,9 +60,12 @@ def test_handshake_timers_are_one_thread_for_any_number_of_sessions() -> None:
     go = threading.Event()
     timers.call_later(0.0, go.wait, 30)  # holds the timer thread until every callback is scheduled
     base = time.monotonic()
+    # the timers' clock stands still while they are scheduled: a test thread descheduled between two calls (a
+    # loaded machine) must not shift one time past the next, 0.5 ms later
+    monkeypatch.setattr(liveness, "time", type("Frozen", (), {"monotonic": staticmethod(lambda: base)}))
     for k in reversed(range(n)):  # scheduled last first: they run in the order of their times
-        timers.call_later(base + 0.0005 * k - time.monotonic(),
-                          lambda k=k: (fired.append(k), len(fired) == n and done.set()))
+        timers.call_later(0.0005 * k, lambda k=k: (fired.append(k), len(fired) == n and done.set()))
+    monkeypatch.setattr(liveness, "time", time)
     assert threading.active_count() <= before + 1
     go.set()
     assert done.wait(30)

@@ -1,7 +1,8 @@
 """The PS's commit costs what the round changed (issue 19): the byte meter rebuilds only the rows changed since
 its last read (common/wire/meter_rows.py), a checkpoint writes only the rounds' row files that changed
-(common/engine/meter_files.py), and what comes back is exactly what was there: the same rows, in the same order,
-after late replies, a rollback's relabelling and a remote meter merged into an old round."""
+(common/engine/meter_files.py), the live page's process rebuilds every row from the rounds that changed
+(RoundRows), and what comes back is exactly what was there: the same rows, in the same order, after late replies,
+a rollback's relabelling and a remote meter merged into an old round."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fedhop.common.engine import meter_files
 from fedhop.common.engine.checkpoint import CheckpointError, CheckpointStore, read_meta
 from fedhop.common.engine.meter_files import MeterFiles
 from fedhop.common.engine.run_checkpoint import RunCheckpoint, load_latest, save
-from fedhop.common.wire.meter import WIRE_KIND, ByteMeter
+from fedhop.common.wire.meter import WIRE_KIND, ByteMeter, RoundRows
 from tests.specs import run_spec
 
 CLIENTS = [f"client-{i}" for i in range(6)]
@@ -60,6 +61,42 @@ def test_rows_match_a_fresh_build_after_every_kind_of_change() -> None:
             for r in range(-1, 8):
                 assert meter.rows_of_round(r) == [x for x in reference_rows(meter) if x["round"] == r]
     assert meter.rows() == reference_rows(meter)
+
+
+def test_another_process_rebuilds_every_row_from_the_rounds_each_view_changed() -> None:
+    """The live page's process (server/web/proc.py) gets, per links event, only the rounds whose rows changed
+    since the last one (ByteMeter.view): RoundRows rebuilds from them every row, in order, after every kind of
+    change (a rollback's relabelling empties old keys of a round, a merge adds to an old round); the running
+    totals are the rows' sums."""
+    rng = random.Random(7)
+    meter, copy, seen = ByteMeter(), RoundRows(), {}
+    sizes = []
+    for step in range(300):
+        op = rng.randrange(6)
+        t = rng.randrange(-1, 8) if rng.random() < 0.3 else step // 40  # mostly the current round
+        c = rng.choice(CLIENTS)
+        if op <= 2:
+            meter.record(c, "ps", rng.choice(["fedavg.train", "keepalive"]), rng.choice(["request", "reply"]),
+                         rng.randrange(100), rng.randrange(200), t)
+        elif op == 3:
+            meter.record_wire("ps", c, t, rng.randrange(1000), 3, rng.randrange(2))
+        elif op == 4:
+            meter.merge([{"src": "edge-0", "dst": "ps", "kind": "report", "phase": "request", "round": t,
+                          "messages": 2, "payload_bytes": 1, "message_bytes": 30}])
+        if step in (150, 250):  # a rollback: old rows of rounds already sent move to "redo"
+            assert meter.relabel_from(step // 40 - 1)
+        if rng.random() < 0.2 or step == 299:  # a commit (and one after the last change)
+            view = meter.view(seen)
+            seen.update((r, v) for r, (v, _) in view.changed.items())
+            sizes.append(sum(len(rows) for _, rows in view.changed.values()))
+            expected = reference_rows(meter)
+            assert view.rows == expected
+            assert copy.apply({r: rows for r, (_, rows) in view.changed.items()}) == expected
+            assert (view.totals.messages, view.totals.payload_bytes, view.totals.message_bytes,
+                    view.totals.wire_bytes) == tuple(sum(r.get(k, 0) for r in expected) for k in (
+                        "messages", "payload_bytes", "message_bytes", "wire_bytes"))
+    assert meter.view(seen).changed == {}  # nothing changed since the last view
+    assert max(sizes) < len(reference_rows(meter))  # the later views carry fewer rows than there are
 
 
 def test_a_read_rebuilds_only_the_rows_changed_since_the_last() -> None:

@@ -17,6 +17,7 @@ from fedhop.common.engine.inprocess import FaultPlan, InProcessEngine
 from fedhop.common.engine.loop import RoundFailed
 from fedhop.common.engine.results import RoundRecorder
 from fedhop.common.spec import RunSpec
+from fedhop.common.wire.meter import RoundRows
 from tests.specs import DIGITS, FailsFirstAttempt, run_spec
 
 UNTIMED = ("elapsed_s", "round_s")
@@ -93,6 +94,24 @@ def test_inprocess_run_emits_the_lifecycle_in_order() -> None:
     assert result.timeline == [r for d in timed for r in d["rows"]]
     assert got.of("run_finished") == [{"ok": True, "wall_s": result.wall_s, "error": None}]
     assert set(got.kinds()) <= set(KINDS)
+
+
+def test_each_links_event_carries_the_rounds_it_changed_and_the_totals() -> None:
+    """After each commit ``links`` has every row, the rounds whose rows changed since the last ``links`` (what the
+    live page's process is sent) and the totals; applied in order they rebuild every row each time."""
+    events, got = RunEvents(), Recorder()
+    events.subscribe(got)
+    result = InProcessEngine(spec(rounds=4)).run(events=events)
+    copy = RoundRows()
+    links = got.of("links")
+    for i, d in enumerate(links):
+        assert copy.apply(d["rounds"]) == d["rows"]
+        assert d["totals"] == {k: sum(r[k] for r in d["rows"]) for k in ("messages", "payload_bytes",
+                                                                         "message_bytes")}
+        if i < 4:  # after round i's commit: that round only
+            assert set(d["rounds"]) == {i}
+    assert set(links[0]["rounds"]) == {0} and links[-1]["rows"] == result.links
+    assert set(links[-1]["rounds"]) <= {-1, 3}  # the end: only what the final step added
 
 
 def test_missing_entries_follow_the_commit_of_their_round() -> None:
