@@ -22,7 +22,7 @@ WIRE_PHASE = "tcp"
 WIRE_COUNTS = ("wire_bytes", "wire_segments", "wire_retrans")
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class LinkKey:
     src: str
     dst: str
@@ -31,7 +31,7 @@ class LinkKey:
     round: int = -1  # driver round the message belongs to; -1 = set-up / tear-down
 
 
-@dataclass
+@dataclass(slots=True)
 class LinkCount:
     messages: int = 0
     payload_bytes: int = 0
