@@ -1,6 +1,7 @@
 """What the ``links`` event costs the PS with the live page on, per commit, at 10,000 clients.
 
     python tests/bench/bench_links_event.py [--clients 10000] [--rounds 3] [--rows-per-client 5] [--repeat 3]
+    python tests/bench/bench_links_event.py --memory --rounds 5     # the PS's memory per meter key
 
 After each round's commit the Run emits ``links`` with every meter row so far and the rounds whose rows changed
 (common/engine/run.py); with the live page on, the web process's listener (server/web/proc.py) pickles the
@@ -55,13 +56,37 @@ def timed(fn: object, repeat: int) -> float:
     return statistics.median(out)
 
 
+def memory(clients: int, rounds: int, per_client: int) -> None:
+    """RSS per meter key: a meter filled as the PS's, its row cache built (what the PS holds per row)."""
+    import gc
+
+    import psutil
+
+    gc.collect()
+    before = psutil.Process().memory_info().rss
+    meter = ByteMeter()
+    ids = [f"client-{i}" for i in range(clients)]
+    for t in range(rounds):
+        fill_round(meter, ids, t, per_client)
+        meter.rows()
+    gc.collect()
+    grown = psutil.Process().memory_info().rss - before
+    print(f"{len(meter.counts):,} meter keys ({clients:,} clients x {per_client} rows x {rounds} rounds): "
+          f"{grown / 2**20:.0f} MiB, {grown / len(meter.counts):.0f} B per key")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=10_000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows-per-client", type=int, choices=(2, 5), default=5)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--memory", action="store_true",
+                    help="only fill the meter (and build its rows) and print the PS's memory per meter key")
     a = ap.parse_args()
+    if a.memory:
+        memory(a.clients, a.rounds, a.rows_per_client)
+        return
     load0 = os.getloadavg()[0]
     meter = ByteMeter()
     clients = [f"client-{i}" for i in range(a.clients)]
