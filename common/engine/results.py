@@ -19,7 +19,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -115,16 +115,35 @@ class RunResult:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "spec": self.spec.model_dump(mode="json"),
-            "engine": self.engine,
-            "wall_s": self.wall_s,
-            "interrupted": self.interrupted,
-            "rounds": self.rounds,
-            "links": file_links(self.links),
-            "missing": self.missing,
-            "totals": totals(self.links),
-        }
+        """results.json's content (:func:`write_json` writes it without this copy of every row)."""
+        return {**self._head(), "links": file_links(self.links), **self._tail()}
+
+    def _head(self) -> dict[str, Any]:
+        return {"spec": self.spec.model_dump(mode="json"), "engine": self.engine, "wall_s": self.wall_s,
+                "interrupted": self.interrupted, "rounds": self.rounds}
+
+    def _tail(self) -> dict[str, Any]:
+        return {"missing": self.missing, "totals": totals(self.links)}
+
+    def write_json(self, path: Path, **extra: Any) -> None:
+        """results.json (:meth:`to_json` and ``extra``) into ``path``, the link rows one per line as they are
+        converted: no copy of every row and no whole text in memory (a run with many clients and rounds has
+        hundreds of thousands of rows; the PS's peak at its end, issue 19)."""
+        with path.open("w") as f:
+            f.write("{")
+            sep = "\n"
+            for k, v in self._head().items():
+                f.write(f"{sep} {json.dumps(k)}: {json.dumps(v, indent=1).replace(chr(10), chr(10) + ' ')}")
+                sep = ",\n"
+            f.write(f'{sep} "links": [')
+            row_sep = "\n  "
+            for r in self.links:
+                f.write(row_sep + json.dumps({**r, "round": r["round"] + 1}))
+                row_sep = ",\n  "
+            f.write("\n ]" if self.links else "]")
+            for k, v in {**self._tail(), **extra}.items():
+                f.write(f"{sep} {json.dumps(k)}: {json.dumps(v, indent=1).replace(chr(10), chr(10) + ' ')}")
+            f.write("\n}")
 
 
 def totals(links: list[dict[str, Any]]) -> dict[str, int]:
@@ -230,8 +249,8 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     (``fedhop-<run folder's name>-...``) instead, so that the model and the byte rows are kept and the run
     folder is never taken for a finished one; then :class:`RunFolderNotWritten` says what is where."""
     folder.mkdir(parents=True, exist_ok=True)
-    data = {**result.to_json(), "provenance": provenance.collect(
-        result.spec, started_at=result.started_at, ended_at=time.time(), resumed_at=result.resumed_at)}
+    prov = provenance.collect(result.spec, started_at=result.started_at, ended_at=time.time(),
+                              resumed_at=result.resumed_at)
     title = f"{result.spec.name}: {result.spec.algorithm.name}"
     writers: list[tuple[str, Callable[[Path], None]]] = []
     if not result.interrupted:
@@ -240,10 +259,10 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     writers += [
         ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
         ("rounds.csv", lambda p: _csv(p, result.rounds)),
-        ("links.csv", lambda p: _csv(p, file_links(result.links), LINKS_HEADER)),
+        ("links.csv", lambda p: _csv(p, ({**r, "round": r["round"] + 1} for r in result.links), LINKS_HEADER)),
         ("missing.csv", lambda p: _csv(p, result.missing, ["round", "by", "node", "task", "reason"])),
         ("timeline.csv", lambda p: timelines.write_csv(p, result.timeline)),
-        ("results.json", lambda p: p.write_text(json.dumps(data, indent=1))),
+        ("results.json", lambda p: result.write_json(p, provenance=prov)),
         ("plots.png", lambda p: plot_rounds(result.rounds, p, title=title)),
     ]
     for i, (name, write) in enumerate(writers):
@@ -298,7 +317,10 @@ def _spill(folder: Path, writers: list[tuple[str, Callable[[Path], None]]], caus
     raise RunFolderNotWritten.of(folder, cause, spill, moved, lost)
 
 
-def _csv(path: Path, rows: list[dict[str, Any]], header: list[str] | None = None) -> None:
+def _csv(path: Path, rows: Iterable[dict[str, Any]], header: list[str] | None = None) -> None:
+    """``rows`` as CSV; without ``header`` every key of every row (then ``rows`` is read twice: a list)."""
+    if header is None:
+        rows = list(rows)
     keys = header or list(dict.fromkeys(k for r in rows for k in r))
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)

@@ -2,6 +2,7 @@
 
     python tests/bench/bench_links_event.py [--clients 10000] [--rounds 3] [--rows-per-client 5] [--repeat 3]
     python tests/bench/bench_links_event.py --memory --rounds 5     # the PS's memory per meter key
+    python tests/bench/bench_links_event.py --write --rounds 8      # the run folder's links.csv and results.json
 
 After each round's commit the Run emits ``links`` with every meter row so far and the rounds whose rows changed
 (common/engine/run.py); with the live page on, the web process's listener (server/web/proc.py) pickles the
@@ -75,6 +76,52 @@ def memory(clients: int, rounds: int, per_client: int) -> None:
           f"{grown / 2**20:.0f} MiB, {grown / len(meter.counts):.0f} B per key")
 
 
+def write(clients: int, rounds: int, per_client: int, repeat: int) -> None:
+    """The end of a run: links.csv and results.json of a result with the filled meter's rows, the way before
+    (every row copied with its file round, results.json's whole text built by ``json.dumps(indent=1)``) and now
+    (``RunResult.write_json``, rows converted as written): time (median of ``repeat``) and the peak of memory
+    allocated above the start (tracemalloc, one more run each)."""
+    import dataclasses
+    import json
+    import tempfile
+    import tracemalloc
+    from pathlib import Path
+
+    from fedhop.common.engine.inprocess import InProcessEngine
+    from fedhop.common.engine.results import LINKS_HEADER, _csv, file_links
+    from fedhop.common.spec import RunSpec
+
+    small = RunSpec.model_validate({"name": "write", "rounds": 1, "algorithm": {"name": "fedavg"},
+                                    "topology": {"clients": 2, "edges": 0}, "model": {"name": "mlp", "hidden": [4]}})
+    meter = ByteMeter()
+    ids = [f"client-{i}" for i in range(clients)]
+    for t in range(rounds):
+        fill_round(meter, ids, t, per_client)
+    result = dataclasses.replace(InProcessEngine(small).run(), links=meter.rows())
+    folder = Path(tempfile.mkdtemp())
+
+    def before() -> None:
+        _csv(folder / "links.csv", file_links(result.links), LINKS_HEADER)
+        (folder / "results.json").write_text(json.dumps({**result.to_json(), "provenance": {}}, indent=1))
+
+    def now() -> None:
+        _csv(folder / "links.csv", ({**r, "round": r["round"] + 1} for r in result.links), LINKS_HEADER)
+        result.write_json(folder / "results.json", provenance={})
+
+    load0 = os.getloadavg()[0]
+    print(f"{len(result.links):,} rows ({clients:,} clients x {per_client} x {rounds} rounds); median of {repeat}")
+    print("| way | links.csv + results.json | peak allocated above the start |")
+    print("|---|---|---|")
+    for name, fn in (("before: whole text in memory", before), ("now: written as it goes", now)):
+        seconds = timed(fn, repeat)
+        tracemalloc.start()
+        fn()
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"| {name} | {seconds:.2f} s | {peak / 2**20:.0f} MiB |")
+    print(f"load average (1 min) before / after: {load0:.1f} / {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=10_000)
@@ -83,9 +130,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--memory", action="store_true",
                     help="only fill the meter (and build its rows) and print the PS's memory per meter key")
+    ap.add_argument("--write", action="store_true",
+                    help="only time the run folder's links.csv and results.json for the filled meter's rows: "
+                         "the whole text built in memory (before) against written as it goes (now)")
     a = ap.parse_args()
     if a.memory:
         memory(a.clients, a.rounds, a.rows_per_client)
+        return
+    if a.write:
+        write(a.clients, a.rounds, a.rows_per_client, a.repeat)
         return
     load0 = os.getloadavg()[0]
     meter = ByteMeter()

@@ -4,6 +4,8 @@ built-in default run's name follows what ``--set`` changed."""
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import json
 import tomllib
 from pathlib import Path
@@ -14,10 +16,13 @@ import torch
 from fedhop.cli import main
 from fedhop.cli.console import load_spec
 from fedhop.common import catalog
+from fedhop.common.engine.inprocess import InProcessEngine
 from fedhop.common.exit_codes import ExitCode
 from fedhop.common.provenance import git_commit, resolved_spec, source_digest
 from fedhop.common.spec import RunSpec, SpecError
 
+SMALL = {"name": "write-json", "rounds": 2, "seed": 1, "algorithm": {"name": "fedavg", "options": {"local_steps": 1}},
+         "topology": {"clients": 3, "edges": 0}, "model": {"name": "mlp", "hidden": [4]}}
 TINY = ["--set", "rounds=2", "--set", "topology.clients=3", "--set", "topology.edges=0", "--set", 'device="cpu"',
         "--set", "model.hidden=[8]", "--set", "algorithm.options.local_steps=2", "--quiet"]
 
@@ -50,6 +55,34 @@ def test_results_json_has_the_provenance(first_run: Path) -> None:
     assert prov["started"] <= prov["ended"] and prov["started"].endswith("Z")
     assert prov["resumed_at_round"] is None and prov["user_code_digest"] == ""
     assert results["spec"]["name"] == "default-digits-fedavg-flat-3clients"  # --set renamed the default run
+
+
+def test_results_json_is_the_results_and_links_csv_its_rows(first_run: Path) -> None:
+    """results.json is written as it goes (its link rows one per line, no copy of them in memory) and reads back
+    as the result's own JSON; links.csv has the same rows, rounds numbered from 1 in both."""
+    results = json.loads((first_run / "results.json").read_text())
+    assert list(results) == ["spec", "engine", "wall_s", "interrupted", "rounds", "links", "missing", "totals",
+                             "provenance"]
+    assert RunSpec.model_validate(results["spec"]).name == results["spec"]["name"]
+    with (first_run / "links.csv").open() as f:
+        csv_rows = list(csv.DictReader(f))
+    assert len(csv_rows) == len(results["links"]) > 0
+    for r, c in zip(results["links"], csv_rows, strict=True):
+        assert (r["src"], r["dst"], r["kind"], r["phase"], str(r["round"]), str(r["payload_bytes"])) == (
+            c["src"], c["dst"], c["kind"], c["phase"], c["round"], c["payload_bytes"])
+    assert {r["round"] for r in results["links"]} == {1, 2}  # numbered from 1 (in memory: 0 and 1)
+    assert results["totals"]["payload_bytes"] == sum(r["payload_bytes"] for r in results["links"])
+    assert len(results["rounds"]) == 2
+    text = (first_run / "results.json").read_text()
+    assert text.count("\n  {\"src\"") == len(results["links"])  # a row per line
+
+
+def test_a_result_writes_the_json_of_to_json(tmp_path: Path) -> None:
+    result = InProcessEngine(RunSpec.model_validate(json.loads(json.dumps(SMALL)))).run()
+    for r in (result, dataclasses.replace(result, links=[])):
+        r.write_json(tmp_path / "r.json", provenance={"host": "x", "list": [1, 2]})
+        got = json.loads((tmp_path / "r.json").read_text())
+        assert got == {**json.loads(json.dumps(r.to_json())), "provenance": {"host": "x", "list": [1, 2]}}
 
 
 def test_rerun_is_bit_identical(first_run: Path, tmp_path: Path) -> None:
