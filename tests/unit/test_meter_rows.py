@@ -39,21 +39,28 @@ def fill_round(meter: ByteMeter, t: int) -> None:
     meter.record_wire("ps", CLIENTS[0], t, 5000, 4, 0)
 
 
+def random_change(meter: ByteMeter, rng: random.Random, op: int, t: int) -> None:
+    """One change a PS's meter sees in round ``t`` (``op`` 0-4): a message recorded, a wire row, a remote meter's
+    row merged."""
+    c = rng.choice(CLIENTS)
+    if op <= 2:
+        meter.record(c, "ps", rng.choice(["fedavg.train", "keepalive", "report"]), rng.choice(["request", "reply"]),
+                     rng.randrange(100), rng.randrange(200), t)
+    elif op == 3:
+        meter.record_wire("ps", c, t, rng.randrange(1000), 3, rng.randrange(2))
+    else:
+        meter.merge([{"src": "edge-0", "dst": "ps", "kind": "report", "phase": "request", "round": t,
+                      "messages": 2, "payload_bytes": 1, "message_bytes": 30}])
+
+
 def test_rows_match_a_fresh_build_after_every_kind_of_change() -> None:
     rng = random.Random(19)
     meter = ByteMeter()
     for step in range(400):
         op = rng.randrange(6)
         t = rng.randrange(-1, 8)
-        c = rng.choice(CLIENTS)
-        if op <= 2:
-            meter.record(c, "ps", rng.choice(["fedavg.train", "keepalive", "report"]), rng.choice(["request", "reply"]),
-                         rng.randrange(100), rng.randrange(200), t)
-        elif op == 3:
-            meter.record_wire("ps", c, t, rng.randrange(1000), 3, rng.randrange(2))
-        elif op == 4:
-            meter.merge([{"src": "edge-0", "dst": "ps", "kind": "report", "phase": "request", "round": t,
-                          "messages": 1, "payload_bytes": 0, "message_bytes": 30}])
+        if op <= 4:
+            random_change(meter, rng, op, t)
         elif step % 50 == 0:
             meter.relabel_from(t)
         if rng.random() < 0.3:  # read now and then, as the commits do: the cache must be right every time
@@ -72,17 +79,8 @@ def test_another_process_rebuilds_every_row_from_the_rounds_each_view_changed() 
     meter, copy, seen = ByteMeter(), RoundRows(), {}
     sizes = []
     for step in range(300):
-        op = rng.randrange(6)
         t = rng.randrange(-1, 8) if rng.random() < 0.3 else step // 40  # mostly the current round
-        c = rng.choice(CLIENTS)
-        if op <= 2:
-            meter.record(c, "ps", rng.choice(["fedavg.train", "keepalive"]), rng.choice(["request", "reply"]),
-                         rng.randrange(100), rng.randrange(200), t)
-        elif op == 3:
-            meter.record_wire("ps", c, t, rng.randrange(1000), 3, rng.randrange(2))
-        elif op == 4:
-            meter.merge([{"src": "edge-0", "dst": "ps", "kind": "report", "phase": "request", "round": t,
-                          "messages": 2, "payload_bytes": 1, "message_bytes": 30}])
+        random_change(meter, rng, rng.randrange(5), t)
         if step in (150, 250):  # a rollback: old rows of rounds already sent move to "redo"
             assert meter.relabel_from(step // 40 - 1)
         if rng.random() < 0.2 or step == 299:  # a commit (and one after the last change)
