@@ -137,8 +137,7 @@ class LiveMarker:
         self.data: dict[str, Any] = {"pid": pid, "proc_start": _proc_start(pid), "host": socket.gethostname(),
                                      "url": url, "engine": engine, "started": clock(), "run_id": None,
                                      "spec": None, "totals": None, "ended": None, "ok": None, "error": None}
-        self._rows: list[Mapping[str, Any]] | None = None
-        self._totals: dict[str, int] | None = None  # the links event's own totals (the Run's), when it has them
+        self._links: Mapping[str, Any] | None = None  # the last links event's data
         self._written = 0.0
         self._broken = False
         self.write()
@@ -146,10 +145,10 @@ class LiveMarker:
     def write(self) -> None:
         if self._broken:
             return
-        if self._totals is not None:  # the meter's running sums: no pass over a long run's rows
-            self.data["totals"] = dict(self._totals)
-        elif self._rows is not None:
-            self.data["totals"] = {k: sum(int(r.get(k) or 0) for r in self._rows)
+        if self._links is not None:  # the Run's totals (the meter's running sums), else summed from the rows
+            given = self._links.get("totals")
+            self.data["totals"] = {k: int(given[k]) if given is not None else
+                                   sum(int(r.get(k) or 0) for r in self._links["rows"])
                                    for k in ("messages", "payload_bytes", "message_bytes")}
         try:
             _write_json(self.path, self.data)
@@ -164,10 +163,7 @@ class LiveMarker:
             self.data.update(run_id=data.get("run_id"), spec=data.get("spec"))
             self.write()
         elif kind == "links":
-            self._rows = data["rows"]
-            totals = data.get("totals")
-            self._totals = {k: int(totals[k]) for k in ("messages", "payload_bytes", "message_bytes")} \
-                if totals is not None else None
+            self._links = data
             if self._clock() - self._written >= MARKER_EVERY_S:
                 self.write()
         elif kind == "run_finished":

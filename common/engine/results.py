@@ -129,21 +129,17 @@ class RunResult:
         """results.json (:meth:`to_json` and ``extra``) into ``path``, the link rows one per line as they are
         converted: no copy of every row and no whole text in memory (a run with many clients and rounds has
         hundreds of thousands of rows; the PS's peak at its end, issue 19)."""
+        def entry(k: str, v: Any) -> str:  # one top-level entry as json.dumps(indent=1) of the whole writes it
+            return f" {json.dumps(k)}: {json.dumps(v, indent=1).replace(chr(10), chr(10) + ' ')},\n"
+
         with path.open("w") as f:
-            f.write("{")
-            sep = "\n"
-            for k, v in self._head().items():
-                f.write(f"{sep} {json.dumps(k)}: {json.dumps(v, indent=1).replace(chr(10), chr(10) + ' ')}")
-                sep = ",\n"
-            f.write(f'{sep} "links": [')
+            f.write("{\n" + "".join(entry(k, v) for k, v in self._head().items()) + ' "links": [')
             row_sep = "\n  "
             for r in self.links:
-                f.write(row_sep + json.dumps({**r, "round": r["round"] + 1}))
+                f.write(row_sep + json.dumps(file_link(r)))
                 row_sep = ",\n  "
-            f.write("\n ]" if self.links else "]")
-            for k, v in {**self._tail(), **extra}.items():
-                f.write(f"{sep} {json.dumps(k)}: {json.dumps(v, indent=1).replace(chr(10), chr(10) + ' ')}")
-            f.write("\n}")
+            tail = "".join(entry(k, v) for k, v in {**self._tail(), **extra}.items())
+            f.write(("\n ]" if self.links else "]") + ",\n" + tail.removesuffix(",\n") + "\n}")
 
 
 def totals(links: list[dict[str, Any]]) -> dict[str, int]:
@@ -155,9 +151,14 @@ def totals(links: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
+def file_link(row: dict[str, Any]) -> dict[str, Any]:
+    """A meter row with the files' round number: 1-based like ``rounds.csv``; 0 = set-up and tear-down."""
+    return {**row, "round": row["round"] + 1}
+
+
 def file_links(links: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Meter rows with the files' round numbers: 1-based like ``rounds.csv``; 0 = set-up and tear-down."""
-    return [{**r, "round": r["round"] + 1} for r in links]
+    """Meter rows with the files' round numbers (:func:`file_link`)."""
+    return [file_link(r) for r in links]
 
 
 def attach_cumulative_bytes(records: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -259,7 +260,7 @@ def write_run_folder(result: RunResult, folder: Path) -> Path:
     writers += [
         ("spec.toml", lambda p: p.write_text(provenance.resolved_spec(result.spec).to_toml())),
         ("rounds.csv", lambda p: _csv(p, result.rounds)),
-        ("links.csv", lambda p: _csv(p, ({**r, "round": r["round"] + 1} for r in result.links), LINKS_HEADER)),
+        ("links.csv", lambda p: _csv(p, map(file_link, result.links), LINKS_HEADER)),
         ("missing.csv", lambda p: _csv(p, result.missing, ["round", "by", "node", "task", "reason"])),
         ("timeline.csv", lambda p: timelines.write_csv(p, result.timeline)),
         ("results.json", lambda p: result.write_json(p, provenance=prov)),

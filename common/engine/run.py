@@ -260,12 +260,11 @@ class Run:
         self.events.emit("links", rows=view.rows, rounds={r: in_round for r, (_, in_round) in view.changed.items()},
                          totals={"messages": t.messages, "payload_bytes": t.payload_bytes,
                                  "message_bytes": t.message_bytes})
-        rows = view.rows
         entries = self.missing.entries
         for entry in entries[self._sent_missing:]:
             self.events.emit("missing", entry=dict(entry))
         self._sent_missing = len(entries)
-        return rows
+        return view.rows
 
     def _failed(self, t0: float, e: BaseException) -> None:
         self.events.emit("run_finished", ok=False, wall_s=time.perf_counter() - t0,
