@@ -59,6 +59,14 @@ def pick_devices(choice: str, n: int) -> list[str]:
     return [choice] * n
 
 
+def node_devices(spec: RunSpec, device: str | None, nodes: Sequence[str]) -> dict[str, str]:
+    """Each node's device: ``device`` (the command line's ``--device``) when given, else the spec's ``device``, as
+    the in-process engine reads it, so that a spec saying ``cpu`` runs on the CPU in both engines even where a GPU
+    is visible (before, launch's default ``auto`` put the clients of such a spec on the GPU: issue 19's
+    "bit-identity on a 16-core Intel host" was that)."""
+    return dict(zip(nodes, pick_devices(device or spec.device, len(nodes)), strict=True))
+
+
 def role_cmd(role: str, node: str, connect: str, *, listen: str | None = None, device: str | None = None,
              data_path: str | None = None, state_dir: Path | None = None, extra: Sequence[str] = ()) -> list[str]:
     """The command line of one child process; ``role`` "clients" (a client host) takes an id list as ``node``
@@ -117,7 +125,7 @@ class Processes(deploy_processes.Processes):
         return {e: where.address(e) for e in topo.edges}
 
 
-def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | None = None,
+def launch(spec: RunSpec, out: Path, *, device: str | None = None, data_path: str | None = None,
            resume: Any = None,
            events: Any = None, security: Security = PLAINTEXT, child_args: Sequence[str] = (),
            ps_workspace: Callable[[Any], None] | None = None,
@@ -130,6 +138,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
     ``out/checkpoints``), so that ``resume`` (a :class:`~fedhop.server.main.Resume` of ``out``) continues the
     run with every node restored. ``events``: the run's lifecycle events (progress; see run_server). ``security``:
     the PS's links (transport.credentials.Security); ``child_args``: the same for every child (``--tls DIR``).
+    ``device``: every process's device (:func:`node_devices`; None: the spec's ``device``).
     ``ps_workspace(ws)``: applied to the PS's Workspace before round 1 (see run_server). ``fork_children``:
     children are forked from a process that imported torch once (:class:`Processes`), else each is a new
     interpreter."""
@@ -137,7 +146,7 @@ def launch(spec: RunSpec, out: Path, *, device: str = "auto", data_path: str | N
 
     topo = build_topology(spec.topology, spec.seed)
     nodes = topo.all_nodes()
-    devices = dict(zip(nodes, pick_devices(device, len(nodes)), strict=True))
+    devices = node_devices(spec, device, nodes)
     out.mkdir(parents=True, exist_ok=True)
     procs = Processes(out / "logs", fork=fork_children)
     if fork_children:

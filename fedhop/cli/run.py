@@ -123,8 +123,7 @@ def cmd_launch(a: argparse.Namespace) -> int:
     resume = load_resume(a.resume, a.spec or a.algorithm, a.set)
     spec = resume.spec if resume is not None else load_run_spec(a.spec, a.set, a.algorithm, a.data_path)
     check_user_code(spec, data_path=a.data_path, source=a.spec or "<default spec>")
-    if a.device != "auto":
-        check_device(a.device)
+    check_device(a.device or spec.device)
     out = Path(a.resume) if resume is not None else run_folder(a.out, a.force, spec.name, "launch")
     try:
         check_run_folder(out)
@@ -259,7 +258,8 @@ def add_launch(sub: argparse._SubParsersAction) -> None:
     add_algorithm_arg(s)
     add_spec_from(s)
     add_run_options(s, "launch")
-    s.add_argument("--device", default="auto", help="auto | cpu | cuda:N (auto spreads over visible GPUs)")
+    s.add_argument("--device", help="override the spec's device: auto | cpu | cuda | cuda:N (auto spreads the "
+                   "processes over the visible GPUs round-robin, CPU when there are none)")
     s.add_argument("--data-path", help="data path every node uses, in place of the spec's data.path (which it "
                    "satisfies, e.g. for mnist)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
