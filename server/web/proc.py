@@ -378,7 +378,7 @@ def child_main() -> int:
             clock.set(t)
             try:
                 if kind == "links" and "rows" not in data:
-                    data = {"rows": links.apply(data["rounds"]), "totals": data.get("totals")}
+                    data = {"rows": links.apply(data["rounds"]), "rounds": data["rounds"], "totals": data.get("totals")}
                 status(kind, data)
             except Exception:  # as RunEvents does: a bad event is logged, the page goes on
                 log.exception("the live page could not apply a %s event", kind)

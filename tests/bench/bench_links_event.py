@@ -143,12 +143,15 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     meter = ByteMeter()
     clients = [f"client-{i}" for i in range(a.clients)]
-    status_all, status_new, copy = RunStatus(), RunStatus(), RoundRows()
+    status_all, status_new, status_now = RunStatus(), RunStatus(), RunStatus()
+    copy, copy_now = RoundRows(), RoundRows()
     seen: dict[int, int] = {}
     print(f"{a.clients:,} clients, {a.rows_per_client} rows per client and round; median of {a.repeat}; "
           "every row (the event's old frame) / the rounds changed (its frame now, ByteMeter.view)")
+    print("child: every row, tables from every row (before the eleventh session) / the rounds changed, tables "
+          "from every row (eleventh) / the rounds changed, tables kept from them (twelfth: status.py's _LinkSums)")
     print("| after round | rows | ByteMeter.rows() | pickle (PS): every row / rounds changed | frame | "
-          "child: unpickle + status + tables | child, without the tables (no page request) |")
+          "child: unpickle + status + tables (a page request) | child, without the tables (no page request) |")
     print("|---|---|---|---|---|---|---|")
     for t in range(a.rounds):
         fill_round(meter, clients, t, a.rows_per_client)
@@ -172,13 +175,21 @@ def main() -> None:
             status_new(kind, {"rows": copy.apply(data["rounds"])})
             if tables:
                 status_new.links()
-        child = {"old": timed(child_old, a.repeat), "new": timed(child_new, a.repeat)}
-        bare = {"old": timed(lambda: child_old(False), a.repeat), "new": timed(lambda: child_new(False), a.repeat)}
-        assert status_new.links() == status_all.links()  # the page shows the same either way
+
+        def child_now(tables: bool = True, frame: bytes = frames["new"]) -> None:
+            kind, data, _ = pickle.loads(frame[4:])
+            status_now(kind, {"rows": copy_now.apply(data["rounds"]), "rounds": data["rounds"]})  # as proc.py
+            if tables:
+                status_now.links()
+        modes = {"old": child_old, "new": child_new, "now": child_now}
+        child = {m: timed(fn, a.repeat) for m, fn in modes.items()}
+        bare = {m: timed(lambda fn=fn: fn(False), a.repeat) for m, fn in modes.items()}
+        assert status_new.links() == status_all.links() == status_now.links()  # the page shows the same each way
         print(f"| {t + 1} | {len(rows):,} | {rows_s * 1e3:.0f} ms | {pickle_s['old'] * 1e3:.0f} / "
               f"{pickle_s['new'] * 1e3:.0f} ms | {len(frames['old']) / 2**20:.1f} / "
-              f"{len(frames['new']) / 2**20:.1f} MiB | {child['old'] * 1e3:.0f} / {child['new'] * 1e3:.0f} ms | "
-              f"{bare['old'] * 1e3:.0f} / {bare['new'] * 1e3:.0f} ms |")
+              f"{len(frames['new']) / 2**20:.1f} MiB | "
+              f"{' / '.join(f'{child[m] * 1e3:.0f}' for m in modes)} ms | "
+              f"{' / '.join(f'{bare[m] * 1e3:.0f}' for m in modes)} ms |")
     print(f"load average (1 min) before / after: {load0:.1f} / {os.getloadavg()[0]:.1f}")
 
 
