@@ -6,7 +6,6 @@ sum over every row says, computed here independently."""
 from __future__ import annotations
 
 import random
-from collections import defaultdict
 from typing import Any
 
 import pytest
