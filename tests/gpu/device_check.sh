@@ -14,11 +14,15 @@
 # with `pip list` in the first call): download fedhop's other dependencies here into the git-ignored folder .whl,
 #   pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_28_x86_64 grpcio grpcio-health-checking protobuf pydantic cryptography xxhash \
-#     starlette uvicorn prometheus-client setproctitle
+#     starlette uvicorn prometheus-client setproctitle idna
+# (keep one wheel per package: two builds of one version, e.g. cryptography's manylinux2014 and _2_28, make the
+# install below refuse both)
 # then run, with carry [".whl"] and a timeout that leaves time to rerun:
 #   pip install -q --no-index --target /tmp/site .whl/*.whl && \
-#     PYTHONPATH=/tmp/site:$PWD PARTS="trace probe" bash tests/gpu/device_check.sh "$OUT"
-# (part trace: 9 variants, 3 minutes on this project's 2-core machine in 2026-11; part probe ~1 minute)
+#     PYTHONPATH=/tmp/site:$PWD PARTS="engines equivalence" bash tests/gpu/device_check.sh "$OUT"
+# ($PWD: fedhop is not installed there, and the tracer's sitecustomize imports it before `python -m` adds the
+# working directory. Part engines ~1 minute on the lent H200, trace 9 variants ~4, probe ~1. The twelfth session's
+# two calls: docs/benchmarks.md, "Bit-identity on a 16-core Intel host".)
 set -u
 out=$(realpath "${1:?usage: device_check.sh OUTDIR}")
 py=${PYTHON:-python3}
