@@ -15,8 +15,8 @@
 #   pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_28_x86_64 grpcio grpcio-health-checking protobuf pydantic cryptography xxhash \
 #     starlette uvicorn prometheus-client setproctitle idna
-# (keep one wheel per package: two builds of one version, e.g. cryptography's manylinux2014 and _2_28, make the
-# install below refuse both)
+# (keep one wheel per package: the install below names every file in .whl, and a second download with other
+# platform tags can leave two builds of one version, as cryptography's manylinux2014 and _2_28 on 2026-11-27)
 # then run, with carry [".whl"] and a timeout that leaves time to rerun:
 #   pip install -q --no-index --target /tmp/site .whl/*.whl && \
 #     PYTHONPATH=/tmp/site:$PWD PARTS="engines equivalence" bash tests/gpu/device_check.sh "$OUT"
