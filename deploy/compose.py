@@ -65,7 +65,7 @@ class ComposeOptions:
     image: str = "fedhop:latest"
     gpu_image: str = "fedhop:gpu"
     runs: str = "./runs"  # host folder bind-mounted at /runs; FEDHOP_RUNS overrides it at `up` time
-    device: str = "cpu"
+    device: str | None = None  # every role's --device; None: the spec's device, as every other engine reads it
     health_interval_s: int = 3
     tls: str | None = None  # a `fedhop certs init` folder (relative to the compose file's folder): mutual TLS
     base_dir: str = "."  # the compose file's folder here, where the spec's trace files are read at generation time

@@ -212,7 +212,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--gpu-image", default="fedhop:gpu", help="image of the gpu profile (default fedhop:gpu)")
     s.add_argument("--runs", default="./runs", help="host folder for run folders (default ./runs; "
                                                    "FEDHOP_RUNS overrides it when the file is used)")
-    s.add_argument("--device", default="cpu", help="--device of every role (default cpu)")
+    s.add_argument("--device", help="--device of every role (default: none, so each role takes the spec's "
+                   "device; the CPU image has no CUDA, so a spec saying cuda fails there with NO_DEVICE)")
     s.add_argument("--tls", metavar="DIR", help="mutual TLS on every link: a `fedhop certs init SPEC` folder, "
                    "relative to the compose file's folder; each container mounts ca.crt and its own certificate "
                    "and key (default: plaintext with --insecure)")

@@ -89,3 +89,14 @@ def test_compose_command_prints_the_base_file(capsys) -> None:
     assert main(["compose", str(REPO / "deploy" / "compose_spec.toml"), "--spec-path", "x.toml"]) == 0
     doc = yaml.safe_load(capsys.readouterr().out)
     assert doc["services"]["ps"]["volumes"][0] == "./x.toml:/etc/fedhop/spec.toml:ro"
+
+
+def test_every_role_takes_the_specs_device_unless_compose_is_told_one(capsys) -> None:
+    """As `fedhop launch` (issue 19): no --device of compose's own, so a spec saying cuda fails in a CPU container
+    with NO_DEVICE instead of training on the CPU unnoticed; ``--device`` sets every role's."""
+    services = compose_files(spec(1, 2), ComposeOptions(spec_path="s.toml"))[0]["services"]
+    assert all("--device" not in s["command"] for s in services.values())
+    services = compose_files(spec(1, 2), ComposeOptions(spec_path="s.toml", device="cpu"))[0]["services"]
+    assert {flag(s["command"], "--device") for s in services.values()} == {"cpu"}
+    assert main(["compose", str(REPO / "deploy" / "compose_spec.toml"), "--device", "cuda:0"]) == 0
+    assert flag(yaml.safe_load(capsys.readouterr().out)["services"]["ps"]["command"], "--device") == "cuda:0"
