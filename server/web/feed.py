@@ -1,8 +1,9 @@
 """The live page's feed: for one connected page, what changed in a RunStatus since the page last heard.
 
 The first message carries everything (``reset``); later ones carry the status, new rounds, new route steps,
-new missing entries, the per-link table when link rows changed, node states when they changed, and the
-cumulative bytes of earlier rounds whose value changed (a child's meter rows can arrive after its round).
+new missing entries, the per-link table when link rows changed (its largest links: :func:`page_links`), node
+states when they changed, and the cumulative bytes of earlier rounds whose value changed (a child's meter rows
+can arrive after its round).
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ from fedhop.server.web.status import RunStatus
 
 if TYPE_CHECKING:  # guard.py imports starlette, imported only where a page is served
     from fedhop.server.web.guard import CachedStatus
+
+
+FEED_LINKS = 300  # links a feed message carries, largest first: the page's table shows as many (static/app.js)
+
+
+def page_links(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the page draws of :meth:`RunStatus.links`: the ``FEED_LINKS`` largest links, how many there are
+    (``links_total``) and the totals; not ``by_kind`` (the page does not show it). At 10,000 clients the whole
+    summary is ~20,000 links and ~50,000 (link, kind, phase) entries, megabytes of JSON to every open page after
+    each round; ``/api/links`` still gives all of it."""
+    links = summary["links"]
+    return {"links": links[:FEED_LINKS], "links_total": len(links), "totals": summary["totals"]}
 
 
 @dataclass
@@ -51,7 +64,7 @@ def next_message(status: RunStatus | CachedStatus, cur: Cursor) -> tuple[int, di
     msg["missing"] = missing
     known = cur.cumulative + [(r["payload_bytes"], r["message_bytes"]) for r in rounds]
     if v["links"] != cur.links_version:
-        msg["links"] = status.links()
+        msg["links"] = page_links(status.links())
         cur.links_version = v["links"]
         now = status.cumulative_bytes()[:len(known)]
         first = next((i for i, (a, b) in enumerate(zip(now, known, strict=True)) if a != b), None)

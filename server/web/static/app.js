@@ -3,7 +3,7 @@
 "use strict";
 
 const SVG = "http://www.w3.org/2000/svg";
-const MAX_TABLE_ROWS = 300;
+const MAX_TABLE_ROWS = 300;  // feed.py's FEED_LINKS
 const MAX_CLIENT_DOTS = 160;
 const HOPS_SHOWN = 12;
 
@@ -176,8 +176,9 @@ function drawLinks() {
   el("total-payload").textContent = fmtInt(L.totals.payload_bytes);
   el("total-message").textContent = fmtInt(L.totals.message_bytes);
   const rows = L.links.slice(0, MAX_TABLE_ROWS);
-  el("links-note").textContent = L.links.length > rows.length
-    ? `(largest ${rows.length} of ${L.links.length} links)` : `(${L.links.length} links, largest first)`;
+  const total = L.links_total ?? L.links.length;  // the feed sends the largest links and their count (feed.py)
+  el("links-note").textContent = total > rows.length
+    ? `(largest ${rows.length} of ${total} links)` : `(${total} links, largest first)`;
   for (const r of rows) {
     const tr = document.createElement("tr");
     tr.dataset.link = `${r.src}>${r.dst}`;
