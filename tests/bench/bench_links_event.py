@@ -3,6 +3,7 @@
     python tests/bench/bench_links_event.py [--clients 10000] [--rounds 3] [--rows-per-client 5] [--repeat 3]
     python tests/bench/bench_links_event.py --memory --rounds 5     # the PS's memory per meter key
     python tests/bench/bench_links_event.py --write --rounds 8      # the run folder's links.csv and results.json
+    python tests/bench/bench_links_event.py --feed                  # the per-link table in a live page's message
 
 After each round's commit the Run emits ``links`` with every meter row so far and the rounds whose rows changed
 (common/engine/run.py); with the live page on, the web process's listener (server/web/proc.py) pickles the
@@ -122,6 +123,29 @@ def write(clients: int, rounds: int, per_client: int, repeat: int) -> None:
     print(f"load average (1 min) before / after: {load0:.1f} / {os.getloadavg()[0]:.1f}")
 
 
+def feed(clients: int, rounds: int, per_client: int, repeat: int) -> None:
+    import json
+
+    from fedhop.server.web.feed import page_links
+
+    load0 = os.getloadavg()[0]
+    meter = ByteMeter()
+    names = [f"client-{i}" for i in range(clients)]
+    for t in range(rounds):
+        fill_round(meter, names, t, per_client)
+    status = RunStatus()
+    status("links", {"rows": meter.rows()})
+    summary = status.links()
+    print(f"{clients:,} clients, {rounds} rounds: {len(summary['links']):,} links, {len(summary['by_kind']):,} "
+          f"(link, kind, phase) entries; median of {repeat}")
+    print("| feed message's links | JSON | json.dumps |")
+    print("|---|---|---|")
+    for name, part in (("whole summary (before)", summary), ("the page's part (now)", page_links(summary))):
+        print(f"| {name} | {len(json.dumps(part)) / 2**10:,.0f} KiB | "
+              f"{timed(lambda p=part: json.dumps(p), repeat) * 1e3:.1f} ms |")
+    print(f"load average (1 min) before / after: {load0:.1f} / {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, default=10_000)
@@ -133,7 +157,13 @@ def main() -> None:
     ap.add_argument("--write", action="store_true",
                     help="only time the run folder's links.csv and results.json for the filled meter's rows: "
                          "the whole text built in memory (before) against written as it goes (now)")
+    ap.add_argument("--feed", action="store_true",
+                    help="only the per-link table a live page's feed message carries after a round: the whole "
+                         "summary (before) against the page's part (feed.page_links), JSON size and encoding time")
     a = ap.parse_args()
+    if a.feed:
+        feed(a.clients, a.rounds, a.rows_per_client, a.repeat)
+        return
     if a.memory:
         memory(a.clients, a.rounds, a.rows_per_client)
         return
