@@ -289,9 +289,15 @@ class RunStatus:
                     return self._tables
                 rows, version, whole, changed = s.links, s.links_version, s.links_whole, s.links_changed
                 s.links_whole, s.links_changed = False, {}
-            if whole or not self._sums.replace(changed):
-                self._sums = _LinkSums.of(rows)
-            built = self._sums.tables(version)
+            try:
+                if whole or not self._sums.replace(changed):
+                    self._sums = _LinkSums.of(rows)
+                built = self._sums.tables(version)
+            except Exception:  # half-applied sums (a malformed row): the next read builds from every row again
+                self._sums = _LinkSums()
+                with self._lock:
+                    self._s.links_whole, self._s.links_changed = True, {}
+                raise
             with self._lock:
                 if self._s.links_version == version:
                     self._tables = built

@@ -75,3 +75,21 @@ def test_tables_kept_from_the_changed_rounds_equal_a_sum_over_every_row(seed: in
     # after a rollback moved a key's last round, not more
     assert reads > 20
     assert len(built_whole) - reads <= 3
+
+
+def test_a_malformed_row_fails_that_read_and_the_next_event_is_shown_right() -> None:
+    """A malformed row fails the read that meets it (the web face answers 500 and goes on); the sums it half
+    changed are not reused: the next read builds from every row."""
+    live = RunStatus()
+    good = [{"src": "ps", "dst": "client-0", "kind": "fedavg.train", "phase": "request", "round": 0, "messages": 1,
+             "payload_bytes": 10, "message_bytes": 12}]
+    live("links", {"rows": good, "rounds": {0: good}})
+    assert live.links()["totals"]["payload_bytes"] == 10
+    bad = [*good, {"src": "ps", "dst": "client-1", "kind": "fedavg.train", "phase": "request", "round": 1,
+                   "messages": 1, "payload_bytes": 5, "message_bytes": 6, "wire_bytes": "many"}]  # fails midway
+    live("links", {"rows": bad, "rounds": {1: bad[1:]}})
+    with pytest.raises(TypeError):
+        live.links()
+    fixed = [*good, {k: v for k, v in bad[1].items() if k != "wire_bytes"}]
+    live("links", {"rows": fixed, "rounds": {1: fixed[1:]}})
+    assert live.links() == reference(fixed)
