@@ -9,6 +9,7 @@ edges: a model handed to a neighbour goes edge -> edge directly, never through t
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,13 +40,26 @@ log = logging.getLogger("fedhop.edge")
 
 
 class _TellParent(HubListener):
-    """After the start, a late client's Ready changes this edge's data sizes: the PS learns them."""
+    """This edge's Ready to the PS, with its clients' data sizes: first by :meth:`announce`, once the edge serves
+    its neighbours, then again each time a late client's Ready changes the sizes. A Ready sent before (a child's
+    Ready after the hub's start, during the heap's settle) let the PS start a round whose hand-off or describe
+    reached this edge before it served the run: "not in a run yet", a missing entry, and the engines no longer
+    equal (issue 19's flake of round 1, seen in test_network_equivalence and test_security)."""
 
     def __init__(self, session: ChildSession, sizes: Callable[[], dict[str, int]]) -> None:
         self.session, self.sizes = session, sizes
+        self._lock = threading.Lock()
+        self._announced = False
+
+    def announce(self) -> None:
+        with self._lock:
+            self._announced = True
+            self.session.send_ready(self.sizes())
 
     def sizes_changed(self) -> None:
-        self.session.send_ready(self.sizes())
+        with self._lock:
+            if self._announced:
+                self.session.send_ready(self.sizes())
 
 
 @dataclass(frozen=True)
@@ -109,8 +123,9 @@ def run_edge(config: NodeConfig) -> int:
             return e.code
         spec = ws.spec
         welcome_info = {CODE_DIGEST: get_scalars(welcome.info).get(CODE_DIGEST, "")}  # the PS's, to clients
+        tell = _TellParent(session, lambda: hub.data_sizes())
         hub = ParentHub(HubConfig(node_id, spec, ws.topology, welcome.run_id, welcome_info, security), meter,
-                        missing, listener=_TellParent(session, lambda: hub.data_sizes()))
+                        missing, listener=tell)
         pending.serve(hub)
         # its scatters give their model's pages back once sent (edge/comm.py; issue 19)
         spills = spiller(get_algorithm(spec.algorithm.name), spec.transport.spill_model_bytes)
@@ -135,7 +150,7 @@ def run_edge(config: NodeConfig) -> int:
         ctx.sizes = {**sizes, node_id: sum(sizes.values())}
         service.serve(ctx, on_received=lambda c, rnd: store.save(c, welcome.run_id, tag=rnd),
                       on_post=session.deliver_post)  # a neighbour's post runs in this edge's task loop
-        session.send_ready(sizes)
+        tell.announce()  # only now: the PS may start a round that reaches this edge from its neighbours
 
         def bye(finished: bool) -> None:
             reason = "run finished" if finished else "the run ended without finishing (the PS was lost)"
