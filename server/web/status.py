@@ -378,17 +378,13 @@ def _route_json(r: RouteStep) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _LinkTables:
-    """What the link rows say, computed once per links event: the per-link summary and bytes by round."""
+    """What the link rows say, computed once per links event (:meth:`_LinkSums.tables`): the per-link summary and
+    bytes by round."""
 
     summary: dict[str, Any]
     version: int  # links_version of the rows it was built from
     rounds: tuple[int, ...]  # sorted driver rounds that have rows
     prefix: tuple[tuple[int, int], ...]  # (payload, message) of every row with round <= rounds[i]
-
-    @classmethod
-    def build(cls, rows: list[dict[str, Any]], version: int) -> _LinkTables:
-        """The tables of ``rows`` (every link row), from scratch."""
-        return _LinkSums.of(rows).tables(version)
 
     def cumulative(self, upto: int) -> dict[str, int]:
         """Bytes of every message of a driver round <= ``upto`` (set-up messages, round -1, included)."""
